@@ -1,0 +1,164 @@
+"""The ``agenteval`` command line (typer + rich). Configuration of logging happens here, at the edge."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+from collector.config import ConfigError, load_config
+from collector.loader import TraceFileError, load_runs
+from collector.model import EXIT_ERROR, STATUS_EXIT_CODES, Preset, Status
+from collector.reconcile import reconcile
+from collector.render import print_run, runs_table
+from collector.serialize import run_to_dict
+from collector.store import RunStore, StoredRun, StoreError, default_store_path
+
+app = typer.Typer(help="Workflow fidelity: framework accounting vs the chat boundary, per executor.",
+                  no_args_is_help=True, add_completion=False)
+bench_app = typer.Typer(help="Offline reconciliation of recorded traces.", no_args_is_help=True)
+runs_app = typer.Typer(help="Stored runs.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+app.add_typer(runs_app, name="runs")
+
+#: Piped output (CI logs, tests) gets a wide fixed width instead of rich's 80-column fallback.
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+#: With several runs in one file, the process exits with the most severe status.
+SEVERITY = (Status.FAIL, Status.PENDING, Status.WARN, Status.PASS)
+
+StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="SQLite run store (default: user data dir, or $AGENTEVAL_STORE).")]
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="Collector YAML config (default: embedded defaults).")]
+
+
+class _Fatal(Exception):
+    """A setup / IO error: printed on stderr, exit code 1."""
+
+
+#: click's exit code for usage errors; DESIGN §1 wants bad arguments to exit 1 like other setup errors.
+_USAGE_EXIT = 2
+
+
+def _open_store(path: Path | None) -> RunStore:
+    try:
+        return RunStore(path or default_store_path())
+    except StoreError as exc:
+        raise _Fatal(str(exc)) from exc
+
+
+def _config(path: Path | None):
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise _Fatal(str(exc)) from exc
+
+
+def _load_with_progress(path: Path, matcher, show: bool):
+    if not show or not path.is_file():
+        return load_runs(path, matcher)
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                  TimeRemainingColumn(), console=out, transient=True) as progress:
+        task = progress.add_task(f"reading {path.name}", total=path.stat().st_size)
+        return load_runs(path, matcher, lambda n: progress.advance(task, n))
+
+
+@bench_app.command("workflow-trace-fidelity")
+def bench_workflow_trace_fidelity(
+    workflow_trace: Annotated[Path, typer.Option("--workflow-trace", help="workflow-trace/v1 JSON, OTLP JSON or OTLP JSON Lines.")],
+    subject: Annotated[str, typer.Option("--subject", help="What is being evaluated (recorded on the run).")],
+    preset: Annotated[Preset, typer.Option("--preset", help="Informational; never changes scoring.")] = "standard",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    store: StoreOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Reconcile a recorded workflow trace; exit 0 PASS, 10 WARN, 9 FAIL, 11 PENDING, 1 error."""
+    cfg = _config(config)
+    try:
+        inputs = _load_with_progress(workflow_trace, cfg.matcher(), show=out.is_terminal and not as_json)
+    except TraceFileError as exc:
+        raise _Fatal(str(exc)) from exc
+    policy = cfg.scoring.policy()
+    verdicts = [replace(reconcile(run_input, policy, preset), subject=subject) for run_input in inputs]
+    db = _open_store(store)
+    stored = [StoredRun(uuid.uuid4().hex, f"file:{workflow_trace}", v) for v in verdicts]
+    try:
+        db.save_many(stored)
+    except StoreError as exc:
+        raise _Fatal(str(exc)) from exc
+    finally:
+        db.close()
+    docs = [run_to_dict(s.verdict, run_id=s.run_id, source=s.source) for s in stored]
+    worst = min((v.status for v in verdicts), key=SEVERITY.index)
+    code = STATUS_EXIT_CODES[worst]
+    if as_json:
+        print(json.dumps({"status": worst.value, "exit_code": code, "runs": docs}, indent=2))
+    else:
+        for doc in docs:
+            print_run(out, doc)
+    raise typer.Exit(code)
+
+
+@runs_app.command("list")
+def runs_list(
+    status: Annotated[Optional[str], typer.Option("--status", help="PASS, WARN, FAIL or PENDING.")] = None,
+    subject: Annotated[Optional[str], typer.Option("--subject")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1)] = 50,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    store: StoreOpt = None,
+) -> None:
+    """List stored runs, newest first."""
+    if status and status.upper() not in Status.__members__:
+        raise _Fatal(f"--status: expected one of {', '.join(Status.__members__)}, got {status!r}")
+    db = _open_store(store)
+    try:
+        rows = db.list_runs(status, subject, limit)
+    finally:
+        db.close()
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    elif rows:
+        out.print(runs_table(rows))
+    else:
+        out.print("no runs stored")
+
+
+@runs_app.command("show")
+def runs_show(
+    run_id: Annotated[str, typer.Argument(help="Run id (a unique prefix is enough).")],
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    store: StoreOpt = None,
+) -> None:
+    """Show one stored run with per-executor evidence."""
+    db = _open_store(store)
+    try:
+        doc = db.get_run(run_id)
+    finally:
+        db.close()
+    if doc is None:
+        raise _Fatal(f"no run {run_id!r} in {db.path}")
+    if as_json:
+        print(json.dumps(doc, indent=2))
+    else:
+        out.print(f"source {doc['source']}")
+        print_run(out, doc)
+
+
+def main() -> None:
+    """Entry point: usage errors and setup/IO errors both exit 1 (DESIGN §1)."""
+    try:
+        app()
+    except _Fatal as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(EXIT_ERROR)
+    except SystemExit as exc:
+        if exc.code == _USAGE_EXIT:
+            sys.exit(EXIT_ERROR)
+        raise

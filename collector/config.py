@@ -1,0 +1,134 @@
+"""Typed configuration with defaults (DESIGN §6). The models are the single source of defaults;
+``config/collector.yaml`` documents every key and a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from collector.model import Policy, Preset
+from collector.profiles import Matcher, ProfileConfig, default_profiles
+
+
+class ConfigError(Exception):
+    pass
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_endpoint(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected host:port, got {value!r}")
+    return value
+
+
+class GrpcReceiver(_Section):
+    enabled: bool = True
+    endpoint: str = "127.0.0.1:4317"
+    max_message_bytes: int = Field(4 * 1024 * 1024, gt=0)
+
+    _endpoint = field_validator("endpoint")(_check_endpoint)
+
+
+class HttpReceiver(_Section):
+    enabled: bool = True
+    endpoint: str = "127.0.0.1:4318"
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+
+    _endpoint = field_validator("endpoint")(_check_endpoint)
+
+
+class Receivers(_Section):
+    grpc: GrpcReceiver = GrpcReceiver()
+    http: HttpReceiver = HttpReceiver()
+
+
+class Assembly(_Section):
+    quiet_period: float = Field(2.0, gt=0)
+    max_trace_wait: float = Field(30.0, gt=0)
+    late_window: float = Field(300.0, ge=0)
+    max_spans_in_flight: int = Field(500_000, gt=0)
+    max_traces_in_flight: int = Field(20_000, gt=0)
+    max_late_traces: int = Field(100_000, ge=0)
+    sweep_interval: float = Field(0.05, gt=0)
+    retry_after: float = Field(1.0, gt=0)
+
+
+class Scoring(_Section):
+    tolerance: float = Field(0.02, ge=0, lt=1)
+    flag_over_reporting: bool = False
+    finish_aliases: dict[str, str] = Field(default_factory=dict)
+    preset: Preset = "standard"
+
+    def policy(self) -> Policy:
+        return Policy(self.tolerance, self.flag_over_reporting, tuple(sorted(self.finish_aliases.items())))
+
+
+class Store(_Section):
+    path: str | None = None
+
+
+class OtlpExporter(_Section):
+    endpoint: str | None = None
+    protocol: Literal["grpc", "http/protobuf"] = "grpc"
+    insecure: bool = True
+    metrics_interval: float = Field(10.0, gt=0)
+
+
+class Prometheus(_Section):
+    enabled: bool = True
+    endpoint: str = "127.0.0.1:9464"
+
+    _endpoint = field_validator("endpoint")(_check_endpoint)
+
+
+class Exporters(_Section):
+    otlp: OtlpExporter = OtlpExporter()
+    prometheus: Prometheus = Prometheus()
+
+
+class Logging(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class CollectorConfig(_Section):
+    receivers: Receivers = Receivers()
+    assembly: Assembly = Assembly()
+    scoring: Scoring = Scoring()
+    profiles: dict[str, ProfileConfig] = Field(default_factory=default_profiles)
+    store: Store = Store()
+    exporters: Exporters = Exporters()
+    logging: Logging = Logging()
+
+    def matcher(self) -> Matcher:
+        return Matcher(list(self.profiles.values()))
+
+
+def load_config(path: Path | None) -> CollectorConfig:
+    """Load and validate a YAML config; ``None`` means the embedded defaults."""
+    if path is None:
+        return CollectorConfig()
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    try:
+        return CollectorConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: "
+            + ("unknown key" if err["type"] == "extra_forbidden" else err["msg"])
+            for err in exc.errors()
+        )
+        raise ConfigError(f"{path}: {problems}") from exc

@@ -1,0 +1,182 @@
+"""The reconciler (DESIGN §1): framework ledger vs chat truth, per executor, then per run.
+
+Pure functions over :mod:`collector.model` values; the offline CLI and the live pipeline both call
+:func:`reconcile`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from fractions import Fraction
+
+from collector.model import (
+    VERDICT_SCORES,
+    WARN_THRESHOLD,
+    PASS_THRESHOLD,
+    ChatTurn,
+    Evidence,
+    ExecutorRecord,
+    ExecutorVerdict,
+    FinishComparison,
+    LedgerEntry,
+    NoTruthReason,
+    Policy,
+    RunInput,
+    RunVerdict,
+    Status,
+    Verdict,
+)
+
+
+def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard") -> RunVerdict:
+    """Reconcile every executor of one workflow run and derive the run's score and status."""
+    verdicts = tuple(
+        reconcile_executor(e, policy) for e in sorted(run.executors, key=lambda e: e.executor_id)
+    )
+    score = run_score(verdicts)
+    return RunVerdict(
+        status=run_status(score, unchecked=sum(1 for v in verdicts if not v.checked)),
+        score=score,
+        executors=verdicts,
+        trace_id=run.trace_id,
+        root_span_id=run.root_span_id,
+        subject=run.subject,
+        preset=preset,
+        incomplete=run.incomplete,
+        unattributed_chat_spans=run.unattributed_chat_spans,
+    )
+
+
+def run_score(verdicts: Iterable[ExecutorVerdict]) -> float | None:
+    """Mean executor score over executors with truth; ``None`` when nothing was checked."""
+    scores = [v.score for v in verdicts if v.score is not None]
+    return sum(scores) / len(scores) if scores else None
+
+
+def run_status(score: float | None, unchecked: int) -> Status:
+    if score is None:
+        return Status.PENDING
+    if score < WARN_THRESHOLD:
+        return Status.FAIL
+    if score < PASS_THRESHOLD or unchecked:
+        return Status.WARN
+    return Status.PASS
+
+
+def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> ExecutorVerdict:
+    ledger = sorted(record.ledger, key=lambda e: e.seq)
+    turns = sorted(record.turns, key=lambda t: t.seq)
+    responses = [t for t in turns if t.is_response]
+
+    framework_tokens = sum(e.usage.total or 0 for e in ledger)
+    known = [t.usage.total for t in responses if t.usage.total is not None]
+    truth_tokens = sum(known) if known else None
+
+    delta = direction = None
+    token_diverged = False
+    if truth_tokens is not None:
+        delta = framework_tokens - truth_tokens
+        direction = "under" if delta < 0 else "over" if delta > 0 else "equal"
+        tolerance = Fraction(str(policy.tolerance))
+        beyond = abs(delta) > truth_tokens * tolerance
+        token_diverged = beyond and (direction == "under" or policy.flag_over_reporting)
+
+    aliases = {k.lower(): v.lower() for k, v in policy.finish_aliases}
+    comparisons, aligned = _compare_finish(ledger, responses, lambda r: _normalize(r, aliases))
+    finish_diverged = any(c.diverged for c in comparisons)
+
+    no_truth = _no_truth_reason(turns, responses)
+    if no_truth is not None:
+        verdict = Verdict.NO_TRUTH
+        token_diverged = finish_diverged = False
+    elif token_diverged and finish_diverged:
+        verdict = Verdict.BOTH
+    elif token_diverged:
+        verdict = Verdict.TOKEN_MISMATCH
+    elif finish_diverged:
+        verdict = Verdict.FINISH_MISMATCH
+    else:
+        verdict = Verdict.AGREE
+
+    evidence = Evidence(
+        framework_tokens=framework_tokens,
+        truth_tokens=truth_tokens,
+        delta=delta,
+        direction=direction,
+        tolerance=policy.tolerance,
+        framework_finish=_first_reason(ledger),
+        truth_finish=_last_reason(responses),
+        finish_comparisons=tuple(comparisons),
+        aligned=aligned,
+        ledger_source=record.ledger_source,
+        ledger_missing=not ledger,
+        ledger_entries=len(ledger),
+        response_turns=len(responses),
+        request_turns=len(turns) - len(responses),
+        ledger_span_ids=tuple(e.span_id for e in ledger if e.span_id),
+        chat_span_ids=tuple(t.span_id for t in turns if t.span_id),
+        executor_span_ids=record.span_ids,
+    )
+    return ExecutorVerdict(
+        executor_id=record.executor_id,
+        verdict=verdict,
+        score=VERDICT_SCORES.get(verdict),
+        token_diverged=token_diverged,
+        finish_diverged=finish_diverged,
+        no_truth_reason=no_truth,
+        evidence=evidence,
+    )
+
+
+def _no_truth_reason(turns: Sequence[ChatTurn], responses: Sequence[ChatTurn]) -> NoTruthReason | None:
+    if not turns:
+        return NoTruthReason.NO_CHAT_TRACE
+    if not responses:
+        return NoTruthReason.RESPONSE_MISSING
+    if len(responses) < len(turns):
+        return NoTruthReason.PARTIAL_RESPONSE
+    return None
+
+
+def _normalize(reason: str | None, aliases: dict[str, str]) -> str | None:
+    if reason is None:
+        return None
+    key = reason.strip().lower()
+    return aliases.get(key, key) or None
+
+
+def _first_reason(ledger: Sequence[LedgerEntry]) -> str | None:
+    return next((e.finish_reason for e in ledger if e.finish_reason is not None), None)
+
+
+def _last_reason(responses: Sequence[ChatTurn]) -> str | None:
+    return next((t.finish_reason for t in reversed(responses) if t.finish_reason is not None), None)
+
+
+def _compare_finish(
+    ledger: Sequence[LedgerEntry], responses: Sequence[ChatTurn], norm
+) -> tuple[list[FinishComparison], bool]:
+    """Per-invocation comparison where both sides carry invocation keys, else the fallback rule.
+
+    A truth side without any finish reason cannot disprove the framework, so it is not compared.
+    """
+    aligned = bool(ledger) and all(e.invocation is not None for e in ledger) and all(
+        t.invocation is not None for t in responses
+    )
+    if not aligned:
+        pairs = [(None, _first_reason(ledger), _last_reason(responses))]
+    else:
+        keys = list(dict.fromkeys([t.invocation for t in responses] + [e.invocation for e in ledger]))
+        pairs = [
+            (
+                key,
+                _first_reason([e for e in ledger if e.invocation == key]),
+                _last_reason([t for t in responses if t.invocation == key]),
+            )
+            for key in keys
+        ]
+    comparisons = [
+        FinishComparison(key, fw, truth, truth is not None and norm(fw) != norm(truth))
+        for key, fw, truth in pairs
+    ]
+    return comparisons, aligned

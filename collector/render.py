@@ -1,0 +1,95 @@
+"""Terminal rendering of run documents (the dicts of :mod:`collector.serialize`) with rich.
+
+``bench`` and ``runs show`` both render the stored shape, so what one prints the other prints too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+STATUS_STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "PENDING": "bold magenta"}
+VERDICT_STYLE = {
+    "Agree": "green",
+    "TokenMismatch": "yellow",
+    "FinishMismatch": "yellow",
+    "Both": "red",
+    "NoTruth": "magenta",
+}
+
+
+def fmt_score(score: float | None) -> str:
+    return "-" if score is None else f"{score:.3f}"
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def executor_table(run: dict[str, Any]) -> Table:
+    table = Table(title=f"run {run.get('run_id', '')}  trace {run.get('trace_id') or '-'}", title_justify="left")
+    for col, justify in [
+        ("executor", "left"), ("verdict", "left"), ("score", "right"), ("framework tok", "right"),
+        ("truth tok", "right"), ("delta", "right"), ("finish fw / truth", "left"), ("ledger", "left"),
+        ("no-truth reason", "left"),
+    ]:
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for e in run["executors"]:
+        ev = e["evidence"]
+        delta = "-" if ev["delta"] is None else f"{ev['delta']:+d} {ev['direction']}"
+        table.add_row(
+            e["executor_id"],
+            f"[{VERDICT_STYLE[e['verdict']]}]{e['verdict']}[/]",
+            fmt_score(e["score"]),
+            _num(ev["framework_tokens"]),
+            _num(ev["truth_tokens"]),
+            delta,
+            f"{ev['framework_finish'] or 'null'} / {ev['truth_finish'] or 'null'}",
+            ev["ledger_source"] + (" (missing)" if ev["ledger_missing"] else ""),
+            e["no_truth_reason"] or "",
+        )
+    return table
+
+
+def status_line(run: dict[str, Any]) -> str:
+    status = run["status"]
+    head = f"[{STATUS_STYLE[status]}]{status}[/]"
+    tags = f"preset {run['preset']}, cost tier {run['cost_tier']}, revision {run['revision']}"
+    if run["incomplete"]:
+        tags += ", incomplete trace"
+    if status == "PENDING":
+        return f"{head}  nothing was checked: no executor has usable chat truth ({tags})"
+    return (
+        f"{head}  score {fmt_score(run['score'])}  checked {run['checked']}/"
+        f"{run['checked'] + run['unchecked']} executors ({tags})"
+    )
+
+
+def print_run(console: Console, run: dict[str, Any]) -> None:
+    if run.get("subject"):
+        console.print(f"subject [bold]{run['subject']}[/]")
+    if run["executors"]:
+        console.print(executor_table(run))
+    for e in run["executors"]:
+        if e["no_truth_reason"]:
+            console.print(f"  [magenta]{e['executor_id']}[/]: {e['no_truth_reason']} - {e['no_truth_explanation']}")
+    if not run["executors"]:
+        console.print("  no executor, agent or chat span was found in this trace")
+    if run.get("unattributed_chat_spans"):
+        console.print(f"  {run['unattributed_chat_spans']} chat span(s) could not be attributed to an executor")
+    console.print(status_line(run))
+
+
+def runs_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="runs")
+    for col in ("run id", "subject", "status", "score", "checked", "source", "rev", "trace id"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r["run_id"], r["subject"] or "-", f"[{STATUS_STYLE[r['status']]}]{r['status']}[/]",
+            fmt_score(r["score"]), f"{r['checked']}/{r['checked'] + r['unchecked']}", r["source"],
+            str(r["revision"]), r["trace_id"] or "-",
+        )
+    return table

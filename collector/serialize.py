@@ -1,0 +1,35 @@
+"""Run verdicts as plain JSON-able dicts: the one shape used by ``--json``, the store and logs."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+from collector.model import NO_TRUTH_EXPLANATIONS, ExecutorVerdict, RunVerdict
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return value
+
+
+def executor_to_dict(verdict: ExecutorVerdict) -> dict[str, Any]:
+    out = _plain(verdict)
+    out["checked"] = verdict.checked
+    if verdict.no_truth_reason is not None:
+        out["no_truth_explanation"] = NO_TRUTH_EXPLANATIONS[verdict.no_truth_reason]
+    return out
+
+
+def run_to_dict(run: RunVerdict, **extra: Any) -> dict[str, Any]:
+    out = {f.name: _plain(getattr(run, f.name)) for f in dataclasses.fields(run) if f.name != "executors"}
+    out.update(checked=run.checked, unchecked=run.unchecked, exit_code=run.exit_code)
+    out["executors"] = [executor_to_dict(e) for e in run.executors]
+    out.update(extra)
+    return out

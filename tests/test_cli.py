@@ -1,0 +1,158 @@
+"""The installed ``agenteval`` CLI, run as a subprocess the way users run it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mafshape import SCENARIOS, export_request, record, to_otlp_json
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
+EXPECTED_EXIT = {"pass": 0, "warn": 10, "fail": 9, "pending": 11}
+AGENTEVAL = shutil.which("agenteval", path=str(Path(sys.executable).parent)) or "agenteval"
+
+
+def run(*args: str, store: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "AGENTEVAL_STORE": str(store)}
+    return subprocess.run([AGENTEVAL, *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+def bench(path: Path, store: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run("bench", "workflow-trace-fidelity", "--workflow-trace", str(path), "--subject", "ci", *extra,
+               store=store)
+
+
+def test_every_example_kind_is_shipped():
+    kinds = {p.name.split("_")[0] for p in EXAMPLES}
+    assert kinds == set(EXPECTED_EXIT) and len(EXAMPLES) >= 8
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_example_exits_with_the_code_its_name_promises(example, tmp_path):
+    proc = bench(example, tmp_path / "runs.db")
+    status = example.name.split("_")[0]
+    assert proc.returncode == EXPECTED_EXIT[status], proc.stdout + proc.stderr
+    assert status.upper() in proc.stdout
+
+
+def test_table_shows_per_executor_verdicts(tmp_path):
+    proc = bench(ROOT / "examples/fail_under_reported_tokens.json", tmp_path / "runs.db")
+    lines = {line.split("│")[1].strip(): line for line in proc.stdout.splitlines() if line.count("│") > 3}
+    assert "TokenMismatch" in lines["writer"] and "-420 under" in lines["writer"]
+    assert "Agree" in lines["researcher"]
+    assert "FAIL" in proc.stdout and "score 0.750" in proc.stdout
+
+
+def test_pending_says_nothing_was_checked_and_why_never_a_score(tmp_path):
+    proc = bench(ROOT / "examples/pending_path2_response_missing.json", tmp_path / "runs.db")
+    assert proc.returncode == 11
+    assert "nothing was checked" in proc.stdout
+    assert "response_missing" in proc.stdout and "Path-2" in proc.stdout
+    assert "score" not in proc.stdout.split("PENDING", 1)[1]
+    assert "100%" not in proc.stdout and "1.000" not in proc.stdout
+
+
+def test_json_output_carries_verdicts_and_evidence(tmp_path):
+    proc = bench(ROOT / "examples/warn_suppressed_finish_reason.json", tmp_path / "runs.db", "--json",
+                 "--preset", "audit-grade")
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == doc["exit_code"] == 10
+    (run_doc,) = doc["runs"]
+    assert run_doc["preset"] == "audit-grade" and run_doc["cost_tier"] == "Free"
+    reviewer = next(e for e in run_doc["executors"] if e["executor_id"] == "reviewer")
+    assert reviewer["verdict"] == "FinishMismatch"
+    assert reviewer["evidence"]["framework_finish"] is None
+    assert reviewer["evidence"]["truth_finish"] == "content_filter"
+
+
+def test_preset_never_changes_scoring(tmp_path):
+    scores = set()
+    for preset in ("smoke", "standard", "audit-grade"):
+        proc = bench(ROOT / "examples/warn_partial_truth.json", tmp_path / "runs.db", "--json", "--preset", preset)
+        scores.add(json.loads(proc.stdout)["runs"][0]["score"])
+    assert len(scores) == 1
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_otlp_jsonl_file_goes_through_span_classification(name, tmp_path):
+    scenario, status, verdicts = SCENARIOS[name]
+    spans, (trace_id,) = record([scenario])
+    # Like the Collector's file exporter: several requests, one per line, children before parents.
+    path = tmp_path / "trace.jsonl"
+    with path.open("w") as fh:
+        for i in range(0, len(spans), 3):
+            fh.write(json.dumps(to_otlp_json(export_request(spans[i:i + 3]))) + "\n")
+    proc = bench(path, tmp_path / "runs.db", "--json")
+    doc = json.loads(proc.stdout)
+    (run_doc,) = doc["runs"]
+    assert run_doc["trace_id"] == trace_id and run_doc["status"] == status
+    assert {e["executor_id"]: e["verdict"] for e in run_doc["executors"]} == verdicts
+    assert proc.returncode == EXPECTED_EXIT[status.lower()]
+
+
+def test_otlp_json_single_document_with_several_traces_gives_one_run_each(tmp_path):
+    spans, ids = record([SCENARIOS["pass"][0], SCENARIOS["path2_pending"][0]])
+    path = tmp_path / "two.json"
+    path.write_text(json.dumps(to_otlp_json(export_request(spans)), indent=2))
+    proc = bench(path, tmp_path / "runs.db", "--json")
+    doc = json.loads(proc.stdout)
+    assert {r["trace_id"]: r["status"] for r in doc["runs"]} == {ids[0]: "PASS", ids[1]: "PENDING"}
+    assert proc.returncode == 11  # the most severe of the two
+
+
+def test_path2_reason_distinguishes_missing_response_from_missing_chat(tmp_path):
+    spans, _ = record([SCENARIOS["partial_warn"][0]])
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(to_otlp_json(export_request(spans))))
+    doc = json.loads(bench(path, tmp_path / "runs.db", "--json").stdout)
+    writer = next(e for e in doc["runs"][0]["executors"] if e["executor_id"] == "writer")
+    assert writer["no_truth_reason"] == "no_chat_trace"
+
+
+INVALID = {
+    "bad_json": ('{"schema": "workflow-trace/v1",\n  "steps": [,]}', "invalid JSON", ":2:"),
+    "schema_violation": (json.dumps({"schema": "workflow-trace/v1", "steps": [{"executor_id": "a", "input_tokens": -3}],
+                                     "executor_traces": {}}), "$.steps[0].input_tokens", "minimum"),
+    "unknown_schema": (json.dumps({"schema": "workflow-trace/v9", "steps": []}), "unknown schema", "workflow-trace/v9"),
+    "not_a_trace": (json.dumps({"hello": 1}), "neither a workflow-trace/v1", "resourceSpans"),
+    "non_hex_trace_id": (json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": "not-hex-at-all-0123456789abcdef", "spanId": "0011223344556677", "name": "x"}]}]}]}),
+        "$.resourceSpans[0].scopeSpans[0].spans[0].traceId", "not hex"),
+    "bad_jsonl_line": ('{"resourceSpans": []}\n{"resourceSpans": [\n', ":2:", "invalid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", INVALID)
+def test_invalid_file_exits_1_naming_file_location_and_problem(case, tmp_path):
+    text, location, problem = INVALID[case]
+    path = tmp_path / f"{case}.json"
+    path.write_text(text)
+    proc = bench(path, tmp_path / "runs.db")
+    assert proc.returncode == 1
+    assert str(path) in proc.stderr and location in proc.stderr and problem in proc.stderr
+
+
+def test_missing_file_exits_1(tmp_path):
+    proc = bench(tmp_path / "nope.json", tmp_path / "runs.db")
+    assert proc.returncode == 1 and "no such file" in proc.stderr
+
+
+def test_bad_arguments_exit_1(tmp_path):
+    proc = run("bench", "workflow-trace-fidelity", "--subject", "x", store=tmp_path / "r.db")
+    assert proc.returncode == 1 and "--workflow-trace" in proc.stderr
+    proc = bench(ROOT / "examples/pass_all_agree.json", tmp_path / "r.db", "--preset", "bogus")
+    assert proc.returncode == 1
+
+
+def test_unwritable_store_exits_1(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    proc = bench(ROOT / "examples/pass_all_agree.json", blocker / "runs.db")
+    assert proc.returncode == 1 and "error:" in proc.stderr and "Traceback" not in proc.stderr

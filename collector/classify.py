@@ -95,7 +95,7 @@ class TraceState:
     """Everything known about one trace, updated span batch by span batch."""
 
     __slots__ = ("matcher", "trace_id", "root_span_id", "subject", "_attribution", "_pending",
-                 "_pending_ids", "_executors", "_bridge_seen", "_fallback_subject")
+                 "_pending_ids", "_executors", "_bridge_seen", "_fallback_subject", "_unattributed")
 
     def __init__(self, matcher: Matcher, trace_id: bytes) -> None:
         self.matcher = matcher
@@ -108,6 +108,7 @@ class TraceState:
         self._pending_ids: set[bytes] = set()
         self._executors: dict[str, _Executor] = defaultdict(_Executor)
         self._bridge_seen = False
+        self._unattributed = 0
 
     @property
     def pending_spans(self) -> int:
@@ -172,9 +173,12 @@ class TraceState:
             entry = LedgerEntry(self._usage(attrs), self._finish(attrs), s.start_ns, attribution[1], span_hex)
             self._executors[attribution[0]].agent.append(entry)
             return attribution
-        if m.is_chat(s.name, attrs) and parent is not None:
-            turn = ChatTurn(self._usage(attrs), self._finish(attrs), s.start_ns, parent[1], span_hex)
-            self._executors[parent[0]].turns.append(turn)
+        if m.is_chat(s.name, attrs):
+            if parent is None:
+                self._unattributed += 1
+            else:
+                turn = ChatTurn(self._usage(attrs), self._finish(attrs), s.start_ns, parent[1], span_hex)
+                self._executors[parent[0]].turns.append(turn)
         return parent
 
     def _usage(self, attrs: dict[str, Any]) -> Usage:
@@ -188,16 +192,21 @@ class TraceState:
     def _finish(self, attrs: dict[str, Any]) -> str | None:
         return finish_reason(_first(attrs, self.matcher.finish_keys))
 
-    def unattributed_chat_spans(self) -> int:
-        m = self.matcher
-        return sum(1 for g in self._pending.values() for s in g if m.is_chat(s.name, s.attrs))
+    def _resolve_orphans(self) -> None:
+        """Spans whose parent never arrived are classified as if they had none (executor spans still
+        name their executor; chat spans without an executor ancestor count as unattributed)."""
+        for parent_id in [p for p in self._pending if p not in self._pending_ids]:
+            for child in self._pending.pop(parent_id, ()):
+                self._pending_ids.discard(child.span_id)
+                self._resolve(child, None)
 
     def run_input(self, incomplete: bool = False) -> RunInput:
-        """Snapshot the classification as reconciler input.
+        """The classification as reconciler input, once the trace is (considered) complete.
 
         The ledger is the bridge's AgentResponseEvent spans when the trace has any (the framework's
         own accounting), else the agent-boundary spans.
         """
+        self._resolve_orphans()
         records = []
         for executor_id, ex in self._executors.items():
             span_ids = [sid for _, sid in sorted(ex.span_ids)]
@@ -220,7 +229,7 @@ class TraceState:
             root_span_id=self.root_span_id.hex() if self.root_span_id else None,
             subject=self.subject or self._fallback_subject,
             incomplete=incomplete or self.root_span_id is None,
-            unattributed_chat_spans=self.unattributed_chat_spans(),
+            unattributed_chat_spans=self._unattributed,
         )
 
     @staticmethod

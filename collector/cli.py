@@ -27,6 +27,8 @@ bench_app = typer.Typer(help="Offline reconciliation of recorded traces.", no_ar
 runs_app = typer.Typer(help="Stored runs.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 app.add_typer(runs_app, name="runs")
+collector_app = typer.Typer(help="The live OTLP collector.", no_args_is_help=True)
+app.add_typer(collector_app, name="collector")
 
 #: Piped output (CI logs, tests) gets a wide fixed width instead of rich's 80-column fallback.
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -149,6 +151,24 @@ def runs_show(
     else:
         out.print(f"source {doc['source']}")
         print_run(out, doc)
+
+
+@collector_app.command("serve")
+def collector_serve(config: ConfigOpt = None, store: StoreOpt = None) -> None:
+    """Receive OTLP spans, reconcile every workflow trace, emit verdicts (Ctrl-C / SIGTERM to stop)."""
+    import asyncio
+
+    from collector.logs import configure
+    from collector.server import serve
+
+    cfg = _config(config)
+    if store is not None:
+        cfg = cfg.model_copy(update={"store": cfg.store.model_copy(update={"path": str(store)})})
+    configure(cfg.logging.level)
+    try:
+        asyncio.run(serve(cfg))
+    except (StoreError, OSError) as exc:
+        raise _Fatal(str(exc)) from exc
 
 
 def main() -> None:

@@ -1,0 +1,197 @@
+"""Trace assembly (DESIGN §3 "Assembly"): spans grouped by trace id until the trace is complete.
+
+Spans are classified as they arrive (:class:`~collector.classify.TraceState` keeps only compact
+data), so "assembly" is mostly bookkeeping of time and counts:
+
+- complete: a parentless root has arrived and the trace was quiet for ``quiet_period``;
+- or, without a root, ``max_trace_wait`` after its first span: finalized and flagged incomplete;
+- after finalization the compact state stays for ``late_window``; late spans re-finalize it as a new
+  revision once quiet again;
+- capacity (spans in unfinalized traces, traces in flight) is checked *before* a request is
+  accepted, so over the bound the receiver refuses the whole request (retryable) and nothing that
+  was accepted is ever dropped.
+
+Not thread-safe by design: the receivers and the sweeper all run on one asyncio loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from collector.classify import SpanRecord, TraceState
+from collector.config import Assembly
+from collector.model import RunInput
+from collector.profiles import Matcher
+
+
+class Backpressure(Exception):
+    """Over capacity: refuse the request with a retryable status; nothing of it was accepted."""
+
+    def __init__(self, reason: str, retry_after: float) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+@dataclass(slots=True)
+class Offer:
+    accepted: int = 0
+    duplicates: int = 0
+    expired: int = 0
+
+
+@dataclass(slots=True)
+class Finalized:
+    run: RunInput
+    revision: int
+    #: Monotonic time the root span arrived (None without a root): the verdict-latency origin.
+    root_arrived: float | None
+
+
+@dataclass(slots=True)
+class _Trace:
+    state: TraceState
+    first_seen: float
+    last_seen: float
+    spans: int = 0
+    root_arrived: float | None = None
+    revision: int = 0
+    finalized_at: float = 0.0
+
+
+class Assembler:
+    def __init__(self, config: Assembly, matcher: Matcher, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.matcher = matcher
+        self.clock = clock
+        # Open traces, least recently updated first, so a sweep stops at the first non-quiet one.
+        self._open: OrderedDict[bytes, _Trace] = OrderedDict()
+        self._late: OrderedDict[bytes, _Trace] = OrderedDict()  # by first finalization time
+        self._expired: OrderedDict[bytes, None] = OrderedDict()  # bounded memory of closed trace ids
+        self._last_timeout_scan = 0.0
+        self.spans_in_flight = 0
+
+    @property
+    def traces_in_flight(self) -> int:
+        return len(self._open)
+
+    @property
+    def late_traces(self) -> int:
+        return len(self._late)
+
+    def check_capacity(self, spans: int, traces: Iterable[bytes]) -> None:
+        """Raise :class:`Backpressure` if accepting this request would exceed a bound."""
+        cfg = self.config
+        if self.spans_in_flight + spans > cfg.max_spans_in_flight:
+            raise Backpressure(f"max_spans_in_flight ({cfg.max_spans_in_flight}) reached", cfg.retry_after)
+        new = sum(1 for t in set(traces) if t not in self._open and t not in self._late)
+        if new and len(self._open) + new > cfg.max_traces_in_flight:
+            raise Backpressure(f"max_traces_in_flight ({cfg.max_traces_in_flight}) reached", cfg.retry_after)
+
+    def offer(self, spans: list[SpanRecord]) -> Offer:
+        """Accept a request's spans (capacity must have been checked)."""
+        now = self.clock()
+        result = Offer()
+        tid, trace = None, None
+        for span in spans:
+            if span.trace_id != tid:
+                tid = span.trace_id
+                trace = self._trace_for(tid, now)
+            if trace is None:
+                result.expired += 1
+                continue
+            if not trace.state.add(span):
+                result.duplicates += 1
+                continue
+            if not span.parent_id and trace.root_arrived is None:
+                trace.root_arrived = now
+            trace.spans += 1
+            trace.last_seen = now
+            result.accepted += 1
+        self.spans_in_flight += result.accepted
+        return result
+
+    def _trace_for(self, tid: bytes, now: float) -> _Trace | None:
+        """The open trace for ``tid`` (re-opening a finalized one for a new revision, creating a new
+        one otherwise); None when its late window has passed."""
+        trace = self._open.get(tid)
+        if trace is not None:
+            self._open.move_to_end(tid)
+            return trace
+        trace = self._late.pop(tid, None)
+        if trace is None:
+            if tid in self._expired:
+                return None
+            trace = _Trace(TraceState(self.matcher, tid), now, now)
+        self._open[tid] = trace
+        return trace
+
+    def sweep(self, force: bool = False) -> list[Finalized]:
+        """Finalize every trace that is complete (every open trace when ``force``)."""
+        now = self.clock()
+        cfg = self.config
+        ready = []
+        for tid, trace in self._open.items():
+            if force:
+                ready.append(tid)
+            elif now - trace.last_seen < cfg.quiet_period:
+                break  # everything after this one was updated more recently still
+            elif trace.state.root_span_id is not None or trace.revision:
+                ready.append(tid)
+            elif now - trace.first_seen >= cfg.max_trace_wait:
+                ready.append(tid)
+        if not force and now - self._last_timeout_scan >= 1.0:
+            # Rootless traces that keep receiving spans never become quiet: time them out too.
+            self._last_timeout_scan = now
+            ready.extend(
+                tid for tid, t in self._open.items()
+                if t.state.root_span_id is None and not t.revision and now - t.first_seen >= cfg.max_trace_wait
+                and now - t.last_seen < cfg.quiet_period
+            )
+        out = []
+        for tid in ready:
+            trace = self._open[tid]
+            if trace.revision and not trace.spans:  # re-opened by duplicates only: nothing new
+                self._late[tid] = self._open.pop(tid)
+                continue
+            out.append(self._finalize(tid, now, incomplete=force and not self._complete(trace, now)))
+        self._expire(now)
+        return out
+
+    def _complete(self, trace: _Trace, now: float) -> bool:
+        return trace.state.root_span_id is not None and now - trace.last_seen >= self.config.quiet_period
+
+    def _finalize(self, tid: bytes, now: float, incomplete: bool) -> Finalized:
+        trace = self._open.pop(tid)
+        self.spans_in_flight -= trace.spans
+        trace.spans = 0
+        trace.revision += 1
+        if trace.revision == 1:
+            trace.finalized_at = now
+        run = trace.state.run_input(incomplete=incomplete)
+        if self.config.late_window > 0 and self.config.max_late_traces > 0:
+            self._late[tid] = trace
+        else:
+            self._remember_expired(tid)
+        return Finalized(run, trace.revision, trace.root_arrived if trace.revision == 1 else None)
+
+    def _expire(self, now: float) -> None:
+        cfg = self.config
+        while self._late:
+            tid, trace = next(iter(self._late.items()))
+            if now - trace.finalized_at < cfg.late_window and len(self._late) <= cfg.max_late_traces:
+                break
+            del self._late[tid]
+            self._remember_expired(tid)
+
+    def _remember_expired(self, tid: bytes) -> None:
+        self._expired[tid] = None
+        while len(self._expired) > max(self.config.max_late_traces, 1_000):
+            self._expired.popitem(last=False)
+
+    def drain(self) -> list[Finalized]:
+        """Shutdown: finalize everything still open; incomplete where it was not yet complete."""
+        return self.sweep(force=True)

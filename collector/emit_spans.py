@@ -1,0 +1,103 @@
+"""Verdict spans, exported with the OpenTelemetry SDK into the *source* trace (DESIGN §3 "Outputs").
+
+``fidelity.run`` is a child of the workflow root span and each ``fidelity.executor {id}`` a child
+of it, linked to the executor's span, so a trace viewer shows the verdict beside the workflow.
+Spans come from the :data:`~collector.decode.OWN_SCOPE` scope, which ingest ignores: pointing our
+OTLP output at ourselves creates no feedback loop.
+"""
+
+from __future__ import annotations
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, StatusCode, TraceFlags
+
+from collector.decode import OWN_SCOPE
+from collector.model import ExecutorVerdict, RunVerdict, Status
+from collector.render import fmt_score
+
+
+def _ctx(trace_id: str, span_id: str) -> SpanContext:
+    return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
+                       trace_flags=TraceFlags(TraceFlags.SAMPLED))
+
+
+def run_attributes(run: RunVerdict, run_id: str) -> dict:
+    attrs = {
+        "fidelity.run_id": run_id,
+        "fidelity.status": run.status.value,
+        "fidelity.preset": run.preset,
+        "fidelity.cost_tier": run.cost_tier,
+        "fidelity.checked": run.checked,
+        "fidelity.unchecked": run.unchecked,
+        "fidelity.revision": run.revision,
+        "fidelity.incomplete": run.incomplete,
+        "fidelity.unattributed_chat_spans": run.unattributed_chat_spans,
+    }
+    if run.score is not None:  # PENDING has no score, not a zero
+        attrs["fidelity.score"] = run.score
+    if run.subject:
+        attrs["fidelity.subject"] = run.subject
+    return attrs
+
+
+def executor_attributes(e: ExecutorVerdict, run: RunVerdict) -> dict:
+    ev = e.evidence
+    attrs = {
+        "fidelity.executor.id": e.executor_id,
+        "fidelity.verdict": e.verdict.value,
+        "fidelity.framework.tokens": ev.framework_tokens,
+        "fidelity.evidence.ledger_source": ev.ledger_source,
+        "fidelity.evidence.ledger_missing": ev.ledger_missing,
+        "fidelity.evidence.response_turns": ev.response_turns,
+        "fidelity.evidence.request_turns": ev.request_turns,
+        "fidelity.revision": run.revision,
+        "fidelity.incomplete": run.incomplete,
+    }
+    optional = {
+        "fidelity.score": e.score,
+        "fidelity.truth.tokens": ev.truth_tokens,
+        "fidelity.delta": ev.delta,
+        "fidelity.direction": ev.direction,
+        "fidelity.framework.finish_reason": ev.framework_finish,
+        "fidelity.truth.finish_reason": ev.truth_finish,
+        "fidelity.no_truth.reason": e.no_truth_reason.value if e.no_truth_reason else None,
+    }
+    attrs.update({k: v for k, v in optional.items() if v is not None})
+    return attrs
+
+
+class VerdictSpans:
+    def __init__(self, exporter: SpanExporter, resource: Resource) -> None:
+        self.provider = TracerProvider(resource=resource)
+        self.provider.add_span_processor(BatchSpanProcessor(exporter))
+        self.tracer = self.provider.get_tracer(OWN_SCOPE)
+
+    def emit(self, run: RunVerdict, run_id: str, anchor_span_id: str | None) -> None:
+        parent = None
+        if run.trace_id and anchor_span_id:
+            parent = trace.set_span_in_context(NonRecordingSpan(_ctx(run.trace_id, anchor_span_id)))
+        with self.tracer.start_as_current_span("fidelity.run", context=parent, attributes=run_attributes(run, run_id),
+                                               end_on_exit=True) as span:
+            if run.status is Status.FAIL:
+                span.set_status(StatusCode.ERROR, f"FAIL score {fmt_score(run.score)}")
+            for e in run.executors:
+                links = [Link(_ctx(run.trace_id, sid)) for sid in e.evidence.executor_span_ids[:1]] if run.trace_id else []
+                with self.tracer.start_as_current_span(f"fidelity.executor {e.executor_id}",
+                                                       attributes=executor_attributes(e, run), links=links):
+                    pass
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
+def otlp_span_exporter(endpoint: str, protocol: str, insecure: bool) -> SpanExporter:
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(endpoint=endpoint, insecure=insecure)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    return HttpExporter(endpoint=endpoint.rstrip("/") + "/v1/traces")

@@ -1,0 +1,168 @@
+"""The live pipeline, transport-free: decoded requests in; verdicts out to every sink.
+
+receive (``receivers``) -> decode -> assemble + classify (``assembler``) -> reconcile -> emit
+(store writer, verdict spans, metrics, log line, stream listeners).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import structlog
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from collector.assembler import Assembler, Backpressure, Finalized
+from collector.config import CollectorConfig
+from collector.decode import decode_request
+from collector.emit_spans import VerdictSpans
+from collector.metrics import Metrics
+from collector.reconcile import reconcile
+from collector.store import RunStore, StoredRun, StoreError
+
+log = structlog.get_logger("agenteval.collector")
+
+SOURCE_LIVE = "live"
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    accepted: int
+    rejected: int
+    message: str
+
+
+class StoreWriter:
+    """Writes verdicts on a thread of its own, in batches, so the event loop never waits on SQLite.
+
+    A failed batch is retried (with backoff) until it lands or the writer is closed.
+    """
+
+    def __init__(self, store: RunStore, on_stored: Callable[[list[tuple[StoredRun, float | None]]], None]) -> None:
+        self.store = store
+        self._on_stored = on_stored
+        self._queue: queue.Queue[tuple[StoredRun, float | None] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
+        self._thread.start()
+
+    def put(self, run: StoredRun, root_arrived: float | None) -> None:
+        """Queue a verdict; ``root_arrived`` (monotonic) is the origin of its verdict latency."""
+        self._queue.put((run, root_arrived))
+
+    def _run(self) -> None:
+        closing = False
+        while not closing:
+            item = self._queue.get()
+            batch: list[tuple[StoredRun, float | None]] = []
+            while item is not None:
+                batch.append(item)
+                if len(batch) >= 256:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            closing = item is None
+            delay = 0.05
+            while batch:
+                try:
+                    self.store.save_many(run for run, _ in batch)
+                except StoreError as exc:
+                    log.error("store_write_failed", error=str(exc), runs=len(batch), retry_in=delay)
+                    time.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                self._on_stored(batch)
+                batch = []
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Flush everything queued, then stop."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+
+class Pipeline:
+    def __init__(self, config: CollectorConfig, store: RunStore, metrics: Metrics | None,
+                 spans: VerdictSpans | None) -> None:
+        self.config = config
+        self.matcher = config.matcher()
+        self.policy = config.scoring.policy()
+        self.assembler = Assembler(config.assembly, self.matcher)
+        self.metrics = metrics
+        self.spans = spans
+        self.store = store
+        self.listeners: list[Callable[[StoredRun], None]] = []
+        self.writer = StoreWriter(store, self._stored)
+
+    def gauges(self) -> dict[str, int]:
+        a = self.assembler
+        return {"traces_in_flight": a.traces_in_flight, "spans_in_flight": a.spans_in_flight,
+                "late_traces": a.late_traces}
+
+    def ingest(self, request: ExportTraceServiceRequest, transport: str, pre_rejected: int = 0,
+               reasons: tuple[str, ...] = ()) -> IngestResult:
+        """Accept a decoded request, or raise :class:`Backpressure` having accepted none of it."""
+        decoded = decode_request(request, self.matcher.wanted_keys)
+        try:
+            self.assembler.check_capacity(len(decoded.spans), (s.trace_id for s in decoded.spans))
+        except Backpressure as exc:
+            if self.metrics:
+                self.metrics.refused.add(len(decoded.spans), {"reason": "capacity", "transport": transport})
+            log.warning("request_refused", transport=transport, spans=len(decoded.spans), reason=exc.reason)
+            raise
+        offer = self.assembler.offer(decoded.spans)
+        rejected = pre_rejected + decoded.rejected + offer.expired
+        messages = [*reasons, *decoded.reasons]
+        if offer.expired:
+            messages.append(f"{offer.expired} span(s) belong to traces finalized longer ago than late_window")
+        if self.metrics:
+            m = self.metrics
+            m.received.add(offer.accepted, {"transport": transport})
+            if offer.duplicates:
+                m.duplicates.add(offer.duplicates, {"transport": transport})
+            if rejected:
+                m.rejected.add(rejected, {"transport": transport})
+        if rejected:
+            log.warning("spans_rejected", transport=transport, rejected=rejected, reasons=messages[:5])
+        return IngestResult(offer.accepted, rejected, "; ".join(messages[:5]))
+
+    def sweep(self, force: bool = False) -> int:
+        finalized = self.assembler.sweep(force)
+        for item in finalized:
+            self._publish(item)
+        return len(finalized)
+
+    def _publish(self, item: Finalized) -> None:
+        verdict = replace(reconcile(item.run, self.policy, self.config.scoring.preset), revision=item.revision)
+        run_id = verdict.trace_id or ""
+        stored = StoredRun(run_id, SOURCE_LIVE, verdict)
+        if self.spans is not None:
+            anchor = item.run.root_span_id or next(
+                (e.span_ids[0] for e in item.run.executors if e.span_ids), None)
+            self.spans.emit(verdict, run_id, anchor)
+        if self.metrics is not None:
+            self.metrics.record_run(verdict)
+        log.info(
+            "run_verdict", run_id=run_id, trace_id=verdict.trace_id, subject=verdict.subject,
+            status=verdict.status.value, score=verdict.score, revision=verdict.revision,
+            incomplete=verdict.incomplete, checked=verdict.checked, unchecked=verdict.unchecked,
+            executors={e.executor_id: e.verdict.value for e in verdict.executors},
+            no_truth={e.executor_id: e.no_truth_reason.value for e in verdict.executors if e.no_truth_reason},
+        )
+        self.writer.put(stored, item.root_arrived)  # last: a stored run implies every other sink saw it
+
+    def _stored(self, batch: list[tuple[StoredRun, float | None]]) -> None:
+        now = time.monotonic()
+        for stored, arrived in batch:
+            if arrived is not None and self.metrics is not None:
+                self.metrics.latency.record(now - arrived)
+            for listener in self.listeners:
+                listener(stored)
+
+    def close(self) -> None:
+        """Finalize every in-flight trace (flagged incomplete where it was), then flush the store."""
+        self.sweep(force=True)
+        self.writer.close()

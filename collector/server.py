@@ -1,0 +1,125 @@
+"""``agenteval collector serve``: wires config -> receivers -> pipeline -> sinks, and its lifecycle.
+
+SIGTERM / SIGINT: stop accepting, finalize in-flight traces, flush the store and exporters, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import dataclass
+
+import structlog
+from aiohttp import web
+from opentelemetry.sdk.resources import Resource
+
+from collector.config import CollectorConfig
+from collector.emit_spans import VerdictSpans, otlp_span_exporter
+from collector.metrics import Metrics
+from collector.pipeline import Pipeline
+from collector.receivers import GrpcTraceService, HttpTraceReceiver, grpc_server
+from collector.store import RunStore, default_store_path
+
+log = structlog.get_logger("agenteval.collector")
+
+
+@dataclass
+class Listening:
+    grpc: str | None
+    http: str | None
+    prometheus: str | None
+    store: str
+
+
+class Collector:
+    """One collector instance; ``start`` binds everything, ``stop`` shuts down in order."""
+
+    def __init__(self, config: CollectorConfig) -> None:
+        self.config = config
+        self.resource = Resource.create({"service.name": "agenteval-collector"})
+        self.store = RunStore(config.store.path or default_store_path())
+        otlp = config.exporters.otlp
+        self.spans = (VerdictSpans(otlp_span_exporter(otlp.endpoint, otlp.protocol, otlp.insecure), self.resource)
+                      if otlp.endpoint else None)
+        self.pipeline: Pipeline | None = None
+        self.metrics: Metrics | None = None
+        self._grpc = None
+        self._http: web.AppRunner | None = None
+        self._sweeper: asyncio.Task | None = None
+        self.listening: Listening | None = None
+
+    async def start(self) -> Listening:
+        cfg = self.config
+        self.metrics = Metrics(cfg, self.resource, lambda: self.pipeline.gauges() if self.pipeline else {})
+        self.pipeline = Pipeline(cfg, self.store, self.metrics, self.spans)
+        grpc_addr = http_addr = None
+        if cfg.receivers.grpc.enabled:
+            self._grpc = grpc_server(cfg.receivers.grpc.max_message_bytes)
+            self._grpc.add_generic_rpc_handlers((GrpcTraceService(self.pipeline).handler(),))
+            port = self._grpc.add_insecure_port(cfg.receivers.grpc.endpoint)
+            await self._grpc.start()
+            grpc_addr = f"{cfg.receivers.grpc.endpoint.rpartition(':')[0]}:{port}"
+        if cfg.receivers.http.enabled:
+            receiver = HttpTraceReceiver(self.pipeline, cfg.receivers.http.max_body_bytes)
+            self._http = web.AppRunner(receiver.app(), access_log=None, auto_decompress=False)
+            await self._http.setup()
+            host, _, port = cfg.receivers.http.endpoint.rpartition(":")
+            site = web.TCPSite(self._http, host.strip("[]"), int(port))
+            await site.start()
+            bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            http_addr = f"{host}:{bound}"
+        prom = None
+        if self.metrics.prometheus_port is not None:
+            prom = f"{cfg.exporters.prometheus.endpoint.rpartition(':')[0]}:{self.metrics.prometheus_port}"
+        self._sweeper = asyncio.create_task(self._sweep_forever())
+        self.listening = Listening(grpc_addr, http_addr, prom, str(self.store.path))
+        log.info("collector_listening", grpc=grpc_addr, http=http_addr, prometheus=prom, store=str(self.store.path),
+                 otlp_out=cfg.exporters.otlp.endpoint)
+        return self.listening
+
+    async def _sweep_forever(self) -> None:
+        interval = self.config.assembly.sweep_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.pipeline.sweep()
+            except Exception:  # a bug in one trace must not stop every later verdict
+                log.exception("sweep_failed")
+
+    async def stop(self) -> None:
+        if self._grpc is not None:
+            await self._grpc.stop(grace=2.0)
+        if self._http is not None:
+            await self._http.cleanup()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        if self.pipeline is not None:
+            open_traces = self.pipeline.assembler.traces_in_flight
+            await asyncio.to_thread(self.pipeline.close)
+            log.info("collector_stopped", finalized_on_shutdown=open_traces)
+        if self.spans is not None:
+            self.spans.shutdown()
+        if self.metrics is not None:
+            self.metrics.shutdown()
+        self.store.close()
+
+
+async def serve(config: CollectorConfig, stop: asyncio.Event | None = None) -> None:
+    """Run until SIGTERM / SIGINT (or ``stop`` is set)."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    collector = Collector(config)
+    listening = await collector.start()
+    print(
+        "agenteval collector listening:"
+        + (f"\n  OTLP/gRPC  {listening.grpc}" if listening.grpc else "")
+        + (f"\n  OTLP/HTTP  http://{listening.http}/v1/traces" if listening.http else "")
+        + (f"\n  metrics    http://{listening.prometheus}/metrics" if listening.prometheus else "")
+        + f"\n  run store  {listening.store}\nPress Ctrl-C to stop.",
+        flush=True,
+    )
+    await stop.wait()
+    await collector.stop()

@@ -1,0 +1,160 @@
+"""Shared fixtures: the collector as a subprocess (the way users run it) on ports chosen at run time,
+and an in-test OTLP receiver that captures what the collector exports."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+AGENTEVAL = str(Path(sys.executable).parent / "agenteval")
+
+
+class CaptureReceiver(trace_service_pb2_grpc.TraceServiceServicer):
+    """A minimal OTLP/gRPC trace receiver standing in for Jaeger or an OpenTelemetry Collector."""
+
+    def __init__(self) -> None:
+        self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
+        self.lock = threading.Lock()
+        self.server = grpc.server(futures.ThreadPoolExecutor(4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def Export(self, request, context):  # noqa: N802 (gRPC method name)
+        with self.lock:
+            self.requests.append(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def spans(self, trace_id: str | None = None) -> list[tuple]:
+        """(scope name, span) pairs, optionally of one trace."""
+        out = []
+        with self.lock:
+            for req in self.requests:
+                for rs in req.resource_spans:
+                    for ss in rs.scope_spans:
+                        for span in ss.spans:
+                            if trace_id is None or span.trace_id.hex() == trace_id:
+                                out.append((ss.scope.name, span))
+        return out
+
+    def wait_spans(self, trace_id: str, name_prefix: str, count: int, timeout: float = 15.0) -> list:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [s for _, s in self.spans(trace_id) if s.name.startswith(name_prefix)]
+            if len(found) >= count:
+                return found
+            time.sleep(0.05)
+        raise AssertionError(f"{count} {name_prefix!r} spans for {trace_id} not exported in {timeout}s")
+
+
+class CollectorProcess:
+    def __init__(self, tmp: Path, overrides: dict | None = None, otlp_out: str | None = None) -> None:
+        self.store_path = tmp / "runs.db"
+        cfg = {
+            "receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},
+            "assembly": {"quiet_period": 0.3, "max_trace_wait": 2.0, "late_window": 60.0, "sweep_interval": 0.02},
+            "store": {"path": str(self.store_path)},
+            "exporters": {"prometheus": {"endpoint": "127.0.0.1:0"},
+                          "otlp": {"endpoint": otlp_out} if otlp_out else {}},
+        }
+        for section, values in (overrides or {}).items():
+            cfg.setdefault(section, {}).update(values)
+        self.config_path = tmp / "collector.yaml"
+        self.config_path.write_text(yaml.safe_dump(cfg))
+        self.stderr_path = tmp / "collector.log"
+        self.stderr = self.stderr_path.open("w+")
+        self.proc = subprocess.Popen([AGENTEVAL, "collector", "serve", "--config", str(self.config_path)],
+                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+        self.listening = self._wait_listening()
+        self.grpc = self.listening["grpc"]
+        self.http = f"http://{self.listening['http']}"
+        self.prometheus = f"http://{self.listening['prometheus']}/metrics"
+
+    def _wait_listening(self) -> dict:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for event in self.log_events():
+                if event.get("event") == "collector_listening":
+                    return event
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"collector exited {self.proc.returncode}: {self.stderr_path.read_text()}")
+            time.sleep(0.05)
+        raise RuntimeError("collector did not start listening")
+
+    def log_events(self) -> list[dict]:
+        events = []
+        for line in self.stderr_path.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                pass
+        return events
+
+    def run(self, trace_id: str, revision: int = 1, timeout: float = 15.0) -> dict:
+        """Wait for the stored run of a trace (at least ``revision``) and return its document."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.store_path.exists():
+                con = sqlite3.connect(self.store_path)
+                try:
+                    row = con.execute("SELECT doc FROM runs WHERE run_id = ? AND revision >= ?",
+                                      (trace_id, revision)).fetchone()
+                except sqlite3.OperationalError:
+                    row = None
+                finally:
+                    con.close()
+                if row:
+                    return json.loads(row[0])
+            time.sleep(0.05)
+        raise AssertionError(f"no stored run for {trace_id} revision {revision}; log:\n{self.stderr_path.read_text()[-3000:]}")
+
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        text = urllib.request.urlopen(self.prometheus, timeout=5).read().decode()
+        out = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = tuple(sorted((k, v) for k, v in sample.labels.items()
+                                      if not k.startswith("otel_scope_")))
+                out[(sample.name, labels)] = sample.value
+        return out
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.stderr.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def capture():
+    receiver = CaptureReceiver()
+    yield receiver
+    receiver.server.stop(0)
+
+
+@pytest.fixture(scope="module")
+def collector(tmp_path_factory, capture):
+    proc = CollectorProcess(tmp_path_factory.mktemp("collector"), otlp_out=f"127.0.0.1:{capture.port}")
+    yield proc
+    proc.stop()

@@ -1,0 +1,245 @@
+"""The live collector end to end: real OTLP exporters in, stored runs / verdict spans / metrics out."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.sdk.trace.export import SpanExportResult
+
+from mafshape import SCENARIOS, Call, Invocation, Scenario, export_request, ok, record, to_otlp_json
+
+
+def send_grpc(collector, spans) -> None:
+    exporter = GrpcExporter(endpoint=collector.grpc, insecure=True)
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+
+
+def send_http(collector, spans) -> None:
+    exporter = HttpExporter(endpoint=f"{collector.http}/v1/traces")
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+
+
+def post(collector, body: bytes, ctype: str, headers: dict | None = None) -> tuple[int, bytes, dict]:
+    req = urllib.request.Request(f"{collector.http}/v1/traces", data=body, method="POST",
+                                 headers={"Content-Type": ctype, **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read(), dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), dict(exc.headers)
+
+
+def verdicts(run: dict) -> dict[str, str]:
+    return {e["executor_id"]: e["verdict"] for e in run["executors"]}
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_maf_python_shaped_workflow_gets_its_verdict_over_grpc(collector, capture, name):
+    scenario, status, expected = SCENARIOS[name]
+    spans, (trace_id,) = record([scenario])
+    send_grpc(collector, spans)
+    run = collector.run(trace_id)
+    assert run["status"] == status and verdicts(run) == expected
+    assert run["source"] == "live" and run["revision"] == 1 and not run["incomplete"]
+    assert run["subject"] == scenario.name
+    if status == "PENDING":
+        assert run["score"] is None
+    # Verdict spans sit in the source trace, under the workflow root, linked to the executor spans.
+    (run_span,) = capture.wait_spans(trace_id, "fidelity.run", 1)
+    root = next(s for s in spans if s.parent is None)
+    assert run_span.parent_span_id == root.context.span_id.to_bytes(8, "big")
+    attrs = {kv.key: kv.value for kv in run_span.attributes}
+    assert attrs["fidelity.status"].string_value == status
+    assert ("fidelity.score" in attrs) == (status != "PENDING")
+    children = capture.wait_spans(trace_id, "fidelity.executor", len(expected))
+    assert {c.parent_span_id for c in children} == {run_span.span_id}
+    executor_span_ids = {s.context.span_id.to_bytes(8, "big") for s in spans if s.name.startswith("executor.process")}
+    for child in children:
+        cattrs = {kv.key: kv.value for kv in child.attributes}
+        eid = cattrs["fidelity.executor.id"].string_value
+        assert cattrs["fidelity.verdict"].string_value == expected[eid]
+        assert child.links and child.links[0].span_id in executor_span_ids
+
+
+def test_path2_reasons_are_counted_in_metrics(collector):
+    before = collector.metrics()
+    spans, (trace_id,) = record([SCENARIOS["path2_pending"][0]])
+    send_grpc(collector, spans)
+    run = collector.run(trace_id)
+    assert {e["no_truth_reason"] for e in run["executors"]} == {"response_missing"}
+    after = collector.metrics()
+    key = ("fidelity_no_truth_executors_total", (("reason", "response_missing"),))
+    assert after[key] - before.get(key, 0) == 2
+    runs_key = ("fidelity_runs_total", (("status", "PENDING"),))
+    assert after[runs_key] - before.get(runs_key, 0) == 1
+
+
+def test_metrics_expose_verdicts_scores_and_self_metrics(collector):
+    spans, (trace_id,) = record([SCENARIOS["fail_under_report"][0]])
+    send_http(collector, spans)
+    collector.run(trace_id)
+    m = collector.metrics()
+    names = {name for name, _ in m}
+    for expected in ("fidelity_runs_total", "fidelity_executor_verdicts_total", "fidelity_run_score_bucket",
+                     "fidelity_token_delta_bucket", "collector_spans_received_total", "collector_traces_in_flight",
+                     "collector_spans_in_flight", "fidelity_verdict_latency_seconds_bucket"):
+        assert expected in names, expected
+    assert m[("fidelity_executor_verdicts_total", (("verdict", "TokenMismatch"),))] >= 1
+    assert m[("collector_spans_received_total", (("transport", "http"),))] >= len(spans)
+
+
+def test_http_json_with_hex_ids_and_integer_enums(collector):
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    body = json.dumps(to_otlp_json(export_request(spans))).encode()
+    status, payload, headers = post(collector, body, "application/json")
+    assert status == 200 and headers["Content-Type"].startswith("application/json")
+    assert json.loads(payload) == {}
+    assert collector.run(trace_id)["status"] == "PASS"
+
+
+def test_http_gzip_protobuf(collector):
+    spans, (trace_id,) = record([SCENARIOS["loop"][0]])
+    body = gzip.compress(export_request(spans).SerializeToString())
+    status, payload, _ = post(collector, body, "application/x-protobuf", {"Content-Encoding": "gzip"})
+    assert status == 200
+    assert ExportTraceServiceResponse.FromString(payload).partial_success.rejected_spans == 0
+    assert collector.run(trace_id)["status"] == "PASS"
+
+
+def test_duplicate_delivery_is_counted_once(collector):
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    before = collector.metrics()
+    send_grpc(collector, spans)
+    send_grpc(collector, spans)  # an exporter retry
+    run = collector.run(trace_id)
+    evidence = {e["executor_id"]: e["evidence"] for e in run["executors"]}
+    assert evidence["writer"]["truth_tokens"] == 960 and evidence["writer"]["response_turns"] == 2
+    after = collector.metrics()
+    key = ("collector_spans_duplicate_total", (("transport", "grpc"),))
+    assert after[key] - before.get(key, 0) == len(spans)
+
+
+def test_one_trace_split_over_many_requests_and_both_transports(collector):
+    spans, (trace_id,) = record([SCENARIOS["fail_under_report"][0]])
+    for i, span in enumerate(spans):  # children first, as exporters send them
+        (send_grpc if i % 2 else send_http)(collector, [span])
+    run = collector.run(trace_id)
+    assert run["status"] == "FAIL" and verdicts(run)["writer"] == "TokenMismatch"
+
+
+def test_late_span_produces_revision_2(collector, capture):
+    scenario = Scenario({"researcher": [Invocation([ok(420, 180)])],
+                         "writer": [Invocation([ok(300, 120, "tool_calls"), ok(310, 230)])]}, name="late")
+    spans, (trace_id,) = record([scenario])
+    late = [s for s in spans if s.name.startswith("chat") and s.attributes.get("gen_ai.usage.input_tokens") == 300]
+    send_grpc(collector, [s for s in spans if s not in late])
+    first = collector.run(trace_id)
+    assert first["revision"] == 1
+    assert next(e for e in first["executors"] if e["executor_id"] == "writer")["evidence"]["truth_tokens"] == 540
+    send_grpc(collector, late)
+    second = collector.run(trace_id, revision=2)
+    writer = next(e for e in second["executors"] if e["executor_id"] == "writer")
+    assert writer["evidence"]["truth_tokens"] == 960 and second["status"] == "PASS"
+    runs = [s for s in capture.wait_spans(trace_id, "fidelity.run", 2)]
+    assert sorted(next(kv.value.int_value for kv in s.attributes if kv.key == "fidelity.revision") for s in runs) == [1, 2]
+
+
+def test_trace_without_root_is_finalized_after_max_trace_wait_and_flagged_incomplete(collector):
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    send_grpc(collector, [s for s in spans if s.parent is not None])
+    run = collector.run(trace_id, timeout=10)
+    assert run["incomplete"] is True
+    assert verdicts(run) == {"researcher": "Agree", "writer": "Agree"}
+
+
+def test_dotnet_shaped_workflow(collector):
+    scenario = Scenario({"planner": [Invocation([ok(100, 20)])],
+                         "coder": [Invocation([ok(300, 200, "length")], reported=(300, 200, "stop"))]},
+                        name="dotnet", dotnet=True)
+    spans, (trace_id,) = record([scenario])
+    send_grpc(collector, spans)
+    run = collector.run(trace_id)
+    assert verdicts(run) == {"planner": "Agree", "coder": "FinishMismatch"}
+
+
+def test_direct_agent_trace_without_executor_spans_is_reconciled(collector):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("agent_framework")
+    with tracer.start_as_current_span("invoke_agent helper", attributes={
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "helper",
+            "gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 5,
+            "gen_ai.response.finish_reasons": '["stop"]'}) as root:
+        with tracer.start_as_current_span("chat m", attributes={
+                "gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 100, "gen_ai.usage.output_tokens": 50,
+                "gen_ai.response.finish_reasons": '["stop"]'}):
+            pass
+    trace_id = format(root.get_span_context().trace_id, "032x")
+    send_grpc(collector, list(exporter.get_finished_spans()))
+    run = collector.run(trace_id)
+    assert verdicts(run) == {"helper": "TokenMismatch"}
+
+
+def test_invalid_spans_are_rejected_in_partial_success_and_the_rest_kept(collector):
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    doc = to_otlp_json(export_request(spans))
+    bad = dict(doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0])
+    bad["spanId"] = "abc"  # wrong length
+    bad["name"] = "broken"
+    doc["resourceSpans"][0]["scopeSpans"][0]["spans"].append(bad)
+    status, payload, _ = post(collector, json.dumps(doc).encode(), "application/json")
+    assert status == 200
+    partial = json.loads(payload)["partialSuccess"]
+    assert int(partial["rejectedSpans"]) == 1 and "spanId" in partial["errorMessage"]
+    assert collector.run(trace_id)["status"] == "PASS"
+
+
+def test_undecodable_requests_get_400_and_invalid_argument(collector):
+    import grpc
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
+
+    status, payload, _ = post(collector, b"\xff\xfe not protobuf", "application/x-protobuf")
+    assert status == 400
+    status, payload, _ = post(collector, b"{not json", "application/json")
+    assert status == 400 and "decode" in json.loads(payload)["message"]
+    status, _, _ = post(collector, b"{}", "text/plain")
+    assert status == 415
+    channel = grpc.insecure_channel(collector.grpc)
+    raw = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+    with pytest.raises(grpc.RpcError) as info:
+        raw(b"\xff\xfe\xfd garbage", timeout=5)
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert TraceServiceStub(channel)  # the real stub and raw bytes hit the same service
+    channel.close()
+
+
+def test_our_own_verdict_spans_are_never_reingested(collector, capture):
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    send_grpc(collector, spans)
+    collector.run(trace_id)
+    (run_span,) = capture.wait_spans(trace_id, "fidelity.run", 1)
+    before = collector.metrics()
+    # Loop the exported verdict spans straight back in, as a mis-pointed pipeline would.
+    own = [req for req in list(capture.requests) if any(
+        s.trace_id.hex() == trace_id for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans)]
+    for req in own:
+        status, _, _ = post(collector, req.SerializeToString(), "application/x-protobuf")
+        assert status == 200
+    after = collector.metrics()
+    key = ("collector_spans_received_total", (("transport", "http"),))
+    assert after.get(key, 0) == before.get(key, 0)
+    assert collector.run(trace_id)["revision"] == 1

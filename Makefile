@@ -14,7 +14,12 @@ $(BIN)/.installed: pyproject.toml
 install: $(BIN)/.installed
 
 run: install
-	$(BIN)/agenteval bench workflow-trace-fidelity --workflow-trace examples/warn_partial_truth.json --subject example || test $$? -ne 1
+	$(BIN)/agenteval collector serve
+
+# The collector and the demo workflows together: collector in the background, demo in front.
+demo: install
+	@$(BIN)/agenteval collector serve & pid=$$!; trap "kill $$pid 2>/dev/null; wait $$pid" EXIT; \
+	  sleep 3; $(BIN)/agenteval demo
 
 test: install
 	$(BIN)/pytest

@@ -17,7 +17,7 @@ from collector.config import ConfigError, load_config
 from collector.loader import TraceFileError, load_runs
 from collector.model import EXIT_ERROR, STATUS_EXIT_CODES, Preset, Status
 from collector.reconcile import reconcile
-from collector.render import print_run, runs_table
+from collector.render import demo_table, print_run, runs_table
 from collector.serialize import run_to_dict
 from collector.store import RunStore, StoredRun, StoreError, default_store_path
 
@@ -169,6 +169,33 @@ def collector_serve(config: ConfigOpt = None, store: StoreOpt = None) -> None:
         asyncio.run(serve(cfg))
     except (StoreError, OSError) as exc:
         raise _Fatal(str(exc)) from exc
+
+
+@app.command("demo")
+def demo_command(
+    endpoint: Annotated[str, typer.Option("--endpoint", help="The collector's OTLP endpoint.")] = "127.0.0.1:4317",
+    protocol: Annotated[str, typer.Option("--protocol", help="grpc or http/protobuf (endpoint http://host:4318).")] = "grpc",
+    store: StoreOpt = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the verdicts.")] = 30.0,
+) -> None:
+    """Run real MAF workflows (fake chat client, no network) against a running collector and show its verdicts."""
+    try:
+        from collector.demo import demo
+    except ImportError as exc:
+        raise _Fatal(f"agenteval demo needs agent-framework-core: pip install 'agenteval-collector[maf]' ({exc})") from exc
+    if protocol not in ("grpc", "http/protobuf"):
+        raise _Fatal(f"--protocol: expected grpc or http/protobuf, got {protocol!r}")
+    results = demo(endpoint, protocol, store or default_store_path(), timeout)
+    out.print(demo_table(results))
+    for r in results:
+        for e in (r.run or {}).get("executors", []):
+            if e["no_truth_reason"]:
+                out.print(f"  {r.name}/{e['executor_id']}: {e['no_truth_reason']} - {e['no_truth_explanation']}")
+    missing = [r.name for r in results if r.run is None]
+    if missing:
+        raise _Fatal(f"no verdict within {timeout:g}s for {', '.join(missing)}: is `agenteval collector serve` "
+                     f"running at {endpoint} with the same store?")
+    raise typer.Exit(0 if all(r.ok for r in results) else EXIT_ERROR)
 
 
 def main() -> None:

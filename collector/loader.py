@@ -152,6 +152,8 @@ def load_runs(
         raise TraceFileError(str(exc)) from exc
     except OSError as exc:
         raise TraceFileError(f"{path}: {exc.strerror or exc}") from exc
-    if not states:
-        raise TraceFileError(f"{path}: no spans found")
-    return [state.run_input() for state in states.values()]
+    runs = [run for run in (state.run_input() for state in states.values()) if run.is_workflow]
+    if not runs:
+        what = "no spans" if not states else "no executor, agent or chat span"
+        raise TraceFileError(f"{path}: {what} found: nothing to reconcile")
+    return runs

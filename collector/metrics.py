@@ -69,6 +69,8 @@ class Metrics:
         self.rejected = meter.create_counter("collector.spans.rejected",
                                              description="Spans rejected as unusable (partial_success) or undecodable")
         self.duplicates = meter.create_counter("collector.spans.duplicate", description="Spans already seen")
+        self.ignored = meter.create_counter("collector.traces.ignored",
+                                            description="Finalized traces without executor, agent or chat spans")
         self.store_errors = meter.create_counter("collector.store.errors", description="Failed store writes")
 
         def observe(name: str):

@@ -140,6 +140,12 @@ class RunInput:
     unattributed_chat_spans: int = 0
 
 
+    @property
+    def is_workflow(self) -> bool:
+        """False for traces with nothing to reconcile (e.g. MAF's separate ``workflow.build`` trace)."""
+        return bool(self.executors) or self.unattributed_chat_spans > 0
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """Scoring knobs. Presets are informational and deliberately absent here."""

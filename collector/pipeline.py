@@ -41,9 +41,11 @@ class StoreWriter:
     A failed batch is retried (with backoff) until it lands or the writer is closed.
     """
 
-    def __init__(self, store: RunStore, on_stored: Callable[[list[tuple[StoredRun, float | None]]], None]) -> None:
+    def __init__(self, store: RunStore, on_stored: Callable[[list[tuple[StoredRun, float | None]]], None],
+                 on_error: Callable[[], None] = lambda: None) -> None:
         self.store = store
         self._on_stored = on_stored
+        self._on_error = on_error
         self._queue: queue.Queue[tuple[StoredRun, float | None] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self._thread.start()
@@ -72,6 +74,7 @@ class StoreWriter:
                     self.store.save_many(run for run, _ in batch)
                 except StoreError as exc:
                     log.error("store_write_failed", error=str(exc), runs=len(batch), retry_in=delay)
+                    self._on_error()
                     time.sleep(delay)
                     delay = min(delay * 2, 5.0)
                     continue
@@ -95,7 +98,8 @@ class Pipeline:
         self.spans = spans
         self.store = store
         self.listeners: list[Callable[[StoredRun], None]] = []
-        self.writer = StoreWriter(store, self._stored)
+        self.writer = StoreWriter(store, self._stored,
+                                  (lambda: metrics.store_errors.add(1)) if metrics else (lambda: None))
 
     def gauges(self) -> dict[str, int]:
         a = self.assembler
@@ -136,6 +140,11 @@ class Pipeline:
         return len(finalized)
 
     def _publish(self, item: Finalized) -> None:
+        if not item.run.is_workflow:
+            if self.metrics is not None:
+                self.metrics.ignored.add(1)
+            log.debug("trace_ignored", trace_id=item.run.trace_id, reason="no executor, agent or chat span")
+            return
         verdict = replace(reconcile(item.run, self.policy, self.config.scoring.preset), revision=item.revision)
         run_id = verdict.trace_id or ""
         stored = StoredRun(run_id, SOURCE_LIVE, verdict)

@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field
 class ProfileConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    root_span_names: list[str] = Field(default_factory=list)
     executor_span_prefixes: list[str] = Field(default_factory=list)
     executor_id_attributes: list[str] = Field(default_factory=lambda: ["executor.id"])
     agent_span_prefixes: list[str] = Field(default_factory=lambda: ["invoke_agent"])
@@ -38,14 +37,8 @@ class ProfileConfig(BaseModel):
 def default_profiles() -> dict[str, ProfileConfig]:
     """MAF Python 1.23 (measured) and MAF .NET span shapes."""
     return {
-        "maf-python": ProfileConfig(
-            root_span_names=["workflow.run"],
-            executor_span_prefixes=["executor.process"],
-        ),
-        "maf-dotnet": ProfileConfig(
-            root_span_names=["workflow_invoke", "workflow.session", "workflow.run"],
-            executor_span_prefixes=["executor.process"],
-        ),
+        "maf-python": ProfileConfig(executor_span_prefixes=["executor.process"]),
+        "maf-dotnet": ProfileConfig(executor_span_prefixes=["executor.process"]),
     }
 
 

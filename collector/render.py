@@ -93,3 +93,15 @@ def runs_table(rows: list[dict[str, Any]]) -> Table:
             str(r["revision"]), r["trace_id"] or "-",
         )
     return table
+
+
+def demo_table(results: list) -> Table:
+    table = Table(title="agenteval demo: what the collector concluded")
+    for col in ("workflow", "expected", "collector", "score", "executors", "scenario"):
+        table.add_column(col)
+    for r in results:
+        run = r.run
+        status = f"[{STATUS_STYLE[run['status']]}]{run['status']}[/]" if run else "[red]no verdict[/]"
+        executors = ", ".join(f"{e['executor_id']}={e['verdict']}" for e in run["executors"]) if run else "-"
+        table.add_row(r.name, r.expected, status, fmt_score(run["score"]) if run else "-", executors, r.about)
+    return table

@@ -243,3 +243,47 @@ def test_our_own_verdict_spans_are_never_reingested(collector, capture):
     key = ("collector_spans_received_total", (("transport", "http"),))
     assert after.get(key, 0) == before.get(key, 0)
     assert collector.run(trace_id)["revision"] == 1
+
+
+def test_offline_cli_and_live_collector_give_the_same_verdicts(collector, tmp_path):
+    from test_cli import bench
+
+    scenarios = [SCENARIOS[n][0] for n in ("fail_under_report", "finish_mismatch", "path2_pending", "partial_warn")]
+    spans, ids = record(scenarios)
+    send_grpc(collector, spans)
+    path = tmp_path / "same.jsonl"
+    path.write_text(json.dumps(to_otlp_json(export_request(spans))) + "\n")
+    offline = {r["trace_id"]: r for r in json.loads(bench(path, tmp_path / "o.db", "--json").stdout)["runs"]}
+    for trace_id in ids:
+        live = collector.run(trace_id)
+        assert [(e["executor_id"], e["verdict"], e["score"], e["no_truth_reason"], e["evidence"]) for e in live["executors"]] \
+            == [(e["executor_id"], e["verdict"], e["score"], e["no_truth_reason"], e["evidence"])
+                for e in offline[trace_id]["executors"]]
+        assert (live["status"], live["score"]) == (offline[trace_id]["status"], offline[trace_id]["score"])
+
+
+def test_prompt_and_response_text_is_never_stored_logged_or_exported(collector, capture):
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    assert any("SECRET-PROMPT" in str(s.attributes) for s in spans)  # the input really carries content
+    send_http(collector, spans)
+    collector.run(trace_id)
+    capture.wait_spans(trace_id, "fidelity.executor", 2)
+    stored = b"".join(p.read_bytes() for p in collector.store_path.parent.glob("runs.db*"))
+    logged = collector.stderr_path.read_text()
+    exported = b"".join(req.SerializeToString() for req in list(capture.requests))
+    for secret in ("SECRET-PROMPT", "SECRET-ANSWER"):
+        assert secret.encode() not in stored and secret not in logged and secret.encode() not in exported
+
+
+def test_sigterm_finalizes_in_flight_traces_as_incomplete_and_exits_0(tmp_path):
+    from conftest import CollectorProcess
+
+    proc = CollectorProcess(tmp_path, overrides={"assembly": {"quiet_period": 60, "max_trace_wait": 600}})
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    send_grpc(proc, [s for s in spans if s.parent is not None])  # the root never arrives
+    assert proc.stop() == 0
+    con = __import__("sqlite3").connect(proc.store_path)
+    (doc,) = con.execute("SELECT doc FROM runs WHERE run_id = ?", (trace_id,)).fetchone()
+    run = json.loads(doc)
+    assert run["incomplete"] is True and verdicts(run) == {"researcher": "Agree", "writer": "Agree"}
+    assert any(e.get("event") == "collector_stopped" and e["finalized_on_shutdown"] == 1 for e in proc.log_events())

@@ -1,0 +1,152 @@
+"""Real MAF Python (agent-framework-core 1.23) workflows, the bridge, real OTLP exporters, and the
+collector running as a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from agent_framework.observability import enable_instrumentation
+from collector.bridge import FidelityBridge
+from collector.maf_fakes import AgentSpec, Turn, chain, demo_workflows
+from conftest import AGENTEVAL
+
+WORKFLOWS = {w.name: w for w in demo_workflows()}
+MAF_SPANS = InMemorySpanExporter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def maf_telemetry():
+    """MAF instruments the global TracerProvider; set it once for this process."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(MAF_SPANS))
+    trace.set_tracer_provider(provider)
+    enable_instrumentation(enable_sensitive_data=True)
+    yield
+
+
+def run_workflow(workflow, stream: bool = False, bridge: FidelityBridge | None = None):
+    bridge = bridge or FidelityBridge()
+    MAF_SPANS.clear()
+
+    async def go():
+        if stream:
+            return [event async for event in bridge.run(workflow, "Write a short report.", stream=True)]
+        return await bridge.run(workflow, "Write a short report.")
+
+    result = asyncio.run(go())
+    return result, list(MAF_SPANS.get_finished_spans()), bridge.last_trace_id
+
+
+def export(collector, spans, transport: str = "grpc") -> None:
+    exporter = (GrpcExporter(endpoint=collector.grpc, insecure=True) if transport == "grpc"
+                else HttpExporter(endpoint=f"{collector.http}/v1/traces"))
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+
+
+def verdicts(run):
+    return {e["executor_id"]: e["verdict"] for e in run["executors"]}
+
+
+@pytest.mark.parametrize("name", list(WORKFLOWS))
+def test_real_maf_workflow_gets_the_expected_verdict(collector, capture, name):
+    spec = WORKFLOWS[name]
+    _, spans, trace_id = run_workflow(spec.build())
+    export(collector, spans, "http" if name == "agree" else "grpc")
+    run = collector.run(trace_id)
+    assert run["status"] == spec.status and verdicts(run) == spec.verdicts
+    assert run["subject"] == name
+    ledger_sources = {e["evidence"]["ledger_source"] for e in run["executors"]}
+    assert ledger_sources == {"AgentResponseEvent"}
+    (run_span,) = capture.wait_spans(trace_id, "fidelity.run", 1)
+    status = next(kv.value.string_value for kv in run_span.attributes if kv.key == "fidelity.status")
+    assert status == spec.status
+
+
+def test_under_report_evidence_shows_both_numbers(collector):
+    _, spans, trace_id = run_workflow(WORKFLOWS["under-report"].build())
+    export(collector, spans)
+    writer = next(e for e in collector.run(trace_id)["executors"] if e["executor_id"] == "writer")
+    ev = writer["evidence"]
+    assert (ev["framework_tokens"], ev["truth_tokens"], ev["direction"]) == (600, 940, "under")
+    assert ev["response_turns"] == 2 and len(ev["chat_span_ids"]) == 2
+
+
+def test_path2_reasons_distinguish_missing_response_from_missing_chat(collector):
+    _, spans, trace_id = run_workflow(WORKFLOWS["path2-pending"].build())
+    export(collector, spans)
+    run = collector.run(trace_id)
+    assert run["score"] is None
+    assert {e["executor_id"]: e["no_truth_reason"] for e in run["executors"]} == {
+        "researcher": "response_missing", "writer": "no_chat_trace"}
+
+
+def test_streaming_run_gives_the_same_verdicts_as_the_plain_run(collector):
+    spec = WORKFLOWS["agree"]
+    _, plain_spans, plain_id = run_workflow(spec.build())
+    _, stream_spans, stream_id = run_workflow(spec.build(), stream=True)
+    export(collector, plain_spans)
+    export(collector, stream_spans)
+    plain, streamed = collector.run(plain_id), collector.run(stream_id)
+    assert verdicts(streamed) == verdicts(plain) == spec.verdicts
+    assert streamed["status"] == plain["status"] == "PASS"
+    assert [e["evidence"]["framework_tokens"] for e in streamed["executors"]] == \
+        [e["evidence"]["framework_tokens"] for e in plain["executors"]]
+
+
+def test_streaming_loop_is_summed_per_invocation(collector):
+    spec = WORKFLOWS["reviewer-loop"]
+    _, spans, trace_id = run_workflow(spec.build(), stream=True)
+    export(collector, spans)
+    run = collector.run(trace_id)
+    (reviewer,) = run["executors"]
+    assert reviewer["verdict"] == "Agree" and reviewer["evidence"]["ledger_entries"] == 3
+    assert reviewer["evidence"]["aligned"] is True
+
+
+def test_bridge_does_not_change_what_the_caller_receives():
+    def shape(events):
+        return [(e.type, e.executor_id, getattr(e.data, "text", None)) for e in events]
+
+    async def bare(stream):
+        wf = WORKFLOWS["agree"].build()
+        if stream:
+            return [e async for e in wf.run("Write a short report.", stream=True)]
+        return await wf.run("Write a short report.")
+
+    for stream in (False, True):
+        plain = asyncio.run(bare(stream))
+        bridged, _, _ = run_workflow(WORKFLOWS["agree"].build(), stream=stream)
+        assert type(bridged) is type(plain)
+        assert shape(bridged) == shape(plain)
+
+
+def test_bridge_with_the_callers_own_tracer_provider(collector):
+    own = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(own))
+    wf = chain("own-provider", [AgentSpec("solo", [Turn(50, 5)])])
+    _, maf_spans, trace_id = run_workflow(wf, bridge=FidelityBridge(tracer_provider=provider))
+    bridge_spans = list(own.get_finished_spans())
+    assert {s.name for s in bridge_spans} == {"workflow.fidelity own-provider", "agent_response solo"}
+    assert all(format(s.context.trace_id, "032x") == trace_id for s in maf_spans if s.name != "workflow.build")
+    export(collector, maf_spans + bridge_spans)
+    assert verdicts(collector.run(trace_id)) == {"solo": "Agree"}
+
+
+def test_agenteval_demo_shows_every_status(collector):
+    proc = subprocess.run([AGENTEVAL, "demo", "--endpoint", collector.grpc, "--store", str(collector.store_path),
+                           "--timeout", "30"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for status in ("PASS", "FAIL", "WARN", "PENDING"):
+        assert status in proc.stdout
+    assert "response_missing" in proc.stdout and "no_chat_trace" in proc.stdout

@@ -167,7 +167,7 @@ def collector_serve(config: ConfigOpt = None, store: StoreOpt = None) -> None:
     configure(cfg.logging.level)
     try:
         asyncio.run(serve(cfg))
-    except (StoreError, OSError) as exc:
+    except (StoreError, ConfigError, OSError) as exc:
         raise _Fatal(str(exc)) from exc
 
 

@@ -4,11 +4,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from collector.model import Policy, Preset
 from collector.profiles import Matcher, ProfileConfig, default_profiles
@@ -45,9 +46,57 @@ class HttpReceiver(_Section):
     _endpoint = field_validator("endpoint")(_check_endpoint)
 
 
+class Tls(_Section):
+    cert_file: str | None = None
+    key_file: str | None = None
+    client_ca_file: str | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> "Tls":
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file go together")
+        if self.client_ca_file and not self.cert_file:
+            raise ValueError("client_ca_file (mTLS) needs cert_file and key_file")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file)
+
+
+class Auth(_Section):
+    bearer_token_file: str | None = None
+    bearer_token_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> "Auth":
+        if self.bearer_token_file and self.bearer_token_env:
+            raise ValueError("set bearer_token_file or bearer_token_env, not both")
+        return self
+
+    def token(self) -> str | None:
+        """The configured bearer token (read once at start), or None when auth is off."""
+        if self.bearer_token_file:
+            try:
+                token = Path(self.bearer_token_file).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"receivers.auth.bearer_token_file: {exc.strerror or exc}") from exc
+        elif self.bearer_token_env:
+            token = os.environ.get(self.bearer_token_env, "").strip()
+            if not token:
+                raise ConfigError(f"receivers.auth.bearer_token_env: ${self.bearer_token_env} is not set")
+        else:
+            return None
+        if not token:
+            raise ConfigError("receivers.auth: the bearer token is empty")
+        return token
+
+
 class Receivers(_Section):
     grpc: GrpcReceiver = GrpcReceiver()
     http: HttpReceiver = HttpReceiver()
+    tls: Tls = Tls()
+    auth: Auth = Auth()
 
 
 class Assembly(_Section):
@@ -80,6 +129,8 @@ class OtlpExporter(_Section):
     protocol: Literal["grpc", "http/protobuf"] = "grpc"
     insecure: bool = True
     metrics_interval: float = Field(10.0, gt=0)
+    max_backlog_spans: int = Field(100_000, gt=0)
+    retry_interval: float = Field(2.0, gt=0)
 
 
 class Prometheus(_Section):

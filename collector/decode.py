@@ -23,6 +23,8 @@ from collector.classify import SpanRecord
 #: Instrumentation scope of the verdict spans we emit; spans from it are never re-ingested.
 OWN_SCOPE = "agenteval.collector"
 SERVICE_NAME = "service.name"
+#: Longest string attribute value kept (values are ids and reasons; anything longer is hostile).
+MAX_ATTR_CHARS = 1024
 _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
 
@@ -57,6 +59,8 @@ def any_value(value: AnyValue) -> Any:
         return [any_value(v) for v in value.array_value.values]
     if kind == "kvlist_value":
         return {kv.key: any_value(kv.value) for kv in value.kvlist_value.values}
+    if kind == "string_value":
+        return value.string_value[:MAX_ATTR_CHARS]
     return getattr(value, kind)
 
 

@@ -29,6 +29,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from collector.assembler import Backpressure
 from collector.decode import DecodeError, parse_otlp_json
 from collector.pipeline import IngestResult, Pipeline
+from collector.security import BearerAuth
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -56,10 +57,16 @@ def _retry_info(seconds: float) -> error_details_pb2.RetryInfo:
 class GrpcTraceService:
     """``TraceService/Export`` over raw bytes, so a bad payload is INVALID_ARGUMENT, not INTERNAL."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Pipeline, auth: BearerAuth) -> None:
         self.pipeline = pipeline
+        self.auth = auth
 
     async def export(self, payload: bytes, context: grpc.aio.ServicerContext) -> ExportTraceServiceResponse:
+        if self.auth.enabled:
+            header = next((v for k, v in context.invocation_metadata() or () if k == "authorization"), None)
+            if not self.auth.allows(header if isinstance(header, str) else None):
+                _count_unauthenticated(self.pipeline, "grpc")
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
         try:
             request = ExportTraceServiceRequest.FromString(payload)
         except (ProtoDecodeError, RuntimeError) as exc:
@@ -101,12 +108,19 @@ def grpc_server(max_message_bytes: int) -> grpc.aio.Server:
     ])
 
 
+def _count_unauthenticated(pipeline: Pipeline, transport: str) -> None:
+    log.warning("request_unauthenticated", transport=transport)
+    if pipeline.metrics:
+        pipeline.metrics.rejected.add(1, {"transport": transport, "reason": "unauthenticated"})
+
+
 # --- HTTP -----------------------------------------------------------------------------------------
 
 class HttpTraceReceiver:
-    def __init__(self, pipeline: Pipeline, max_body_bytes: int) -> None:
+    def __init__(self, pipeline: Pipeline, max_body_bytes: int, auth: BearerAuth) -> None:
         self.pipeline = pipeline
         self.max_body_bytes = max_body_bytes
+        self.auth = auth
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes)
@@ -115,6 +129,11 @@ class HttpTraceReceiver:
 
     async def handle(self, request: web.Request) -> web.Response:
         ctype = request.content_type
+        if not self.auth.allows(request.headers.get("Authorization")):
+            _count_unauthenticated(self.pipeline, "http")
+            resp = self._error(401, "missing or invalid bearer token", ctype if ctype in (PROTOBUF, JSON) else JSON)
+            resp.headers["WWW-Authenticate"] = "Bearer"
+            return resp
         if ctype not in (PROTOBUF, JSON):
             return self._error(415, f"unsupported Content-Type {ctype!r}; use {PROTOBUF} or {JSON}", JSON)
         try:
@@ -173,7 +192,7 @@ class HttpTraceReceiver:
         return web.Response(status=status, text=json_format.MessageToJson(message, indent=None), content_type=JSON)
 
 
-_RPC_CODES = {400: code_pb2.INVALID_ARGUMENT, 413: code_pb2.RESOURCE_EXHAUSTED, 415: code_pb2.INVALID_ARGUMENT,
+_RPC_CODES = {400: code_pb2.INVALID_ARGUMENT, 401: code_pb2.UNAUTHENTICATED, 413: code_pb2.RESOURCE_EXHAUSTED, 415: code_pb2.INVALID_ARGUMENT,
               503: code_pb2.UNAVAILABLE}
 
 

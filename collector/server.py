@@ -15,9 +15,11 @@ from opentelemetry.sdk.resources import Resource
 
 from collector.config import CollectorConfig
 from collector.emit_spans import VerdictSpans, otlp_span_exporter
+from collector.export_queue import RetryingSpanExporter
 from collector.metrics import Metrics
 from collector.pipeline import Pipeline
 from collector.receivers import GrpcTraceService, HttpTraceReceiver, grpc_server
+from collector.security import BearerAuth, grpc_credentials, ssl_context
 from collector.store import RunStore, default_store_path
 
 log = structlog.get_logger("agenteval.collector")
@@ -39,8 +41,11 @@ class Collector:
         self.resource = Resource.create({"service.name": "agenteval-collector"})
         self.store = RunStore(config.store.path or default_store_path())
         otlp = config.exporters.otlp
-        self.spans = (VerdictSpans(otlp_span_exporter(otlp.endpoint, otlp.protocol, otlp.insecure), self.resource)
-                      if otlp.endpoint else None)
+        self.spans = None
+        if otlp.endpoint:
+            exporter = RetryingSpanExporter(otlp_span_exporter(otlp.endpoint, otlp.protocol, otlp.insecure),
+                                            max_spans=otlp.max_backlog_spans, retry_interval=otlp.retry_interval)
+            self.spans = VerdictSpans(exporter, self.resource)
         self.pipeline: Pipeline | None = None
         self.metrics: Metrics | None = None
         self._grpc = None
@@ -53,18 +58,24 @@ class Collector:
         self.metrics = Metrics(cfg, self.resource, lambda: self.pipeline.gauges() if self.pipeline else {})
         self.pipeline = Pipeline(cfg, self.store, self.metrics, self.spans)
         grpc_addr = http_addr = None
+        tls = cfg.receivers.tls
+        scheme = "https" if tls.enabled else "http"
+        auth = BearerAuth(cfg.receivers.auth.token())
         if cfg.receivers.grpc.enabled:
             self._grpc = grpc_server(cfg.receivers.grpc.max_message_bytes)
-            self._grpc.add_generic_rpc_handlers((GrpcTraceService(self.pipeline).handler(),))
-            port = self._grpc.add_insecure_port(cfg.receivers.grpc.endpoint)
+            self._grpc.add_generic_rpc_handlers((GrpcTraceService(self.pipeline, auth).handler(),))
+            endpoint = cfg.receivers.grpc.endpoint
+            port = (self._grpc.add_secure_port(endpoint, grpc_credentials(tls)) if tls.enabled
+                    else self._grpc.add_insecure_port(endpoint))
             await self._grpc.start()
             grpc_addr = f"{cfg.receivers.grpc.endpoint.rpartition(':')[0]}:{port}"
         if cfg.receivers.http.enabled:
-            receiver = HttpTraceReceiver(self.pipeline, cfg.receivers.http.max_body_bytes)
+            receiver = HttpTraceReceiver(self.pipeline, cfg.receivers.http.max_body_bytes, auth)
             self._http = web.AppRunner(receiver.app(), access_log=None, auto_decompress=False)
             await self._http.setup()
             host, _, port = cfg.receivers.http.endpoint.rpartition(":")
-            site = web.TCPSite(self._http, host.strip("[]"), int(port))
+            site = web.TCPSite(self._http, host.strip("[]"), int(port),
+                               ssl_context=ssl_context(tls) if tls.enabled else None)
             await site.start()
             bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             http_addr = f"{host}:{bound}"
@@ -72,9 +83,10 @@ class Collector:
         if self.metrics.prometheus_port is not None:
             prom = f"{cfg.exporters.prometheus.endpoint.rpartition(':')[0]}:{self.metrics.prometheus_port}"
         self._sweeper = asyncio.create_task(self._sweep_forever())
-        self.listening = Listening(grpc_addr, http_addr, prom, str(self.store.path))
-        log.info("collector_listening", grpc=grpc_addr, http=http_addr, prometheus=prom, store=str(self.store.path),
-                 otlp_out=cfg.exporters.otlp.endpoint)
+        self.listening = Listening(grpc_addr, http_addr and f"{scheme}://{http_addr}", prom, str(self.store.path))
+        log.info("collector_listening", grpc=grpc_addr, http=self.listening.http, prometheus=prom,
+                 store=str(self.store.path), otlp_out=cfg.exporters.otlp.endpoint, tls=tls.enabled,
+                 mtls=bool(tls.client_ca_file), auth=auth.enabled)
         return self.listening
 
     async def _sweep_forever(self) -> None:
@@ -116,7 +128,7 @@ async def serve(config: CollectorConfig, stop: asyncio.Event | None = None) -> N
     print(
         "agenteval collector listening:"
         + (f"\n  OTLP/gRPC  {listening.grpc}" if listening.grpc else "")
-        + (f"\n  OTLP/HTTP  http://{listening.http}/v1/traces" if listening.http else "")
+        + (f"\n  OTLP/HTTP  {listening.http}/v1/traces" if listening.http else "")
         + (f"\n  metrics    http://{listening.prometheus}/metrics" if listening.prometheus else "")
         + f"\n  run store  {listening.store}\nPress Ctrl-C to stop.",
         flush=True,

@@ -4,7 +4,9 @@ and an in-test OTLP receiver that captures what the collector exports."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 import yaml
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -25,15 +28,30 @@ sys.path.insert(0, str(Path(__file__).parent))
 AGENTEVAL = str(Path(sys.executable).parent / "agenteval")
 
 
-class CaptureReceiver(trace_service_pb2_grpc.TraceServiceServicer):
-    """A minimal OTLP/gRPC trace receiver standing in for Jaeger or an OpenTelemetry Collector."""
-
+class _MetricsCapture(metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self) -> None:
+        self.requests: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
+
+    def Export(self, request, context):  # noqa: N802 (gRPC method name)
+        self.requests.append(request)
+        return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    def metric_names(self) -> set[str]:
+        return {m.name for req in list(self.requests) for rm in req.resource_metrics
+                for sm in rm.scope_metrics for m in sm.metrics}
+
+
+class CaptureReceiver(trace_service_pb2_grpc.TraceServiceServicer):
+    """A minimal OTLP/gRPC receiver (traces and metrics) standing in for Jaeger or an OTel Collector."""
+
+    def __init__(self, port: int = 0) -> None:
         self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
+        self.metrics = _MetricsCapture()
         self.lock = threading.Lock()
         self.server = grpc.server(futures.ThreadPoolExecutor(4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(self.metrics, self.server)
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         self.server.start()
 
     def Export(self, request, context):  # noqa: N802 (gRPC method name)
@@ -63,27 +81,44 @@ class CaptureReceiver(trace_service_pb2_grpc.TraceServiceServicer):
         raise AssertionError(f"{count} {name_prefix!r} spans for {trace_id} not exported in {timeout}s")
 
 
+def _merge(into: dict, values: dict) -> None:
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (for a receiver started later on purpose)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class CollectorProcess:
-    def __init__(self, tmp: Path, overrides: dict | None = None, otlp_out: str | None = None) -> None:
+    def __init__(self, tmp: Path, overrides: dict | None = None, otlp_out: str | None = None,
+                 env: dict | None = None) -> None:
         self.store_path = tmp / "runs.db"
         cfg = {
             "receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},
             "assembly": {"quiet_period": 0.3, "max_trace_wait": 2.0, "late_window": 60.0, "sweep_interval": 0.02},
             "store": {"path": str(self.store_path)},
             "exporters": {"prometheus": {"endpoint": "127.0.0.1:0"},
-                          "otlp": {"endpoint": otlp_out} if otlp_out else {}},
+                          "otlp": {"endpoint": otlp_out, "metrics_interval": 0.5} if otlp_out else {}},
         }
         for section, values in (overrides or {}).items():
-            cfg.setdefault(section, {}).update(values)
+            _merge(cfg.setdefault(section, {}), values)
         self.config_path = tmp / "collector.yaml"
         self.config_path.write_text(yaml.safe_dump(cfg))
         self.stderr_path = tmp / "collector.log"
         self.stderr = self.stderr_path.open("w+")
         self.proc = subprocess.Popen([AGENTEVAL, "collector", "serve", "--config", str(self.config_path)],
-                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+                                     stdout=subprocess.DEVNULL, stderr=self.stderr, text=True,
+                                     env={**os.environ, **(env or {})})
         self.listening = self._wait_listening()
         self.grpc = self.listening["grpc"]
-        self.http = f"http://{self.listening['http']}"
+        self.http = self.listening["http"]
         self.prometheus = f"http://{self.listening['prometheus']}/metrics"
 
     def _wait_listening(self) -> dict:

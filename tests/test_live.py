@@ -287,3 +287,15 @@ def test_sigterm_finalizes_in_flight_traces_as_incomplete_and_exits_0(tmp_path):
     run = json.loads(doc)
     assert run["incomplete"] is True and verdicts(run) == {"researcher": "Agree", "writer": "Agree"}
     assert any(e.get("event") == "collector_stopped" and e["finalized_on_shutdown"] == 1 for e in proc.log_events())
+
+
+def test_metrics_are_also_pushed_over_otlp(collector, capture):
+    import time
+
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    send_grpc(collector, spans)
+    collector.run(trace_id)
+    deadline = time.monotonic() + 10
+    while "fidelity.runs" not in capture.metrics.metric_names() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert {"fidelity.runs", "fidelity.executor.verdicts", "collector.spans.received"} <= capture.metrics.metric_names()

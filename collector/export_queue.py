@@ -1,0 +1,90 @@
+"""A span exporter that survives downstream outages: batches wait in a bounded backlog and a sender
+thread of its own delivers them in order, retrying while the endpoint is down. The SDK's batch
+worker only ever appends, so it never blocks behind a dead endpoint. The store stays the source of
+truth for anything that had to be dropped from a full backlog (counted, logged)."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import structlog
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+log = structlog.get_logger("agenteval.collector")
+
+
+class RetryingSpanExporter(SpanExporter):
+    def __init__(self, inner: SpanExporter, max_spans: int = 100_000, retry_interval: float = 2.0,
+                 on_drop: Callable[[int], None] = lambda n: None) -> None:
+        self._inner = inner
+        self._max_spans = max_spans
+        self._retry_interval = retry_interval
+        self._on_drop = on_drop
+        self._backlog: deque[list[ReadableSpan]] = deque()
+        self._spans = 0
+        self._lock = threading.Lock()  # guards the backlog; held only briefly
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._send_forever, name="otlp-sender", daemon=True)
+        self._thread.start()
+
+    @property
+    def backlog_spans(self) -> int:
+        return self._spans
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        dropped = 0
+        with self._lock:
+            self._backlog.append(list(spans))
+            self._spans += len(spans)
+            self._idle.clear()
+            while self._spans > self._max_spans and len(self._backlog) > 1:
+                old = self._backlog.popleft()
+                self._spans -= len(old)
+                dropped += len(old)
+        if dropped:
+            log.warning("verdict_spans_dropped", spans=dropped, reason="export backlog full")
+            self._on_drop(dropped)
+        self._wake.set()
+        return SpanExportResult.SUCCESS
+
+    def _send_forever(self) -> None:
+        while True:
+            self._wake.wait(self._retry_interval)
+            self._wake.clear()
+            delivered = self._drain()
+            if self._stopping and (delivered or not self._backlog):
+                return
+
+    def _drain(self) -> bool:
+        """Send the backlog oldest first; stop at the first failure. True when it is empty."""
+        while True:
+            with self._lock:
+                if not self._backlog:
+                    self._idle.set()
+                    return True
+                batch = self._backlog[0]
+            if self._inner.export(batch) is not SpanExportResult.SUCCESS:
+                return False
+            with self._lock:
+                if self._backlog and self._backlog[0] is batch:
+                    self._backlog.popleft()
+                    self._spans -= len(batch)
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        self._wake.set()
+        return self._idle.wait(timeout_millis / 1000)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Deliver what can be delivered within ``timeout``, then stop."""
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout)
+        if self._spans:
+            log.warning("verdict_spans_undelivered", spans=self._spans, reason="endpoint down at shutdown")
+        self._inner.shutdown()

@@ -1,0 +1,53 @@
+"""Receiver security: TLS / mTLS material and bearer-token checks (never logged)."""
+
+from __future__ import annotations
+
+import hmac
+import ssl
+from pathlib import Path
+
+import grpc
+
+from collector.config import ConfigError, Tls
+
+
+class BearerAuth:
+    """Constant-time check of ``Authorization: Bearer <token>``; ``None`` token means auth is off."""
+
+    def __init__(self, token: str | None) -> None:
+        self._expected = f"Bearer {token}".encode() if token else None
+
+    @property
+    def enabled(self) -> bool:
+        return self._expected is not None
+
+    def allows(self, header: str | None) -> bool:
+        if self._expected is None:
+            return True
+        return header is not None and hmac.compare_digest(header.encode(), self._expected)
+
+
+def _read(path: str, key: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"receivers.tls.{key}: {exc.strerror or exc}") from exc
+
+
+def grpc_credentials(tls: Tls) -> grpc.ServerCredentials:
+    ca = _read(tls.client_ca_file, "client_ca_file") if tls.client_ca_file else None
+    return grpc.ssl_server_credentials(
+        [(_read(tls.key_file, "key_file"), _read(tls.cert_file, "cert_file"))],
+        root_certificates=ca, require_client_auth=ca is not None)
+
+
+def ssl_context(tls: Tls) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(tls.cert_file, tls.key_file)
+        if tls.client_ca_file:
+            ctx.load_verify_locations(tls.client_ca_file)
+            ctx.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"receivers.tls: {exc}") from exc
+    return ctx

@@ -1,0 +1,442 @@
+"""Reliability and security: bad input, fuzzing, overload, downstream outage, kill -9, TLS, auth."""
+
+from __future__ import annotations
+
+import datetime
+import gzip
+import json
+import signal
+import sqlite3
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.sdk.trace.export import SpanExportResult
+
+from conftest import AGENTEVAL, CaptureReceiver, CollectorProcess, free_port
+from mafshape import SCENARIOS, export_request, record, to_otlp_json
+
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+PROTOBUF, JSON = "application/x-protobuf", "application/json"
+
+
+def post(url: str, body: bytes, ctype: str = PROTOBUF, headers: dict | None = None, context=None):
+    req = urllib.request.Request(f"{url}/v1/traces", data=body, method="POST",
+                                 headers={"Content-Type": ctype, **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=15, context=context) as resp:
+            return resp.status, resp.read(), dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), dict(exc.headers)
+
+
+def grpc_raw(target: str, body: bytes):
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary(EXPORT)
+        try:
+            payload = call(body, timeout=10)
+            return grpc.StatusCode.OK, ExportTraceServiceResponse.FromString(payload), ()
+        except grpc.RpcError as exc:
+            return exc.code(), exc.details(), exc.trailing_metadata() or ()
+
+
+def valid_request() -> tuple[bytes, str]:
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    return export_request(spans).SerializeToString(), trace_id
+
+
+def healthy(collector) -> None:
+    """The collector is alive and still reaches verdicts."""
+    assert collector.proc.poll() is None
+    body, trace_id = valid_request()
+    assert grpc_raw(collector.grpc, body)[0] is grpc.StatusCode.OK
+    assert collector.run(trace_id)["status"] == "PASS"
+
+
+def _ld(field: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field, written by hand (the library refuses to build this deep)."""
+    size, out = len(payload), bytearray([field << 3 | 2])
+    while size > 0x7F:
+        out.append(size & 0x7F | 0x80)
+        size >>= 7
+    out.append(size)
+    return bytes(out) + payload
+
+
+def nested(depth: int) -> bytes:
+    """An AnyValue nested ``depth`` kvlists deep, serialized."""
+    value = AnyValue(string_value="leaf").SerializeToString()
+    for _ in range(depth):
+        value = _ld(6, _ld(1, _ld(1, b"k") + _ld(2, value)))  # kvlist_value.values[0] = {k: value}
+    return value
+
+
+def with_bad_ids() -> ExportTraceServiceRequest:
+    spans, _ = record([SCENARIOS["pass"][0]])
+    request = export_request(spans)
+    request.resource_spans[0].scope_spans[0].spans[0].span_id = b"\x01\x02\x03"
+    request.resource_spans[0].scope_spans[0].spans[1].trace_id = b"\x01" * 5
+    return request
+
+
+def huge_attribute() -> ExportTraceServiceRequest:
+    spans, _ = record([SCENARIOS["pass"][0]])
+    request = export_request(spans)
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    span.attributes.add(key="executor.id", value=AnyValue(string_value="x" * 1_000_000))
+    return request
+
+
+def deep_nesting() -> bytes:
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = b"\x01" * 16, b"\x02" * 8, "deep"
+    attribute = _ld(9, _ld(1, b"executor.id") + _ld(2, nested(5000)))  # Span.attributes
+    return _ld(1, _ld(2, _ld(2, span.SerializeToString() + attribute)))
+
+
+HTTP_CASES = {
+    "random_bytes": (lambda: (b"\x8f\x00\xff\x13garbage", PROTOBUF, {}), 400),
+    "truncated_protobuf": (lambda: (valid_request()[0][:-7], PROTOBUF, {}), 400),
+    "wrong_content_type": (lambda: (valid_request()[0], "text/plain", {}), 415),
+    "invalid_json": (lambda: (b'{"resourceSpans": [', JSON, {}), 400),
+    "json_wrong_types": (lambda: (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": 7, "kind": "x"}]}]}]}',
+                                  JSON, {}), 400),
+    "absurd_json_nesting": (lambda: (b"[" * 200_000 + b"]" * 200_000, JSON, {}), 400),
+    "absurd_protobuf_nesting": (lambda: (deep_nesting(), PROTOBUF, {}), 400),
+    "empty_request": (lambda: (b"", PROTOBUF, {}), 200),
+    "empty_json_request": (lambda: (b"{}", JSON, {}), 200),
+    "bad_gzip": (lambda: (b"not gzip at all", PROTOBUF, {"Content-Encoding": "gzip"}), 400),
+    "unknown_encoding": (lambda: (valid_request()[0], PROTOBUF, {"Content-Encoding": "br"}), 400),
+    "over_size_limit": (lambda: (b"\x0a" * (5 * 1024 * 1024), PROTOBUF, {}), 413),
+    "gzip_bomb": (lambda: (gzip.compress(b"\x00" * (200 * 1024 * 1024)), PROTOBUF, {"Content-Encoding": "gzip"}), 413),
+}
+
+
+@pytest.mark.parametrize("case", HTTP_CASES)
+def test_http_bad_input_gets_the_otlp_status_and_a_message(collector, case):
+    make, expected = HTTP_CASES[case]
+    body, ctype, headers = make()
+    status, payload, resp_headers = post(collector.http, body, ctype, headers)
+    assert status == expected, payload[:300]
+    if status != 200:
+        if resp_headers.get("Content-Type", "").startswith(JSON):
+            assert json.loads(payload)["message"]
+        else:
+            from google.rpc import status_pb2
+            assert status_pb2.Status.FromString(payload).message
+    healthy(collector)
+
+
+def test_http_invalid_spans_are_rejected_with_reasons_and_the_rest_kept(collector):
+    request = with_bad_ids()
+    trace_id = request.resource_spans[0].scope_spans[0].spans[2].trace_id.hex()
+    status, payload, _ = post(collector.http, request.SerializeToString())
+    partial = ExportTraceServiceResponse.FromString(payload).partial_success
+    assert status == 200 and partial.rejected_spans == 2
+    assert "span_id must be 8" in partial.error_message and "trace_id must be 16" in partial.error_message
+    run = collector.run(trace_id)
+    assert run["executors"]  # the good spans of the trace were kept and reconciled
+
+
+def test_huge_attribute_values_are_truncated_not_fatal(collector):
+    request = huge_attribute()
+    status, _, _ = post(collector.http, request.SerializeToString())
+    assert status == 200
+    trace_id = request.resource_spans[0].scope_spans[0].spans[0].trace_id.hex()
+    run = collector.run(trace_id)
+    assert all(len(e["executor_id"]) <= 1024 for e in run["executors"])
+
+
+GRPC_CASES = {
+    "random_bytes": (lambda: b"\x8f\x00\xff\x13garbage", grpc.StatusCode.INVALID_ARGUMENT),
+    "truncated_protobuf": (lambda: valid_request()[0][:-7], grpc.StatusCode.INVALID_ARGUMENT),
+    "absurd_nesting": (deep_nesting, grpc.StatusCode.INVALID_ARGUMENT),
+    "empty_request": (lambda: b"", grpc.StatusCode.OK),
+    "over_size_limit": (lambda: b"\x0a" * (5 * 1024 * 1024), grpc.StatusCode.RESOURCE_EXHAUSTED),
+}
+
+
+@pytest.mark.parametrize("case", GRPC_CASES)
+def test_grpc_bad_input_gets_the_otlp_status(collector, case):
+    make, expected = GRPC_CASES[case]
+    code, detail, _ = grpc_raw(collector.grpc, make())
+    assert code is expected, detail
+    healthy(collector)
+
+
+def test_grpc_invalid_spans_are_counted_in_partial_success(collector):
+    code, response, _ = grpc_raw(collector.grpc, with_bad_ids().SerializeToString())
+    assert code is grpc.StatusCode.OK and response.partial_success.rejected_spans == 2
+    assert response.partial_success.error_message
+
+
+def _mutations():
+    base = valid_request()[0]
+    flips = st.lists(st.tuples(st.integers(0, len(base) - 1), st.integers(0, 255)), min_size=1, max_size=8)
+    return st.one_of(
+        st.binary(max_size=2048),
+        flips.map(lambda fs: bytes(b if i not in dict(fs) else dict(fs)[i] for i, b in enumerate(base))),
+        st.integers(0, len(base)).map(lambda n: base[:n]),
+    )
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(
+        st.sampled_from(["resourceSpans", "scopeSpans", "spans", "traceId", "spanId", "parentSpanId", "name",
+                         "attributes", "key", "value", "stringValue", "intValue", "kind", "links"]),
+        children, max_size=5),
+    max_leaves=30)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=_mutations())
+def test_fuzzed_protobuf_never_crashes_either_receiver(collector, body):
+    status, _, _ = post(collector.http, body)
+    assert status in (200, 400)
+    code, _, _ = grpc_raw(collector.grpc, body)
+    assert code in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT)
+    assert collector.proc.poll() is None
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(doc=json_values)
+def test_fuzzed_json_never_crashes_the_http_receiver(collector, doc):
+    status, _, _ = post(collector.http, json.dumps(doc).encode(), JSON)
+    assert status in (200, 400)
+    assert collector.proc.poll() is None
+
+
+def test_collector_is_healthy_after_fuzzing(collector):
+    healthy(collector)
+
+
+# --- overload -----------------------------------------------------------------------------------
+
+@pytest.fixture
+def small(tmp_path):
+    proc = CollectorProcess(tmp_path, overrides={"assembly": {
+        "max_spans_in_flight": 40, "max_traces_in_flight": 3, "quiet_period": 0.5, "retry_after": 0.2}})
+    yield proc
+    proc.stop()
+
+
+def test_over_capacity_is_refused_with_retryable_codes_and_nothing_accepted_is_lost(small):
+    requests = []
+    for _ in range(6):
+        spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+        per_trace = len(spans)
+        requests.append((export_request(spans).SerializeToString(), trace_id))
+    accepted, refused_grpc, refused_http = [], [], []
+    for i, (body, trace_id) in enumerate(requests):
+        if i % 2:
+            status, _, headers = post(small.http, body)
+            if status == 503:
+                refused_http.append((body, trace_id))
+                assert float(headers["Retry-After"]) >= 1
+                continue
+            assert status == 200
+        else:
+            code, detail, trailers = grpc_raw(small.grpc, body)
+            if code is grpc.StatusCode.UNAVAILABLE:
+                from google.rpc import error_details_pb2
+                retry = error_details_pb2.RetryInfo.FromString(dict(trailers)["google.rpc.retryinfo-bin"])
+                assert retry.retry_delay.ToNanoseconds() > 0 and "max_" in detail
+                refused_grpc.append((body, trace_id))
+                continue
+            assert code is grpc.StatusCode.OK
+        accepted.append(trace_id)
+    assert refused_grpc and refused_http and len(accepted) == 3
+    for trace_id in accepted:  # every accepted span reached its verdict
+        assert small.run(trace_id)["status"] == "PASS"
+    refused = small.metrics()
+    assert sum(v for (name, _), v in refused.items() if name == "collector_spans_refused_total") == \
+        per_trace * (len(refused_grpc) + len(refused_http))
+    # Retried once capacity is free, the real exporters get through.
+    for body, trace_id in refused_grpc + refused_http:
+        spans = ExportTraceServiceRequest.FromString(body)
+        assert grpc_raw(small.grpc, spans.SerializeToString())[0] is grpc.StatusCode.OK
+        assert small.run(trace_id)["status"] == "PASS"
+
+
+def test_real_exporter_retries_through_backpressure(small):
+    batches = [record([SCENARIOS["loop"][0]]) for _ in range(5)]
+    exporter = GrpcExporter(endpoint=small.grpc, insecure=True, timeout=30)
+    for spans, _ in batches:  # beyond capacity: the exporter honours RetryInfo and retries
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+    for _, (trace_id,) in batches:
+        assert small.run(trace_id)["status"] == "PASS"
+
+
+# --- downstream outage --------------------------------------------------------------------------
+
+def test_verdict_spans_are_exported_when_the_endpoint_comes_back(tmp_path):
+    port = free_port()
+    proc = CollectorProcess(tmp_path, otlp_out=f"127.0.0.1:{port}",
+                            overrides={"exporters": {"otlp": {"retry_interval": 0.3}}})
+    try:
+        spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+        code, _, _ = grpc_raw(proc.grpc, export_request(spans).SerializeToString())
+        assert code is grpc.StatusCode.OK
+        assert proc.run(trace_id)["status"] == "PASS"  # stored while the endpoint is down
+        healthy(proc)  # and ingest is not blocked
+        time.sleep(1.0)
+        capture = CaptureReceiver(port)
+        try:
+            capture.wait_spans(trace_id, "fidelity.run", 1, timeout=30)
+        finally:
+            capture.server.stop(0)
+    finally:
+        proc.stop()
+
+
+# --- crash and restart --------------------------------------------------------------------------
+
+def test_store_survives_kill_9_mid_write_and_history_is_served_after_restart(tmp_path):
+    proc = CollectorProcess(tmp_path, overrides={"assembly": {"quiet_period": 0.05, "sweep_interval": 0.01}})
+    bodies = []
+    for _ in range(8):
+        spans, ids = record([SCENARIOS["pass"][0]] * 25)
+        bodies.append(export_request(spans).SerializeToString())
+    first = None
+    for body in bodies:
+        assert grpc_raw(proc.grpc, body)[0] is grpc.StatusCode.OK
+        if first is None:
+            time.sleep(0.5)
+            first = sqlite3.connect(proc.store_path).execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+    proc.proc.send_signal(signal.SIGKILL)  # verdicts are being written right now
+    proc.stop()
+    con = sqlite3.connect(proc.store_path)
+    assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    stored = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+    con.close()
+    assert first > 0 and stored >= first
+    again = CollectorProcess(tmp_path)
+    try:
+        listed = subprocess.run([AGENTEVAL, "runs", "list", "--json", "--limit", "1000", "--store",
+                                 str(proc.store_path)], capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0 and len(json.loads(listed.stdout)) >= stored
+        healthy(again)
+    finally:
+        again.stop()
+
+
+# --- security -----------------------------------------------------------------------------------
+
+def _certs(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    import ipaddress
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def name(cn):
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def write(key, cert, stem):
+        (tmp_path / f"{stem}.key").write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        (tmp_path / f"{stem}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(name("test-ca")).issuer_name(name("test-ca"))
+          .public_key(ca_key.public_key()).serial_number(1).not_valid_before(now)
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                                       data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                       crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    write(ca_key, ca, "ca")
+    for stem, san in (("server", x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                               x509.DNSName("localhost")])), ("client", None)):
+        key = ec.generate_private_key(ec.SECP256R1())
+        builder = (x509.CertificateBuilder().subject_name(name(stem)).issuer_name(ca.subject)
+                   .public_key(key.public_key()).serial_number(2 if stem == "server" else 3)
+                   .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                                  critical=False))
+        if san is not None:
+            builder = builder.add_extension(san, critical=False)
+        write(key, builder.sign(ca_key, hashes.SHA256()), stem)
+    return {k: str(tmp_path / f"{k}") for k in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")}
+
+
+def test_mtls_on_both_receivers(tmp_path, monkeypatch):
+    import ssl
+
+    # requests lets these variables override the exporter's own CA file (requests issue 3829).
+    for var in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(var, raising=False)
+    c = _certs(tmp_path)
+    proc = CollectorProcess(tmp_path, overrides={"receivers": {"tls": {
+        "cert_file": c["server.crt"], "key_file": c["server.key"], "client_ca_file": c["ca.crt"]}}})
+    try:
+        assert proc.http.startswith("https://")
+        ca, cert, key = (open(c[k], "rb").read() for k in ("ca.crt", "client.crt", "client.key"))
+        spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+        exporter = GrpcExporter(endpoint=proc.grpc, credentials=grpc.ssl_channel_credentials(ca, key, cert))
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+        exporter.shutdown()
+        assert proc.run(trace_id)["status"] == "PASS"
+        spans, (trace_id,) = record([SCENARIOS["loop"][0]])
+        http = HttpExporter(endpoint=f"{proc.http}/v1/traces", certificate_file=c["ca.crt"],
+                            client_certificate_file=c["client.crt"], client_key_file=c["client.key"])
+        assert http.export(spans) is SpanExportResult.SUCCESS
+        assert proc.run(trace_id)["status"] == "PASS"
+        # Without a client certificate, or in plain text, nothing gets in.
+        no_client = ssl.create_default_context(cafile=c["ca.crt"])
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            post(proc.http, valid_request()[0], context=no_client)
+        assert grpc_raw(proc.grpc, valid_request()[0])[0] is grpc.StatusCode.UNAVAILABLE
+    finally:
+        proc.stop()
+
+
+def test_bearer_token_auth_on_both_receivers(tmp_path):
+    token = "s3cr3t-token-value"
+    proc = CollectorProcess(tmp_path, overrides={"receivers": {"auth": {"bearer_token_env": "AGENTEVAL_TOKEN"}}},
+                            env={"AGENTEVAL_TOKEN": token})
+    try:
+        body, trace_id = valid_request()
+        status, _, headers = post(proc.http, body)
+        assert status == 401 and headers["WWW-Authenticate"] == "Bearer"
+        assert post(proc.http, body, headers={"Authorization": "Bearer wrong"})[0] == 401
+        assert grpc_raw(proc.grpc, body)[0] is grpc.StatusCode.UNAUTHENTICATED
+        spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+        exporter = GrpcExporter(endpoint=proc.grpc, insecure=True, headers={"authorization": f"Bearer {token}"})
+        assert exporter.export(spans) is SpanExportResult.SUCCESS
+        exporter.shutdown()
+        assert proc.run(trace_id)["status"] == "PASS"
+        spans, (trace_id,) = record([SCENARIOS["loop"][0]])
+        http = HttpExporter(endpoint=f"{proc.http}/v1/traces", headers={"Authorization": f"Bearer {token}"})
+        assert http.export(spans) is SpanExportResult.SUCCESS
+        assert proc.run(trace_id)["status"] == "PASS"
+    finally:
+        proc.stop()
+    assert token not in proc.stderr_path.read_text()
+
+
+def test_missing_token_env_is_a_setup_error(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("receivers:\n  auth:\n    bearer_token_env: AGENTEVAL_NOT_SET_ANYWHERE\n")
+    proc = subprocess.run([AGENTEVAL, "collector", "serve", "--config", str(cfg)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1 and "AGENTEVAL_NOT_SET_ANYWHERE" in proc.stderr

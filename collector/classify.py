@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from collector.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
@@ -51,19 +52,23 @@ class _Executor:
     turns: list[ChatTurn] = field(default_factory=list)
 
 
+@lru_cache(maxsize=256)
+def _finish_from_text(text: str) -> str | None:
+    text = text.strip()
+    if not text.startswith("["):
+        return text or None
+    try:
+        return finish_reason(json.loads(text))
+    except ValueError:
+        return text or None
+
+
 def finish_reason(value: Any) -> str | None:
     """First finish reason from a string array or its JSON-encoded form (MAF Python sends the latter)."""
     if value is None:
         return None
     if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                value = json.loads(text)
-            except ValueError:
-                return text or None
-        else:
-            return text or None
+        return _finish_from_text(value)  # a handful of distinct values: parse each once
     if isinstance(value, (list, tuple)):
         for item in value:
             if item is not None and str(item).strip():

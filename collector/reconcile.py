@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
+from functools import lru_cache
 
 from collector.model import (
     VERDICT_SCORES,
@@ -77,7 +78,7 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
     if truth_tokens is not None:
         delta = framework_tokens - truth_tokens
         direction = "under" if delta < 0 else "over" if delta > 0 else "equal"
-        tolerance = Fraction(str(policy.tolerance))
+        tolerance = _exact(policy.tolerance)
         beyond = abs(delta) > truth_tokens * tolerance
         token_diverged = beyond and (direction == "under" or policy.flag_over_reporting)
 
@@ -126,6 +127,12 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
         no_truth_reason=no_truth,
         evidence=evidence,
     )
+
+
+@lru_cache(maxsize=16)
+def _exact(tolerance: float) -> Fraction:
+    """The tolerance as written (0.02 is exactly 2/100), so the 2% boundary is exact."""
+    return Fraction(str(tolerance))
 
 
 def _no_truth_reason(turns: Sequence[ChatTurn], responses: Sequence[ChatTurn]) -> NoTruthReason | None:

@@ -105,7 +105,7 @@ class Assembly(_Section):
     late_window: float = Field(300.0, ge=0)
     max_spans_in_flight: int = Field(500_000, gt=0)
     max_traces_in_flight: int = Field(20_000, gt=0)
-    max_late_traces: int = Field(100_000, ge=0)
+    max_late_traces: int = Field(10_000, ge=0)
     sweep_interval: float = Field(0.05, gt=0)
     retry_after: float = Field(1.0, gt=0)
 

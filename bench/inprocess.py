@@ -1,0 +1,65 @@
+"""Where the time goes, without network or store: the same payload through protobuf parse, decode,
+ingest (decode + classify + assemble) and sweep (finalize + reconcile), in one process.
+
+    .venv/bin/python bench/inprocess.py [--traces 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import structlog
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from workload import encode, trace_spans  # noqa: E402
+
+from collector.config import CollectorConfig  # noqa: E402
+from collector.decode import decode_request  # noqa: E402
+from collector.pipeline import Pipeline  # noqa: E402
+from collector.store import RunStore  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", type=int, default=2000)
+    args = ap.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    rng = random.Random(7)
+    payload = [trace_spans(rng) for _ in range(args.traces)]
+    n = sum(len(t) for t in payload)
+    bodies = encode(payload)
+    cfg = CollectorConfig(assembly={"quiet_period": 0.0001})
+    pipeline = Pipeline(cfg, RunStore(Path(tempfile.mkdtemp()) / "runs.db"), None, None)
+    wanted = cfg.matcher().wanted_keys
+
+    def timed(fn) -> float:
+        t = time.perf_counter()
+        fn()
+        return n / (time.perf_counter() - t)
+
+    parse = timed(lambda: [ExportTraceServiceRequest.FromString(b) for b in bodies])
+    decode = timed(lambda: [decode_request(ExportTraceServiceRequest.FromString(b), wanted) for b in bodies])
+    t0 = time.perf_counter()
+    for b in bodies:
+        pipeline.ingest(ExportTraceServiceRequest.FromString(b), "grpc")
+    ingest_s = time.perf_counter() - t0
+    time.sleep(0.01)
+    t1 = time.perf_counter()
+    pipeline.sweep()
+    sweep_s = time.perf_counter() - t1
+    pipeline.close()
+    print(f"spans {n}")
+    for name, rate in [("parse", parse), ("decode", decode), ("ingest (decode+classify)", n / ingest_s),
+                       ("sweep (finalize+reconcile)", n / sweep_s), ("ingest+sweep", n / (ingest_s + sweep_s))]:
+        print(f"{name:28} {rate:10.0f} spans/s")
+
+
+if __name__ == "__main__":
+    main()

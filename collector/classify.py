@@ -115,10 +115,6 @@ class TraceState:
         self._bridge_seen = False
         self._unattributed = 0
 
-    @property
-    def pending_spans(self) -> int:
-        return len(self._pending_ids)
-
     def add(self, span: SpanRecord) -> bool:
         """Classify one span now if its parent is known (or it has none), else park it.
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import structlog
 from opentelemetry.sdk.trace import ReadableSpan
@@ -17,12 +17,10 @@ log = structlog.get_logger("agenteval.collector")
 
 
 class RetryingSpanExporter(SpanExporter):
-    def __init__(self, inner: SpanExporter, max_spans: int = 100_000, retry_interval: float = 2.0,
-                 on_drop: Callable[[int], None] = lambda n: None) -> None:
+    def __init__(self, inner: SpanExporter, max_spans: int = 100_000, retry_interval: float = 2.0) -> None:
         self._inner = inner
         self._max_spans = max_spans
         self._retry_interval = retry_interval
-        self._on_drop = on_drop
         self._backlog: deque[list[ReadableSpan]] = deque()
         self._spans = 0
         self._lock = threading.Lock()  # guards the backlog; held only briefly
@@ -32,10 +30,6 @@ class RetryingSpanExporter(SpanExporter):
         self._stopping = False
         self._thread = threading.Thread(target=self._send_forever, name="otlp-sender", daemon=True)
         self._thread.start()
-
-    @property
-    def backlog_spans(self) -> int:
-        return self._spans
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         dropped = 0
@@ -49,7 +43,6 @@ class RetryingSpanExporter(SpanExporter):
                 dropped += len(old)
         if dropped:
             log.warning("verdict_spans_dropped", spans=dropped, reason="export backlog full")
-            self._on_drop(dropped)
         self._wake.set()
         return SpanExportResult.SUCCESS
 

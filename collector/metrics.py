@@ -71,6 +71,8 @@ class Metrics:
         self.duplicates = meter.create_counter("collector.spans.duplicate", description="Spans already seen")
         self.ignored = meter.create_counter("collector.traces.ignored",
                                             description="Finalized traces without executor, agent or chat spans")
+        self.own = meter.create_counter("collector.spans.own",
+                                        description="Our own verdict spans received back and ignored")
         self.store_errors = meter.create_counter("collector.store.errors", description="Failed store writes")
 
         def observe(name: str):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal
 
 
 class Verdict(str, enum.Enum):
@@ -73,7 +73,6 @@ PASS_THRESHOLD = 0.99
 WARN_THRESHOLD = 0.80
 
 Preset = Literal["smoke", "standard", "audit-grade"]
-PRESETS: tuple[str, ...] = get_args(Preset)
 COST_TIER = "Free"
 
 

@@ -127,6 +127,8 @@ class Pipeline:
             m.received.add(offer.accepted, {"transport": transport})
             if offer.duplicates:
                 m.duplicates.add(offer.duplicates, {"transport": transport})
+            if decoded.own:
+                m.own.add(decoded.own, {"transport": transport})
             if rejected:
                 m.rejected.add(rejected, {"transport": transport})
         if rejected:

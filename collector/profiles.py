@@ -94,6 +94,3 @@ class Matcher:
                 return op in self.chat_operations
         return name.startswith(self.chat_prefixes)
 
-
-def default_matcher() -> Matcher:
-    return Matcher(list(default_profiles().values()))

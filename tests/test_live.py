@@ -242,6 +242,8 @@ def test_our_own_verdict_spans_are_never_reingested(collector, capture):
     after = collector.metrics()
     key = ("collector_spans_received_total", (("transport", "http"),))
     assert after.get(key, 0) == before.get(key, 0)
+    own = ("collector_spans_own_total", (("transport", "http"),))
+    assert after[own] - before.get(own, 0) >= 1 + 2  # fidelity.run and its executor spans
     assert collector.run(trace_id)["revision"] == 1
 
 

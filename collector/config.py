@@ -23,10 +23,16 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-def _check_endpoint(value: str) -> str:
+def split_endpoint(value: str) -> tuple[str, int]:
+    """``host:port`` (IPv6 hosts in brackets) -> (host, port)."""
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected host:port, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def _check_endpoint(value: str) -> str:
+    split_endpoint(value)
     return value
 
 

@@ -13,17 +13,12 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, start_http_server
 
-from collector.config import CollectorConfig
+from collector.config import CollectorConfig, split_endpoint
 from collector.model import RunVerdict
 
 SCORE_BUCKETS = (0.0, 0.25, 0.5, 0.75, 0.8, 0.9, 0.95, 0.99, 1.0)
 DELTA_BUCKETS = (0, 1, 10, 50, 100, 500, 1_000, 5_000, 10_000, 50_000)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-
-
-def _split(endpoint: str) -> tuple[str, int]:
-    host, _, port = endpoint.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 class Metrics:
@@ -38,7 +33,7 @@ class Metrics:
         prom = config.exporters.prometheus
         if prom.enabled:
             readers.append(PrometheusMetricReader(registry=self.registry))
-            host, port = _split(prom.endpoint)
+            host, port = split_endpoint(prom.endpoint)
             self._http, _ = start_http_server(port, addr=host, registry=self.registry)
             self.prometheus_port = self._http.server_port
         otlp = config.exporters.otlp

@@ -1,7 +1,7 @@
 """The live pipeline, transport-free: decoded requests in; verdicts out to every sink.
 
 receive (``receivers``) -> decode -> assemble + classify (``assembler``) -> reconcile -> emit
-(store writer, verdict spans, metrics, log line, stream listeners).
+(verdict spans, metrics, log line, then the store writer).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ SOURCE_LIVE = "live"
 
 @dataclass(frozen=True, slots=True)
 class IngestResult:
-    accepted: int
     rejected: int
     message: str
 
@@ -96,8 +95,6 @@ class Pipeline:
         self.assembler = Assembler(config.assembly, self.matcher)
         self.metrics = metrics
         self.spans = spans
-        self.store = store
-        self.listeners: list[Callable[[StoredRun], None]] = []
         self.writer = StoreWriter(store, self._stored,
                                   (lambda: metrics.store_errors.add(1)) if metrics else (lambda: None))
 
@@ -133,7 +130,7 @@ class Pipeline:
                 m.rejected.add(rejected, {"transport": transport})
         if rejected:
             log.warning("spans_rejected", transport=transport, rejected=rejected, reasons=messages[:5])
-        return IngestResult(offer.accepted, rejected, "; ".join(messages[:5]))
+        return IngestResult(rejected, "; ".join(messages[:5]))
 
     def sweep(self, force: bool = False) -> int:
         finalized = self.assembler.sweep(force)
@@ -166,12 +163,12 @@ class Pipeline:
         self.writer.put(stored, item.root_arrived)  # last: a stored run implies every other sink saw it
 
     def _stored(self, batch: list[tuple[StoredRun, float | None]]) -> None:
+        if self.metrics is None:
+            return
         now = time.monotonic()
-        for stored, arrived in batch:
-            if arrived is not None and self.metrics is not None:
+        for _, arrived in batch:
+            if arrived is not None:
                 self.metrics.latency.record(now - arrived)
-            for listener in self.listeners:
-                listener(stored)
 
     def close(self) -> None:
         """Finalize every in-flight trace (flagged incomplete where it was), then flush the store."""

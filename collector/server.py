@@ -13,7 +13,7 @@ import structlog
 from aiohttp import web
 from opentelemetry.sdk.resources import Resource
 
-from collector.config import CollectorConfig
+from collector.config import CollectorConfig, split_endpoint
 from collector.emit_spans import VerdictSpans, otlp_span_exporter
 from collector.export_queue import RetryingSpanExporter
 from collector.metrics import Metrics
@@ -68,20 +68,20 @@ class Collector:
             port = (self._grpc.add_secure_port(endpoint, grpc_credentials(tls)) if tls.enabled
                     else self._grpc.add_insecure_port(endpoint))
             await self._grpc.start()
-            grpc_addr = f"{cfg.receivers.grpc.endpoint.rpartition(':')[0]}:{port}"
+            grpc_addr = f"{split_endpoint(endpoint)[0]}:{port}"
         if cfg.receivers.http.enabled:
             receiver = HttpTraceReceiver(self.pipeline, cfg.receivers.http.max_body_bytes, auth)
             self._http = web.AppRunner(receiver.app(), access_log=None, auto_decompress=False)
             await self._http.setup()
-            host, _, port = cfg.receivers.http.endpoint.rpartition(":")
-            site = web.TCPSite(self._http, host.strip("[]"), int(port),
+            host, port = split_endpoint(cfg.receivers.http.endpoint)
+            site = web.TCPSite(self._http, host, port,
                                ssl_context=ssl_context(tls) if tls.enabled else None)
             await site.start()
             bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             http_addr = f"{host}:{bound}"
         prom = None
         if self.metrics.prometheus_port is not None:
-            prom = f"{cfg.exporters.prometheus.endpoint.rpartition(':')[0]}:{self.metrics.prometheus_port}"
+            prom = f"{split_endpoint(cfg.exporters.prometheus.endpoint)[0]}:{self.metrics.prometheus_port}"
         self._sweeper = asyncio.create_task(self._sweep_forever())
         self.listening = Listening(grpc_addr, http_addr and f"{scheme}://{http_addr}", prom, str(self.store.path))
         log.info("collector_listening", grpc=grpc_addr, http=self.listening.http, prometheus=prom,

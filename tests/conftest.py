@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from concurrent import futures
 from pathlib import Path
@@ -19,13 +20,40 @@ from pathlib import Path
 import grpc
 import pytest
 import yaml
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.sdk.trace.export import SpanExportResult
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 AGENTEVAL = str(Path(sys.executable).parent / "agenteval")
+PROTOBUF, JSON = "application/x-protobuf", "application/json"
+
+
+def export_spans(collector, spans, transport: str = "grpc") -> None:
+    """Send SDK spans to the collector with the real OTLP exporter of that transport."""
+    exporter = (GrpcExporter(endpoint=collector.grpc, insecure=True) if transport == "grpc"
+                else HttpExporter(endpoint=f"{collector.http}/v1/traces"))
+    assert exporter.export(spans) is SpanExportResult.SUCCESS
+    exporter.shutdown()
+
+
+def post(url: str, body: bytes, ctype: str = PROTOBUF, headers: dict | None = None, context=None):
+    """A raw OTLP/HTTP POST; returns (status, body, headers) whatever the status."""
+    req = urllib.request.Request(f"{url}/v1/traces", data=body, method="POST",
+                                 headers={"Content-Type": ctype, **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=15, context=context) as resp:
+            return resp.status, resp.read(), dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), dict(exc.headers)
+
+
+def verdicts(run: dict) -> dict[str, str]:
+    return {e["executor_id"]: e["verdict"] for e in run["executors"]}
 
 
 class _MetricsCapture(metrics_service_pb2_grpc.MetricsServiceServicer):

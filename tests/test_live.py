@@ -4,49 +4,19 @@ from __future__ import annotations
 
 import gzip
 import json
-import urllib.error
-import urllib.request
 
 import pytest
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-from opentelemetry.sdk.trace.export import SpanExportResult
 
-from mafshape import SCENARIOS, Call, Invocation, Scenario, export_request, ok, record, to_otlp_json
-
-
-def send_grpc(collector, spans) -> None:
-    exporter = GrpcExporter(endpoint=collector.grpc, insecure=True)
-    assert exporter.export(spans) is SpanExportResult.SUCCESS
-    exporter.shutdown()
-
-
-def send_http(collector, spans) -> None:
-    exporter = HttpExporter(endpoint=f"{collector.http}/v1/traces")
-    assert exporter.export(spans) is SpanExportResult.SUCCESS
-    exporter.shutdown()
-
-
-def post(collector, body: bytes, ctype: str, headers: dict | None = None) -> tuple[int, bytes, dict]:
-    req = urllib.request.Request(f"{collector.http}/v1/traces", data=body, method="POST",
-                                 headers={"Content-Type": ctype, **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, resp.read(), dict(resp.headers)
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read(), dict(exc.headers)
-
-
-def verdicts(run: dict) -> dict[str, str]:
-    return {e["executor_id"]: e["verdict"] for e in run["executors"]}
+from conftest import export_spans, post, verdicts
+from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, to_otlp_json
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_maf_python_shaped_workflow_gets_its_verdict_over_grpc(collector, capture, name):
     scenario, status, expected = SCENARIOS[name]
     spans, (trace_id,) = record([scenario])
-    send_grpc(collector, spans)
+    export_spans(collector, spans)
     run = collector.run(trace_id)
     assert run["status"] == status and verdicts(run) == expected
     assert run["source"] == "live" and run["revision"] == 1 and not run["incomplete"]
@@ -73,7 +43,7 @@ def test_maf_python_shaped_workflow_gets_its_verdict_over_grpc(collector, captur
 def test_path2_reasons_are_counted_in_metrics(collector):
     before = collector.metrics()
     spans, (trace_id,) = record([SCENARIOS["path2_pending"][0]])
-    send_grpc(collector, spans)
+    export_spans(collector, spans)
     run = collector.run(trace_id)
     assert {e["no_truth_reason"] for e in run["executors"]} == {"response_missing"}
     after = collector.metrics()
@@ -85,7 +55,7 @@ def test_path2_reasons_are_counted_in_metrics(collector):
 
 def test_metrics_expose_verdicts_scores_and_self_metrics(collector):
     spans, (trace_id,) = record([SCENARIOS["fail_under_report"][0]])
-    send_http(collector, spans)
+    export_spans(collector, spans, "http")
     collector.run(trace_id)
     m = collector.metrics()
     names = {name for name, _ in m}
@@ -100,7 +70,7 @@ def test_metrics_expose_verdicts_scores_and_self_metrics(collector):
 def test_http_json_with_hex_ids_and_integer_enums(collector):
     spans, (trace_id,) = record([SCENARIOS["pass"][0]])
     body = json.dumps(to_otlp_json(export_request(spans))).encode()
-    status, payload, headers = post(collector, body, "application/json")
+    status, payload, headers = post(collector.http, body, "application/json")
     assert status == 200 and headers["Content-Type"].startswith("application/json")
     assert json.loads(payload) == {}
     assert collector.run(trace_id)["status"] == "PASS"
@@ -109,7 +79,7 @@ def test_http_json_with_hex_ids_and_integer_enums(collector):
 def test_http_gzip_protobuf(collector):
     spans, (trace_id,) = record([SCENARIOS["loop"][0]])
     body = gzip.compress(export_request(spans).SerializeToString())
-    status, payload, _ = post(collector, body, "application/x-protobuf", {"Content-Encoding": "gzip"})
+    status, payload, _ = post(collector.http, body, "application/x-protobuf", {"Content-Encoding": "gzip"})
     assert status == 200
     assert ExportTraceServiceResponse.FromString(payload).partial_success.rejected_spans == 0
     assert collector.run(trace_id)["status"] == "PASS"
@@ -118,8 +88,8 @@ def test_http_gzip_protobuf(collector):
 def test_duplicate_delivery_is_counted_once(collector):
     spans, (trace_id,) = record([SCENARIOS["pass"][0]])
     before = collector.metrics()
-    send_grpc(collector, spans)
-    send_grpc(collector, spans)  # an exporter retry
+    export_spans(collector, spans)
+    export_spans(collector, spans)  # an exporter retry
     run = collector.run(trace_id)
     evidence = {e["executor_id"]: e["evidence"] for e in run["executors"]}
     assert evidence["writer"]["truth_tokens"] == 960 and evidence["writer"]["response_turns"] == 2
@@ -131,7 +101,7 @@ def test_duplicate_delivery_is_counted_once(collector):
 def test_one_trace_split_over_many_requests_and_both_transports(collector):
     spans, (trace_id,) = record([SCENARIOS["fail_under_report"][0]])
     for i, span in enumerate(spans):  # children first, as exporters send them
-        (send_grpc if i % 2 else send_http)(collector, [span])
+        export_spans(collector, [span], "grpc" if i % 2 else "http")
     run = collector.run(trace_id)
     assert run["status"] == "FAIL" and verdicts(run)["writer"] == "TokenMismatch"
 
@@ -141,11 +111,11 @@ def test_late_span_produces_revision_2(collector, capture):
                          "writer": [Invocation([ok(300, 120, "tool_calls"), ok(310, 230)])]}, name="late")
     spans, (trace_id,) = record([scenario])
     late = [s for s in spans if s.name.startswith("chat") and s.attributes.get("gen_ai.usage.input_tokens") == 300]
-    send_grpc(collector, [s for s in spans if s not in late])
+    export_spans(collector, [s for s in spans if s not in late])
     first = collector.run(trace_id)
     assert first["revision"] == 1
     assert next(e for e in first["executors"] if e["executor_id"] == "writer")["evidence"]["truth_tokens"] == 540
-    send_grpc(collector, late)
+    export_spans(collector, late)
     second = collector.run(trace_id, revision=2)
     writer = next(e for e in second["executors"] if e["executor_id"] == "writer")
     assert writer["evidence"]["truth_tokens"] == 960 and second["status"] == "PASS"
@@ -155,7 +125,7 @@ def test_late_span_produces_revision_2(collector, capture):
 
 def test_trace_without_root_is_finalized_after_max_trace_wait_and_flagged_incomplete(collector):
     spans, (trace_id,) = record([SCENARIOS["pass"][0]])
-    send_grpc(collector, [s for s in spans if s.parent is not None])
+    export_spans(collector, [s for s in spans if s.parent is not None])
     run = collector.run(trace_id, timeout=10)
     assert run["incomplete"] is True
     assert verdicts(run) == {"researcher": "Agree", "writer": "Agree"}
@@ -166,7 +136,7 @@ def test_dotnet_shaped_workflow(collector):
                          "coder": [Invocation([ok(300, 200, "length")], reported=(300, 200, "stop"))]},
                         name="dotnet", dotnet=True)
     spans, (trace_id,) = record([scenario])
-    send_grpc(collector, spans)
+    export_spans(collector, spans)
     run = collector.run(trace_id)
     assert verdicts(run) == {"planner": "Agree", "coder": "FinishMismatch"}
 
@@ -189,7 +159,7 @@ def test_direct_agent_trace_without_executor_spans_is_reconciled(collector):
                 "gen_ai.response.finish_reasons": '["stop"]'}):
             pass
     trace_id = format(root.get_span_context().trace_id, "032x")
-    send_grpc(collector, list(exporter.get_finished_spans()))
+    export_spans(collector, list(exporter.get_finished_spans()))
     run = collector.run(trace_id)
     assert verdicts(run) == {"helper": "TokenMismatch"}
 
@@ -201,7 +171,7 @@ def test_invalid_spans_are_rejected_in_partial_success_and_the_rest_kept(collect
     bad["spanId"] = "abc"  # wrong length
     bad["name"] = "broken"
     doc["resourceSpans"][0]["scopeSpans"][0]["spans"].append(bad)
-    status, payload, _ = post(collector, json.dumps(doc).encode(), "application/json")
+    status, payload, _ = post(collector.http, json.dumps(doc).encode(), "application/json")
     assert status == 200
     partial = json.loads(payload)["partialSuccess"]
     assert int(partial["rejectedSpans"]) == 1 and "spanId" in partial["errorMessage"]
@@ -212,11 +182,11 @@ def test_undecodable_requests_get_400_and_invalid_argument(collector):
     import grpc
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 
-    status, payload, _ = post(collector, b"\xff\xfe not protobuf", "application/x-protobuf")
+    status, payload, _ = post(collector.http, b"\xff\xfe not protobuf", "application/x-protobuf")
     assert status == 400
-    status, payload, _ = post(collector, b"{not json", "application/json")
+    status, payload, _ = post(collector.http, b"{not json", "application/json")
     assert status == 400 and "decode" in json.loads(payload)["message"]
-    status, _, _ = post(collector, b"{}", "text/plain")
+    status, _, _ = post(collector.http, b"{}", "text/plain")
     assert status == 415
     channel = grpc.insecure_channel(collector.grpc)
     raw = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
@@ -229,7 +199,7 @@ def test_undecodable_requests_get_400_and_invalid_argument(collector):
 
 def test_our_own_verdict_spans_are_never_reingested(collector, capture):
     spans, (trace_id,) = record([SCENARIOS["pass"][0]])
-    send_grpc(collector, spans)
+    export_spans(collector, spans)
     collector.run(trace_id)
     (run_span,) = capture.wait_spans(trace_id, "fidelity.run", 1)
     before = collector.metrics()
@@ -237,7 +207,7 @@ def test_our_own_verdict_spans_are_never_reingested(collector, capture):
     own = [req for req in list(capture.requests) if any(
         s.trace_id.hex() == trace_id for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans)]
     for req in own:
-        status, _, _ = post(collector, req.SerializeToString(), "application/x-protobuf")
+        status, _, _ = post(collector.http, req.SerializeToString(), "application/x-protobuf")
         assert status == 200
     after = collector.metrics()
     key = ("collector_spans_received_total", (("transport", "http"),))
@@ -252,7 +222,7 @@ def test_offline_cli_and_live_collector_give_the_same_verdicts(collector, tmp_pa
 
     scenarios = [SCENARIOS[n][0] for n in ("fail_under_report", "finish_mismatch", "path2_pending", "partial_warn")]
     spans, ids = record(scenarios)
-    send_grpc(collector, spans)
+    export_spans(collector, spans)
     path = tmp_path / "same.jsonl"
     path.write_text(json.dumps(to_otlp_json(export_request(spans))) + "\n")
     offline = {r["trace_id"]: r for r in json.loads(bench(path, tmp_path / "o.db", "--json").stdout)["runs"]}
@@ -267,7 +237,7 @@ def test_offline_cli_and_live_collector_give_the_same_verdicts(collector, tmp_pa
 def test_prompt_and_response_text_is_never_stored_logged_or_exported(collector, capture):
     spans, (trace_id,) = record([SCENARIOS["pass"][0]])
     assert any("SECRET-PROMPT" in str(s.attributes) for s in spans)  # the input really carries content
-    send_http(collector, spans)
+    export_spans(collector, spans, "http")
     collector.run(trace_id)
     capture.wait_spans(trace_id, "fidelity.executor", 2)
     stored = b"".join(p.read_bytes() for p in collector.store_path.parent.glob("runs.db*"))
@@ -282,7 +252,7 @@ def test_sigterm_finalizes_in_flight_traces_as_incomplete_and_exits_0(tmp_path):
 
     proc = CollectorProcess(tmp_path, overrides={"assembly": {"quiet_period": 60, "max_trace_wait": 600}})
     spans, (trace_id,) = record([SCENARIOS["pass"][0]])
-    send_grpc(proc, [s for s in spans if s.parent is not None])  # the root never arrives
+    export_spans(proc, [s for s in spans if s.parent is not None])  # the root never arrives
     assert proc.stop() == 0
     con = __import__("sqlite3").connect(proc.store_path)
     (doc,) = con.execute("SELECT doc FROM runs WHERE run_id = ?", (trace_id,)).fetchone()
@@ -295,7 +265,7 @@ def test_metrics_are_also_pushed_over_otlp(collector, capture):
     import time
 
     spans, (trace_id,) = record([SCENARIOS["pass"][0]])
-    send_grpc(collector, spans)
+    export_spans(collector, spans)
     collector.run(trace_id)
     deadline = time.monotonic() + 10
     while "fidelity.runs" not in capture.metrics.metric_names() and time.monotonic() < deadline:

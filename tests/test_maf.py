@@ -8,16 +8,14 @@ import subprocess
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agent_framework.observability import enable_instrumentation
 from collector.bridge import FidelityBridge
 from collector.maf_fakes import AgentSpec, Turn, chain, demo_workflows
-from conftest import AGENTEVAL
+from conftest import AGENTEVAL, export_spans, verdicts
 
 WORKFLOWS = {w.name: w for w in demo_workflows()}
 MAF_SPANS = InMemorySpanExporter()
@@ -46,22 +44,11 @@ def run_workflow(workflow, stream: bool = False, bridge: FidelityBridge | None =
     return result, list(MAF_SPANS.get_finished_spans()), bridge.last_trace_id
 
 
-def export(collector, spans, transport: str = "grpc") -> None:
-    exporter = (GrpcExporter(endpoint=collector.grpc, insecure=True) if transport == "grpc"
-                else HttpExporter(endpoint=f"{collector.http}/v1/traces"))
-    assert exporter.export(spans) is SpanExportResult.SUCCESS
-    exporter.shutdown()
-
-
-def verdicts(run):
-    return {e["executor_id"]: e["verdict"] for e in run["executors"]}
-
-
 @pytest.mark.parametrize("name", list(WORKFLOWS))
 def test_real_maf_workflow_gets_the_expected_verdict(collector, capture, name):
     spec = WORKFLOWS[name]
     _, spans, trace_id = run_workflow(spec.build())
-    export(collector, spans, "http" if name == "agree" else "grpc")
+    export_spans(collector, spans, "http" if name == "agree" else "grpc")
     run = collector.run(trace_id)
     assert run["status"] == spec.status and verdicts(run) == spec.verdicts
     assert run["subject"] == name
@@ -74,7 +61,7 @@ def test_real_maf_workflow_gets_the_expected_verdict(collector, capture, name):
 
 def test_under_report_evidence_shows_both_numbers(collector):
     _, spans, trace_id = run_workflow(WORKFLOWS["under-report"].build())
-    export(collector, spans)
+    export_spans(collector, spans)
     writer = next(e for e in collector.run(trace_id)["executors"] if e["executor_id"] == "writer")
     ev = writer["evidence"]
     assert (ev["framework_tokens"], ev["truth_tokens"], ev["direction"]) == (600, 940, "under")
@@ -83,7 +70,7 @@ def test_under_report_evidence_shows_both_numbers(collector):
 
 def test_path2_reasons_distinguish_missing_response_from_missing_chat(collector):
     _, spans, trace_id = run_workflow(WORKFLOWS["path2-pending"].build())
-    export(collector, spans)
+    export_spans(collector, spans)
     run = collector.run(trace_id)
     assert run["score"] is None
     assert {e["executor_id"]: e["no_truth_reason"] for e in run["executors"]} == {
@@ -94,8 +81,8 @@ def test_streaming_run_gives_the_same_verdicts_as_the_plain_run(collector):
     spec = WORKFLOWS["agree"]
     _, plain_spans, plain_id = run_workflow(spec.build())
     _, stream_spans, stream_id = run_workflow(spec.build(), stream=True)
-    export(collector, plain_spans)
-    export(collector, stream_spans)
+    export_spans(collector, plain_spans)
+    export_spans(collector, stream_spans)
     plain, streamed = collector.run(plain_id), collector.run(stream_id)
     assert verdicts(streamed) == verdicts(plain) == spec.verdicts
     assert streamed["status"] == plain["status"] == "PASS"
@@ -106,7 +93,7 @@ def test_streaming_run_gives_the_same_verdicts_as_the_plain_run(collector):
 def test_streaming_loop_is_summed_per_invocation(collector):
     spec = WORKFLOWS["reviewer-loop"]
     _, spans, trace_id = run_workflow(spec.build(), stream=True)
-    export(collector, spans)
+    export_spans(collector, spans)
     run = collector.run(trace_id)
     (reviewer,) = run["executors"]
     assert reviewer["verdict"] == "Agree" and reviewer["evidence"]["ledger_entries"] == 3
@@ -139,7 +126,7 @@ def test_bridge_with_the_callers_own_tracer_provider(collector):
     bridge_spans = list(own.get_finished_spans())
     assert {s.name for s in bridge_spans} == {"workflow.fidelity own-provider", "agent_response solo"}
     assert all(format(s.context.trace_id, "032x") == trace_id for s in maf_spans if s.name != "workflow.build")
-    export(collector, maf_spans + bridge_spans)
+    export_spans(collector, maf_spans + bridge_spans)
     assert verdicts(collector.run(trace_id)) == {"solo": "Agree"}
 
 

@@ -25,21 +25,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from conftest import AGENTEVAL, CaptureReceiver, CollectorProcess, free_port
-from mafshape import SCENARIOS, export_request, record, to_otlp_json
+from conftest import AGENTEVAL, JSON, PROTOBUF, CaptureReceiver, CollectorProcess, free_port, post
+from mafshape import SCENARIOS, export_request, record
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
-PROTOBUF, JSON = "application/x-protobuf", "application/json"
-
-
-def post(url: str, body: bytes, ctype: str = PROTOBUF, headers: dict | None = None, context=None):
-    req = urllib.request.Request(f"{url}/v1/traces", data=body, method="POST",
-                                 headers={"Content-Type": ctype, **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=15, context=context) as resp:
-            return resp.status, resp.read(), dict(resp.headers)
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read(), dict(exc.headers)
 
 
 def grpc_raw(target: str, body: bytes):

@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test demo install clean
+.PHONY: run test demo install proto screenshots clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,15 @@ run: install
 demo: install
 	@$(BIN)/agenteval collector serve & pid=$$!; trap "kill $$pid 2>/dev/null; wait $$pid" EXIT; \
 	  sleep 3; $(BIN)/agenteval demo
+
+# Regenerate the committed gRPC code from proto/ (tests/test_proto.py checks it is current).
+proto: install
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. \
+	  proto/collector/api/v1/fidelity.proto
+
+# Refresh docs/run-page-*.png from the browser tests (needs Debian's chromium).
+screenshots: install
+	AGENTEVAL_SCREENSHOTS=docs AGENTEVAL_REQUIRE_BROWSER=1 $(BIN)/pytest -q tests/test_run_page.py
 
 test: install
 	$(BIN)/pytest

@@ -121,7 +121,7 @@ def runs_list(
         raise _Fatal(f"--status: expected one of {', '.join(Status.__members__)}, got {status!r}")
     db = _open_store(store)
     try:
-        rows = db.list_runs(status, subject, limit)
+        rows = db.list_runs([status] if status else (), subject, limit)
     finally:
         db.close()
     if as_json:
@@ -196,6 +196,36 @@ def demo_command(
         raise _Fatal(f"no verdict within {timeout:g}s for {', '.join(missing)}: is `agenteval collector serve` "
                      f"running at {endpoint} with the same store?")
     raise typer.Exit(0 if all(r.ok for r in results) else EXIT_ERROR)
+
+
+@app.command("watch")
+def watch_command(
+    endpoint: Annotated[str, typer.Option("--endpoint", help="The collector's gRPC port (host:port).")] = "127.0.0.1:4317",
+    subject: Annotated[Optional[str], typer.Option("--subject", help="Only runs of this subject.")] = None,
+    status: Annotated[Optional[list[str]], typer.Option("--status", help="Only this status (repeatable).")] = None,
+    rows: Annotated[int, typer.Option("--rows", min=1, help="Runs kept in the live table.")] = 20,
+    replay: Annotated[Optional[int], typer.Option("--replay", min=0, help="Recent stored runs shown on (re)connect (default: --rows).")] = None,
+    count: Annotated[Optional[int], typer.Option("--count", min=1, help="Exit 0 after this many verdicts.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON run document per line.")] = False,
+    token_env: Annotated[str, typer.Option("--token-env", help="Environment variable holding the bearer token, if auth is on.")] = "AGENTEVAL_TOKEN",
+    ca_file: Annotated[Optional[Path], typer.Option("--ca-file", help="CA bundle (PEM): connect with TLS.")] = None,
+) -> None:
+    """Follow run verdicts live as the collector stores them; reconnects if the collector restarts."""
+    import os
+
+    from collector.watch import WatchFatal, WatchTarget, watch
+
+    statuses = tuple(s.upper() for s in status or ())
+    if bad := [s for s in statuses if s not in Status.__members__]:
+        raise _Fatal(f"--status: expected PASS, WARN, FAIL or PENDING, got {', '.join(bad)}")
+    target = WatchTarget(endpoint, subject, statuses, os.environ.get(token_env) or None,
+                         str(ca_file) if ca_file else None)
+    try:
+        watch(target, out, err, rows, rows if replay is None else replay, count, as_json)
+    except WatchFatal as exc:
+        raise _Fatal(str(exc)) from exc
+    except KeyboardInterrupt:
+        pass
 
 
 def main() -> None:

@@ -48,6 +48,15 @@ class HttpReceiver(_Section):
     enabled: bool = True
     endpoint: str = "127.0.0.1:4318"
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    run_page: bool = True
+    trace_link: str | None = None
+
+    @field_validator("trace_link")
+    @classmethod
+    def _link(cls, value: str | None) -> str | None:
+        if value is not None and "{trace_id}" not in value:
+            raise ValueError("must contain {trace_id}, e.g. http://localhost:16686/trace/{trace_id}")
+        return value
 
     _endpoint = field_validator("endpoint")(_check_endpoint)
 
@@ -151,6 +160,11 @@ class Exporters(_Section):
     prometheus: Prometheus = Prometheus()
 
 
+class Stream(_Section):
+    max_watchers: int = Field(64, gt=0)
+    buffer: int = Field(1000, gt=0)
+
+
 class Logging(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -162,6 +176,7 @@ class CollectorConfig(_Section):
     profiles: dict[str, ProfileConfig] = Field(default_factory=default_profiles)
     store: Store = Store()
     exporters: Exporters = Exporters()
+    stream: Stream = Stream()
     logging: Logging = Logging()
 
     def matcher(self) -> Matcher:

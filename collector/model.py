@@ -53,6 +53,24 @@ NO_TRUTH_EXPLANATIONS: dict[NoTruthReason, str] = {
 }
 
 
+#: What would give each NoTruth executor its truth back (shown on the run page).
+NO_TRUTH_FIXES: dict[NoTruthReason, str] = {
+    NoTruthReason.NO_CHAT_TRACE: (
+        "instrument this executor's chat client (MAF: wrap it with ChatTelemetryLayer / enable "
+        "instrumentation) and export its spans to this collector, in the same trace as the workflow"
+    ),
+    NoTruthReason.RESPONSE_MISSING: (
+        "an upstream hook in MAF's InProcessExecution that hands each executor's chat response back "
+        "through the instrumented chat client, so the chat span records gen_ai.usage.* and "
+        "gen_ai.response.finish_reasons; until it exists, reconcile direct-agent or pre-wired runs"
+    ),
+    NoTruthReason.PARTIAL_RESPONSE: (
+        "find the chat spans without gen_ai.usage.* among the chat span ids below (typically streamed "
+        "calls cut short, or a client layer that drops usage) and make them record the response"
+    ),
+}
+
+
 class Status(str, enum.Enum):
     PASS = "PASS"
     WARN = "WARN"

@@ -21,7 +21,9 @@ from collector.decode import decode_request
 from collector.emit_spans import VerdictSpans
 from collector.metrics import Metrics
 from collector.reconcile import reconcile
+from collector.serialize import run_to_dict
 from collector.store import RunStore, StoredRun, StoreError
+from collector.stream import VerdictHub
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -88,8 +90,9 @@ class StoreWriter:
 
 class Pipeline:
     def __init__(self, config: CollectorConfig, store: RunStore, metrics: Metrics | None,
-                 spans: VerdictSpans | None) -> None:
+                 spans: VerdictSpans | None, hub: VerdictHub | None = None) -> None:
         self.config = config
+        self.hub = hub
         self.matcher = config.matcher()
         self.policy = config.scoring.policy()
         self.assembler = Assembler(config.assembly, self.matcher)
@@ -163,12 +166,15 @@ class Pipeline:
         self.writer.put(stored, item.root_arrived)  # last: a stored run implies every other sink saw it
 
     def _stored(self, batch: list[tuple[StoredRun, float | None]]) -> None:
-        if self.metrics is None:
-            return
-        now = time.monotonic()
-        for _, arrived in batch:
-            if arrived is not None:
-                self.metrics.latency.record(now - arrived)
+        if self.metrics is not None:
+            now = time.monotonic()
+            for _, arrived in batch:
+                if arrived is not None:
+                    self.metrics.latency.record(now - arrived)
+        if self.hub is not None and self.hub.watchers:
+            wall = time.time()
+            self.hub.publish_threadsafe(run_to_dict(run.verdict, run_id=run.run_id, source=run.source,
+                                                    updated_at=wall) for run, _ in batch)
 
     def close(self) -> None:
         """Finalize every in-flight trace (flagged incomplete where it was), then flush the store."""

@@ -29,7 +29,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from collector.assembler import Backpressure
 from collector.decode import DecodeError, parse_otlp_json
 from collector.pipeline import IngestResult, Pipeline
-from collector.security import BearerAuth
+from collector.security import BearerAuth, grpc_authorization
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -62,11 +62,9 @@ class GrpcTraceService:
         self.auth = auth
 
     async def export(self, payload: bytes, context: grpc.aio.ServicerContext) -> ExportTraceServiceResponse:
-        if self.auth.enabled:
-            header = next((v for k, v in context.invocation_metadata() or () if k == "authorization"), None)
-            if not self.auth.allows(header if isinstance(header, str) else None):
-                _count_unauthenticated(self.pipeline, "grpc")
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+        if not self.auth.allows(grpc_authorization(context)):
+            _count_unauthenticated(self.pipeline, "grpc")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
         try:
             request = ExportTraceServiceRequest.FromString(payload)
         except (ProtoDecodeError, RuntimeError) as exc:

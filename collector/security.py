@@ -27,6 +27,12 @@ class BearerAuth:
         return header is not None and hmac.compare_digest(header.encode(), self._expected)
 
 
+def grpc_authorization(context: grpc.aio.ServicerContext) -> str | None:
+    """The call's ``authorization`` metadata value, if any."""
+    value = next((v for k, v in context.invocation_metadata() or () if k == "authorization"), None)
+    return value if isinstance(value, str) else None
+
+
 def _read(path: str, key: str) -> bytes:
     try:
         return Path(path).read_bytes()

@@ -22,8 +22,8 @@ def _plain(value: Any) -> Any:
 def executor_to_dict(verdict: ExecutorVerdict) -> dict[str, Any]:
     out = _plain(verdict)
     out["checked"] = verdict.checked
-    if verdict.no_truth_reason is not None:
-        out["no_truth_explanation"] = NO_TRUTH_EXPLANATIONS[verdict.no_truth_reason]
+    out["no_truth_explanation"] = (NO_TRUTH_EXPLANATIONS[verdict.no_truth_reason]
+                                   if verdict.no_truth_reason is not None else None)
     return out
 
 

@@ -15,12 +15,16 @@ from opentelemetry.sdk.resources import Resource
 
 from collector.config import CollectorConfig, split_endpoint
 from collector.emit_spans import VerdictSpans, otlp_span_exporter
+from collector.api.v1.fidelity_pb2_grpc import add_FidelityServiceServicer_to_server
 from collector.export_queue import RetryingSpanExporter
+from collector.fidelity_service import FidelityService
 from collector.metrics import Metrics
 from collector.pipeline import Pipeline
 from collector.receivers import GrpcTraceService, HttpTraceReceiver, grpc_server
+from collector.run_page import RunPage
 from collector.security import BearerAuth, grpc_credentials, ssl_context
 from collector.store import RunStore, default_store_path
+from collector.stream import VerdictHub
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -47,6 +51,7 @@ class Collector:
                                             max_spans=otlp.max_backlog_spans, retry_interval=otlp.retry_interval)
             self.spans = VerdictSpans(exporter, self.resource)
         self.pipeline: Pipeline | None = None
+        self.hub: VerdictHub | None = None
         self.metrics: Metrics | None = None
         self._grpc = None
         self._http: web.AppRunner | None = None
@@ -55,8 +60,9 @@ class Collector:
 
     async def start(self) -> Listening:
         cfg = self.config
-        self.metrics = Metrics(cfg, self.resource, lambda: self.pipeline.gauges() if self.pipeline else {})
-        self.pipeline = Pipeline(cfg, self.store, self.metrics, self.spans)
+        self.hub = VerdictHub(asyncio.get_running_loop(), cfg.stream.max_watchers, cfg.stream.buffer)
+        self.metrics = Metrics(cfg, self.resource, self._gauges)
+        self.pipeline = Pipeline(cfg, self.store, self.metrics, self.spans, self.hub)
         grpc_addr = http_addr = None
         tls = cfg.receivers.tls
         scheme = "https" if tls.enabled else "http"
@@ -64,6 +70,7 @@ class Collector:
         if cfg.receivers.grpc.enabled:
             self._grpc = grpc_server(cfg.receivers.grpc.max_message_bytes)
             self._grpc.add_generic_rpc_handlers((GrpcTraceService(self.pipeline, auth).handler(),))
+            add_FidelityServiceServicer_to_server(FidelityService(self.store, self.hub, auth), self._grpc)
             endpoint = cfg.receivers.grpc.endpoint
             port = (self._grpc.add_secure_port(endpoint, grpc_credentials(tls)) if tls.enabled
                     else self._grpc.add_insecure_port(endpoint))
@@ -71,7 +78,10 @@ class Collector:
             grpc_addr = f"{split_endpoint(endpoint)[0]}:{port}"
         if cfg.receivers.http.enabled:
             receiver = HttpTraceReceiver(self.pipeline, cfg.receivers.http.max_body_bytes, auth)
-            self._http = web.AppRunner(receiver.app(), access_log=None, auto_decompress=False)
+            app = receiver.app()
+            if cfg.receivers.http.run_page:
+                RunPage(self.store, auth, cfg.receivers.http.trace_link).register(app)
+            self._http = web.AppRunner(app, access_log=None, auto_decompress=False)
             await self._http.setup()
             host, port = split_endpoint(cfg.receivers.http.endpoint)
             site = web.TCPSite(self._http, host, port,
@@ -89,6 +99,10 @@ class Collector:
                  mtls=bool(tls.client_ca_file), auth=auth.enabled)
         return self.listening
 
+    def _gauges(self) -> dict[str, int]:
+        return {**(self.pipeline.gauges() if self.pipeline else {}),
+                "watchers": self.hub.watchers if self.hub else 0}
+
     async def _sweep_forever(self) -> None:
         interval = self.config.assembly.sweep_interval
         while True:
@@ -99,6 +113,8 @@ class Collector:
                 log.exception("sweep_failed")
 
     async def stop(self) -> None:
+        if self.hub is not None:
+            self.hub.close()
         if self._grpc is not None:
             await self._grpc.stop(grace=2.0)
         if self._http is not None:
@@ -127,8 +143,9 @@ async def serve(config: CollectorConfig, stop: asyncio.Event | None = None) -> N
     listening = await collector.start()
     print(
         "agenteval collector listening:"
-        + (f"\n  OTLP/gRPC  {listening.grpc}" if listening.grpc else "")
+        + (f"\n  OTLP/gRPC  {listening.grpc}  (also FidelityService: agenteval watch --endpoint {listening.grpc})" if listening.grpc else "")
         + (f"\n  OTLP/HTTP  {listening.http}/v1/traces" if listening.http else "")
+        + (f"\n  run page   {listening.http}/runs" if listening.http and config.receivers.http.run_page else "")
         + (f"\n  metrics    http://{listening.prometheus}/metrics" if listening.prometheus else "")
         + f"\n  run store  {listening.store}\nPress Ctrl-C to stop.",
         flush=True,

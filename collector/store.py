@@ -69,6 +69,16 @@ WHERE excluded.revision > runs.revision
 """
 
 
+_SUMMARY = ("run_id, trace_id, subject, status, score, preset, source, revision, incomplete, checked, "
+            "unchecked, created_at, updated_at")
+
+
+def _doc(row: sqlite3.Row) -> dict[str, Any]:
+    doc = json.loads(row["doc"])
+    doc.update(created_at=row["created_at"], updated_at=row["updated_at"])
+    return doc
+
+
 class StoreError(Exception):
     pass
 
@@ -160,25 +170,23 @@ class RunStore:
             ],
         )
 
-    def list_runs(
-        self, status: str | None = None, subject: str | None = None, limit: int = 50
-    ) -> list[dict[str, Any]]:
+    def list_runs(self, statuses: Iterable[str] = (), subject: str | None = None, limit: int = 50,
+                  with_docs: bool = False) -> list[dict[str, Any]]:
+        """Newest first; summary rows, or whole run documents with ``with_docs``."""
         clauses, params = [], []
-        if status:
-            clauses.append("status = ?")
-            params.append(status.upper())
+        wanted = sorted({s.upper() for s in statuses})
+        if wanted:
+            clauses.append(f"status IN ({', '.join('?' * len(wanted))})")
+            params.extend(wanted)
         if subject:
             clauses.append("subject = ?")
             params.append(subject)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        sql = (
-            "SELECT run_id, trace_id, subject, status, score, preset, source, revision, incomplete, "
-            f"checked, unchecked, created_at, updated_at FROM runs {where} "
-            "ORDER BY updated_at DESC, rowid DESC LIMIT ?"
-        )
+        columns = "doc, created_at, updated_at" if with_docs else _SUMMARY
+        sql = f"SELECT {columns} FROM runs {where} ORDER BY updated_at DESC, rowid DESC LIMIT ?"
         with self._lock:
             rows = self._db.execute(sql, [*params, limit]).fetchall()
-        return [dict(r) for r in rows]
+        return [_doc(r) for r in rows] if with_docs else [dict(r) for r in rows]
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         """The stored run document; a unique prefix of the run id is enough."""
@@ -190,9 +198,7 @@ class RunStore:
             ).fetchall()
         if not rows or (len(rows) > 1 and json.loads(rows[0]["doc"])["run_id"] != run_id):
             return None
-        doc = json.loads(rows[0]["doc"])
-        doc.update(created_at=rows[0]["created_at"], updated_at=rows[0]["updated_at"])
-        return doc
+        return _doc(rows[0])
 
     def close(self) -> None:
         with self._lock:

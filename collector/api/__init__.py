@@ -1,0 +1,1 @@
+"""Generated gRPC code for our own API (``proto/``); regenerate with ``make proto``."""

@@ -1,0 +1,198 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STATUS_UNSPECIFIED: _ClassVar[Status]
+    STATUS_PASS: _ClassVar[Status]
+    STATUS_WARN: _ClassVar[Status]
+    STATUS_FAIL: _ClassVar[Status]
+    STATUS_PENDING: _ClassVar[Status]
+
+class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    VERDICT_UNSPECIFIED: _ClassVar[Verdict]
+    VERDICT_AGREE: _ClassVar[Verdict]
+    VERDICT_TOKEN_MISMATCH: _ClassVar[Verdict]
+    VERDICT_FINISH_MISMATCH: _ClassVar[Verdict]
+    VERDICT_BOTH: _ClassVar[Verdict]
+    VERDICT_NO_TRUTH: _ClassVar[Verdict]
+
+class NoTruthReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NO_TRUTH_REASON_UNSPECIFIED: _ClassVar[NoTruthReason]
+    NO_TRUTH_REASON_NO_CHAT_TRACE: _ClassVar[NoTruthReason]
+    NO_TRUTH_REASON_RESPONSE_MISSING: _ClassVar[NoTruthReason]
+    NO_TRUTH_REASON_PARTIAL_RESPONSE: _ClassVar[NoTruthReason]
+STATUS_UNSPECIFIED: Status
+STATUS_PASS: Status
+STATUS_WARN: Status
+STATUS_FAIL: Status
+STATUS_PENDING: Status
+VERDICT_UNSPECIFIED: Verdict
+VERDICT_AGREE: Verdict
+VERDICT_TOKEN_MISMATCH: Verdict
+VERDICT_FINISH_MISMATCH: Verdict
+VERDICT_BOTH: Verdict
+VERDICT_NO_TRUTH: Verdict
+NO_TRUTH_REASON_UNSPECIFIED: NoTruthReason
+NO_TRUTH_REASON_NO_CHAT_TRACE: NoTruthReason
+NO_TRUTH_REASON_RESPONSE_MISSING: NoTruthReason
+NO_TRUTH_REASON_PARTIAL_RESPONSE: NoTruthReason
+
+class FinishComparison(_message.Message):
+    __slots__ = ("invocation", "framework", "truth", "diverged")
+    INVOCATION_FIELD_NUMBER: _ClassVar[int]
+    FRAMEWORK_FIELD_NUMBER: _ClassVar[int]
+    TRUTH_FIELD_NUMBER: _ClassVar[int]
+    DIVERGED_FIELD_NUMBER: _ClassVar[int]
+    invocation: str
+    framework: str
+    truth: str
+    diverged: bool
+    def __init__(self, invocation: _Optional[str] = ..., framework: _Optional[str] = ..., truth: _Optional[str] = ..., diverged: _Optional[bool] = ...) -> None: ...
+
+class Evidence(_message.Message):
+    __slots__ = ("framework_tokens", "truth_tokens", "delta", "direction", "tolerance", "framework_finish", "truth_finish", "finish_comparisons", "aligned", "ledger_source", "ledger_missing", "ledger_entries", "response_turns", "request_turns", "ledger_span_ids", "chat_span_ids", "executor_span_ids")
+    FRAMEWORK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRUTH_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    TOLERANCE_FIELD_NUMBER: _ClassVar[int]
+    FRAMEWORK_FINISH_FIELD_NUMBER: _ClassVar[int]
+    TRUTH_FINISH_FIELD_NUMBER: _ClassVar[int]
+    FINISH_COMPARISONS_FIELD_NUMBER: _ClassVar[int]
+    ALIGNED_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_MISSING_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_TURNS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_TURNS_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_SPAN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CHAT_SPAN_IDS_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_SPAN_IDS_FIELD_NUMBER: _ClassVar[int]
+    framework_tokens: int
+    truth_tokens: int
+    delta: int
+    direction: str
+    tolerance: float
+    framework_finish: str
+    truth_finish: str
+    finish_comparisons: _containers.RepeatedCompositeFieldContainer[FinishComparison]
+    aligned: bool
+    ledger_source: str
+    ledger_missing: bool
+    ledger_entries: int
+    response_turns: int
+    request_turns: int
+    ledger_span_ids: _containers.RepeatedScalarFieldContainer[str]
+    chat_span_ids: _containers.RepeatedScalarFieldContainer[str]
+    executor_span_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, framework_tokens: _Optional[int] = ..., truth_tokens: _Optional[int] = ..., delta: _Optional[int] = ..., direction: _Optional[str] = ..., tolerance: _Optional[float] = ..., framework_finish: _Optional[str] = ..., truth_finish: _Optional[str] = ..., finish_comparisons: _Optional[_Iterable[_Union[FinishComparison, _Mapping]]] = ..., aligned: _Optional[bool] = ..., ledger_source: _Optional[str] = ..., ledger_missing: _Optional[bool] = ..., ledger_entries: _Optional[int] = ..., response_turns: _Optional[int] = ..., request_turns: _Optional[int] = ..., ledger_span_ids: _Optional[_Iterable[str]] = ..., chat_span_ids: _Optional[_Iterable[str]] = ..., executor_span_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ExecutorVerdict(_message.Message):
+    __slots__ = ("executor_id", "verdict", "score", "token_diverged", "finish_diverged", "no_truth_reason", "no_truth_explanation", "evidence", "checked")
+    EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_DIVERGED_FIELD_NUMBER: _ClassVar[int]
+    FINISH_DIVERGED_FIELD_NUMBER: _ClassVar[int]
+    NO_TRUTH_REASON_FIELD_NUMBER: _ClassVar[int]
+    NO_TRUTH_EXPLANATION_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    CHECKED_FIELD_NUMBER: _ClassVar[int]
+    executor_id: str
+    verdict: Verdict
+    score: float
+    token_diverged: bool
+    finish_diverged: bool
+    no_truth_reason: NoTruthReason
+    no_truth_explanation: str
+    evidence: Evidence
+    checked: bool
+    def __init__(self, executor_id: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., score: _Optional[float] = ..., token_diverged: _Optional[bool] = ..., finish_diverged: _Optional[bool] = ..., no_truth_reason: _Optional[_Union[NoTruthReason, str]] = ..., no_truth_explanation: _Optional[str] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., checked: _Optional[bool] = ...) -> None: ...
+
+class RunVerdict(_message.Message):
+    __slots__ = ("run_id", "trace_id", "subject", "status", "score", "preset", "source", "revision", "incomplete", "checked", "unchecked", "unattributed_chat_spans", "notes", "exit_code", "root_span_id", "updated_at", "executors", "cost_tier", "created_at")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    PRESET_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    INCOMPLETE_FIELD_NUMBER: _ClassVar[int]
+    CHECKED_FIELD_NUMBER: _ClassVar[int]
+    UNCHECKED_FIELD_NUMBER: _ClassVar[int]
+    UNATTRIBUTED_CHAT_SPANS_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    ROOT_SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    EXECUTORS_FIELD_NUMBER: _ClassVar[int]
+    COST_TIER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    trace_id: str
+    subject: str
+    status: Status
+    score: float
+    preset: str
+    source: str
+    revision: int
+    incomplete: bool
+    checked: int
+    unchecked: int
+    unattributed_chat_spans: int
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    exit_code: int
+    root_span_id: str
+    updated_at: _timestamp_pb2.Timestamp
+    executors: _containers.RepeatedCompositeFieldContainer[ExecutorVerdict]
+    cost_tier: str
+    created_at: _timestamp_pb2.Timestamp
+    def __init__(self, run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., subject: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., score: _Optional[float] = ..., preset: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[int] = ..., incomplete: _Optional[bool] = ..., checked: _Optional[int] = ..., unchecked: _Optional[int] = ..., unattributed_chat_spans: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., root_span_id: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., executors: _Optional[_Iterable[_Union[ExecutorVerdict, _Mapping]]] = ..., cost_tier: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("subject", "statuses", "replay")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    statuses: _containers.RepeatedScalarFieldContainer[Status]
+    replay: int
+    def __init__(self, subject: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[Status, str]]] = ..., replay: _Optional[int] = ...) -> None: ...
+
+class GetRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class ListRunsRequest(_message.Message):
+    __slots__ = ("subject", "statuses", "limit", "include_executors")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_EXECUTORS_FIELD_NUMBER: _ClassVar[int]
+    subject: str
+    statuses: _containers.RepeatedScalarFieldContainer[Status]
+    limit: int
+    include_executors: bool
+    def __init__(self, subject: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[Status, str]]] = ..., limit: _Optional[int] = ..., include_executors: _Optional[bool] = ...) -> None: ...
+
+class ListRunsResponse(_message.Message):
+    __slots__ = ("runs",)
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[RunVerdict]
+    def __init__(self, runs: _Optional[_Iterable[_Union[RunVerdict, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,90 @@
+"""``agenteval.fidelity.v1.FidelityService`` (DESIGN §4) on the collector's gRPC port.
+
+Store reads run on a worker thread so a slow disk never stalls OTLP ingest on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import structlog
+
+from collector.api.v1 import fidelity_pb2 as pb
+from collector.api.v1 import fidelity_pb2_grpc as pb_grpc
+from collector.security import BearerAuth, grpc_authorization
+from collector.store import RunStore
+from collector.stream import RunFilter, VerdictHub, WatcherClosed, WatcherLagged
+from collector.wire import run_message
+
+log = structlog.get_logger("agenteval.collector")
+
+MAX_LIST = 1000
+
+
+def _filter(subject: str | None, statuses) -> RunFilter:
+    names = {pb.Status.Name(s).removeprefix("STATUS_") for s in statuses}
+    names.discard("UNSPECIFIED")
+    return RunFilter(subject or None, frozenset(names))
+
+
+class FidelityService(pb_grpc.FidelityServiceServicer):
+    def __init__(self, store: RunStore, hub: VerdictHub, auth: BearerAuth) -> None:
+        self.store = store
+        self.hub = hub
+        self.auth = auth
+
+    async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+        if not self.auth.allows(grpc_authorization(context)):
+            log.warning("request_unauthenticated", transport="grpc", service="FidelityService")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+
+    async def _recent(self, run_filter: RunFilter, limit: int, with_docs: bool) -> list[dict]:
+        return await asyncio.to_thread(self.store.list_runs, run_filter.statuses, run_filter.subject,
+                                       limit, with_docs)
+
+    async def WatchVerdicts(self, request: pb.WatchRequest,  # noqa: N802 (gRPC method name)
+                            context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RunVerdict]:
+        await self._authorize(context)
+        run_filter = _filter(request.subject if request.HasField("subject") else None, request.statuses)
+        watcher = self.hub.subscribe(run_filter)
+        if watcher is None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{self.hub.max_watchers} watchers already attached (stream.max_watchers)")
+        try:
+            replayed: set[tuple[str, int]] = set()
+            if request.replay:
+                for doc in reversed(await self._recent(run_filter, min(request.replay, MAX_LIST), True)):
+                    replayed.add((doc["run_id"], doc["revision"]))
+                    yield run_message(doc)
+            while True:
+                doc = await watcher.next()
+                if (doc["run_id"], doc["revision"]) not in replayed:
+                    yield run_message(doc)
+        except WatcherClosed:
+            return
+        except WatcherLagged:
+            log.warning("watcher_lagged", buffer=self.hub.buffer)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"watcher fell {self.hub.buffer} runs behind; reconnect (with replay) to resume")
+        finally:
+            self.hub.unsubscribe(watcher)
+
+    async def GetRun(self, request: pb.GetRunRequest,  # noqa: N802
+                     context: grpc.aio.ServicerContext) -> pb.RunVerdict:
+        await self._authorize(context)
+        if not request.run_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "run_id is required")
+        doc = await asyncio.to_thread(self.store.get_run, request.run_id)
+        if doc is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no run {request.run_id!r} (or the prefix is ambiguous)")
+        return run_message(doc)
+
+    async def ListRuns(self, request: pb.ListRunsRequest,  # noqa: N802
+                       context: grpc.aio.ServicerContext) -> pb.ListRunsResponse:
+        await self._authorize(context)
+        run_filter = _filter(request.subject if request.HasField("subject") else None, request.statuses)
+        rows = await self._recent(run_filter, min(request.limit or 50, MAX_LIST), request.include_executors)
+        return pb.ListRunsResponse(runs=[run_message(r, request.include_executors) for r in rows])
+

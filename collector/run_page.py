@@ -1,0 +1,78 @@
+"""The read-only run page on the collector's HTTP port: ``/runs`` and ``/runs/{id}``.
+
+Server-rendered (jinja2, autoescaped) from the stored run documents, so it needs no JavaScript and
+shows exactly what ``agenteval runs show`` shows: numbers, reasons and span ids, never prompt text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import jinja2
+from aiohttp import web
+
+from collector.model import NO_TRUTH_FIXES, NoTruthReason, Status
+from collector.security import BearerAuth
+from collector.store import RunStore
+
+MAX_ROWS = 500
+
+_env = jinja2.Environment(loader=jinja2.PackageLoader("collector", "templates"),
+                          autoescape=jinja2.select_autoescape(default=True), undefined=jinja2.StrictUndefined)
+_env.filters["score"] = lambda v: "–" if v is None else f"{v:.3f}"
+_env.filters["num"] = lambda v: "–" if v is None else f"{v:,}"
+_env.filters["when"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "–"
+_env.globals["fixes"] = {r.value: text for r, text in NO_TRUTH_FIXES.items()}
+_env.globals["statuses"] = [s.value for s in Status]
+
+
+class RunPage:
+    def __init__(self, store: RunStore, auth: BearerAuth, trace_link: str | None) -> None:
+        self.store = store
+        self.auth = auth
+        self.trace_link = trace_link
+
+    def register(self, app: web.Application) -> None:
+        app.router.add_get("/", lambda _: web.HTTPFound("/runs"))
+        app.router.add_get("/runs", self.runs)
+        app.router.add_get("/runs/{run_id}", self.run)
+
+    def _page(self, template: str, http_status: int = 200, **context: Any) -> web.Response:
+        html = _env.get_template(template).render(**context)
+        return web.Response(text=html, status=http_status, content_type="text/html", charset="utf-8",
+                            headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
+                                     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'"})
+
+    def _denied(self, request: web.Request) -> web.Response | None:
+        if self.auth.allows(request.headers.get("Authorization")):
+            return None
+        return web.Response(status=401, text="missing or invalid bearer token\n",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+    async def runs(self, request: web.Request) -> web.Response:
+        if denied := self._denied(request):
+            return denied
+        status = request.query.get("status", "").upper()
+        subject = request.query.get("subject") or None
+        if status and status not in Status.__members__:
+            return self._page("error.html", 400, message=f"unknown status {status!r}: use PASS, WARN, FAIL or PENDING")
+        try:
+            limit = min(max(int(request.query.get("limit", 50)), 1), MAX_ROWS)
+        except ValueError:
+            return self._page("error.html", 400, message="limit must be a number")
+        rows = await asyncio.to_thread(self.store.list_runs, [status] if status else (), subject, limit)
+        return self._page("runs.html", rows=rows, status=status, subject=subject or "", limit=limit)
+
+    async def run(self, request: web.Request) -> web.Response:
+        if denied := self._denied(request):
+            return denied
+        run_id = request.match_info["run_id"]
+        doc = await asyncio.to_thread(self.store.get_run, run_id)
+        if doc is None:
+            return self._page("error.html", 404, message=f"no run {run_id!r} is stored (or the prefix matches several runs)")
+        link = self.trace_link.format(trace_id=doc["trace_id"]) if self.trace_link and doc["trace_id"] else None
+        no_truth = [e for e in doc["executors"] if e["no_truth_reason"]]
+        return self._page("run.html", run=doc, trace_url=link, no_truth=no_truth,
+                          path2=any(e["no_truth_reason"] == NoTruthReason.RESPONSE_MISSING.value for e in no_truth))

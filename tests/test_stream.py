@@ -1,0 +1,267 @@
+"""FidelityService (WatchVerdicts / GetRun / ListRuns), its committed generated code, and `agenteval watch`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_tools import protoc
+from rich.console import Console
+
+from collector.api.v1 import fidelity_pb2 as pb
+from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
+from collector.config import load_config
+from collector.loader import load_runs
+from collector.reconcile import reconcile
+from collector.serialize import run_to_dict
+from collector.stream import RunFilter, VerdictHub, WatcherClosed, WatcherLagged
+from collector.watch import Board
+from collector.wire import run_message, to_doc
+from conftest import AGENTEVAL, CollectorProcess, export_spans, free_port
+from mafshape import SCENARIOS, record
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_committed_generated_code_matches_the_proto(tmp_path):
+    protos = sorted(str(p.relative_to(ROOT / "proto")) for p in (ROOT / "proto").rglob("*.proto"))
+    assert protos, "no .proto files under proto/"
+    include = Path(protoc.__file__).parent / "_proto"
+    rc = protoc.main(["protoc", f"-I{ROOT / 'proto'}", f"-I{include}", f"--python_out={tmp_path}",
+                      f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}",
+                      *[str(ROOT / "proto" / p) for p in protos]])
+    assert rc == 0
+    generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.py*"))
+    assert generated
+    for rel in generated:
+        committed = ROOT / rel
+        assert committed.exists(), f"{rel} is generated but not committed: run `make proto`"
+        assert committed.read_text() == (tmp_path / rel).read_text(), f"{rel} is stale: run `make proto`"
+
+
+def _example_docs() -> list[dict]:
+    cfg = load_config(None)
+    docs = []
+    for path in sorted((ROOT / "examples").glob("*.json")):
+        for run_input in load_runs(path, cfg.matcher()):
+            verdict = reconcile(run_input, cfg.scoring.policy(), "standard")
+            docs.append(run_to_dict(verdict, run_id=path.stem, source=f"file:{path}", created_at=1.5, updated_at=2.25))
+    return docs
+
+
+@pytest.mark.parametrize("doc", _example_docs(), ids=lambda d: d["run_id"])
+def test_run_documents_round_trip_through_the_wire_message(doc):
+    message = run_message(doc)
+    assert pb.RunVerdict.FromString(message.SerializeToString()) == message
+    assert to_doc(message) == json.loads(json.dumps(doc))
+    assert pb.Status.Name(message.status) == f"STATUS_{doc['status']}"
+
+
+def test_hub_filters_and_cuts_off_a_watcher_that_falls_a_buffer_behind():
+    async def scenario():
+        hub = VerdictHub(asyncio.get_running_loop(), max_watchers=2, buffer=3)
+        fails = hub.subscribe(RunFilter(statuses=frozenset({"FAIL"})))
+        slow = hub.subscribe(RunFilter())
+        assert hub.subscribe(RunFilter()) is None  # max_watchers
+        docs = [{"run_id": str(i), "revision": 1, "status": "FAIL" if i % 2 else "PASS", "subject": "s"}
+                for i in range(6)]
+        hub.publish_threadsafe(docs)
+        await asyncio.sleep(0.01)
+        assert [(await fails.next())["run_id"] for _ in range(3)] == ["1", "3", "5"]
+        assert [(await slow.next())["run_id"] for _ in range(3)] == ["0", "1", "2"]
+        with pytest.raises(WatcherLagged):
+            await slow.next()
+        hub.close()
+        with pytest.raises(WatcherClosed):
+            await fails.next()
+    asyncio.run(scenario())
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    proc = CollectorProcess(tmp_path_factory.mktemp("stream"), {"stream": {"max_watchers": 3}})
+    channel = grpc.insecure_channel(proc.grpc)
+    yield proc, FidelityServiceStub(channel)
+    channel.close()
+    proc.stop()
+
+
+class Follower:
+    """A WatchVerdicts stream read on a thread, as a dashboard backend would."""
+
+    def __init__(self, stub: FidelityServiceStub, request: pb.WatchRequest) -> None:
+        self.call = stub.WatchVerdicts(request)
+        self.got: list[pb.RunVerdict] = []
+        self.error: grpc.RpcError | None = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            for message in self.call:
+                self.got.append(message)
+        except grpc.RpcError as exc:
+            self.error = exc
+
+    def wait(self, n: int, timeout: float = 15) -> list[pb.RunVerdict]:
+        deadline = time.monotonic() + timeout
+        while len(self.got) < n and time.monotonic() < deadline and self.thread.is_alive():
+            time.sleep(0.02)
+        return self.got
+
+
+def _watchers(proc) -> float:
+    return proc.metrics().get(("collector_watchers", ()), 0)
+
+
+def _wait_watchers(proc, n: int) -> None:
+    deadline = time.monotonic() + 10
+    while _watchers(proc) < n:
+        assert time.monotonic() < deadline, "watchers never attached"
+        time.sleep(0.05)
+
+
+def test_watch_verdicts_streams_stored_runs_with_status_and_subject_filters(served):
+    proc, stub = served
+    everything = Follower(stub, pb.WatchRequest())
+    failing = Follower(stub, pb.WatchRequest(statuses=[pb.STATUS_FAIL, pb.STATUS_PENDING]))
+    loop_only = Follower(stub, pb.WatchRequest(subject="loop"))
+    _wait_watchers(proc, 3)
+    ids = {}
+    for name in ("pass", "fail_under_report", "path2_pending", "loop"):
+        spans, (ids[name],) = record([SCENARIOS[name][0]])
+        export_spans(proc, spans)
+    got = {m.run_id: m for m in everything.wait(4)}
+    assert set(got) == set(ids.values())
+    for name, trace_id in ids.items():
+        doc = to_doc(got[trace_id])
+        assert doc["status"] == SCENARIOS[name][1]
+        assert {e["executor_id"]: e["verdict"] for e in doc["executors"]} == SCENARIOS[name][2]
+        assert doc == {**proc.run(trace_id), "created_at": None, "updated_at": doc["updated_at"]}
+    assert {m.run_id for m in failing.wait(2)} == {ids["fail_under_report"], ids["path2_pending"]}
+    pending = next(m for m in failing.got if m.status == pb.STATUS_PENDING)
+    assert {e.no_truth_reason for e in pending.executors} == {pb.NO_TRUTH_REASON_RESPONSE_MISSING}
+    assert "Path-2 gap" in pending.executors[0].no_truth_explanation
+    assert [m.run_id for m in loop_only.wait(1)] == [ids["loop"]]
+    # A fourth stream is over stream.max_watchers.
+    extra = Follower(stub, pb.WatchRequest())
+    extra.thread.join(10)
+    assert extra.error is not None and extra.error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    for f in (everything, failing, loop_only):
+        f.call.cancel()
+    time.sleep(0.5)
+    assert len(failing.got) == 2 and len(loop_only.got) == 1  # nothing unfiltered leaked through
+    replay = Follower(stub, pb.WatchRequest(replay=2, statuses=[pb.STATUS_PASS]))
+    assert [m.run_id for m in replay.wait(2)] == [ids["pass"], ids["loop"]]  # oldest first, then live
+    replay.call.cancel()
+
+
+def test_get_run_and_list_runs(served):
+    proc, stub = served
+    spans, (trace_id,) = record([SCENARIOS["partial_warn"][0]])
+    export_spans(proc, spans)
+    stored = proc.run(trace_id)
+    run = stub.GetRun(pb.GetRunRequest(run_id=trace_id[:12]))
+    assert to_doc(run) | {"created_at": None, "updated_at": None} == stored | {"created_at": None, "updated_at": None}
+    assert run.created_at.seconds > 0
+    listed = stub.ListRuns(pb.ListRunsRequest(statuses=[pb.STATUS_WARN], limit=5))
+    assert trace_id in [r.run_id for r in listed.runs]
+    assert all(r.status == pb.STATUS_WARN and not r.executors for r in listed.runs)
+    full = stub.ListRuns(pb.ListRunsRequest(subject="partial", include_executors=True))
+    assert full.runs[0].run_id == trace_id and len(full.runs[0].executors) == 2
+    with pytest.raises(grpc.RpcError) as missing:
+        stub.GetRun(pb.GetRunRequest(run_id="ffffffffffff"))
+    assert missing.value.code() is grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as empty:
+        stub.GetRun(pb.GetRunRequest())
+    assert empty.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_fidelity_service_needs_the_bearer_token_when_auth_is_on(tmp_path):
+    token = "watch-token-value"
+    proc = CollectorProcess(tmp_path, {"receivers": {"auth": {"bearer_token_env": "AGENTEVAL_TOKEN"}}},
+                            env={"AGENTEVAL_TOKEN": token})
+    try:
+        with grpc.insecure_channel(proc.grpc) as channel:
+            stub = FidelityServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as denied:
+                stub.ListRuns(pb.ListRunsRequest())
+            assert denied.value.code() is grpc.StatusCode.UNAUTHENTICATED
+            assert stub.ListRuns(pb.ListRunsRequest(), metadata=(("authorization", f"Bearer {token}"),)).runs == []
+        # `agenteval watch` without the token: a clear error and exit 1, not an endless retry loop.
+        res = subprocess.run([AGENTEVAL, "watch", "--endpoint", proc.grpc, "--token-env", "NO_SUCH_TOKEN_VAR"],
+                             capture_output=True, text=True, timeout=30)
+        assert res.returncode == 1 and "UNAUTHENTICATED" in res.stderr
+    finally:
+        proc.stop()
+
+
+def test_watch_cli_prints_verdicts_and_reconnects_after_the_collector_restarts(tmp_path):
+    port = free_port()
+    overrides = {"receivers": {"grpc": {"endpoint": f"127.0.0.1:{port}"}}}
+    first = CollectorProcess(tmp_path, overrides)
+    watcher = subprocess.Popen([AGENTEVAL, "watch", "--endpoint", first.grpc, "--count", "2", "--replay", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_watchers(first, 1)
+        spans, (fail_id,) = record([SCENARIOS["fail_under_report"][0]])
+        export_spans(first, spans)
+        first.run(fail_id)
+        assert first.stop() == 0
+        second = CollectorProcess(tmp_path, overrides)  # same port and store
+        try:
+            _wait_watchers(second, 1)
+            spans, (pending_id,) = record([SCENARIOS["path2_pending"][0]])
+            export_spans(second, spans)
+            out, err = watcher.communicate(timeout=30)
+        finally:
+            second.stop()
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+    assert watcher.returncode == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 2
+    assert "FAIL" in lines[0] and f"run={fail_id}" in lines[0] and "checked=2/2" in lines[0]
+    assert "PENDING" in lines[1] and f"run={pending_id}" in lines[1] and "no_truth=2xresponse_missing" in lines[1]
+    assert "reconnecting in" in err
+
+
+def test_watch_json_replays_recent_runs_then_follows(served):
+    proc, _ = served
+    recent = [r.run_id for r in FidelityServiceStub(grpc.insecure_channel(proc.grpc)).ListRuns(
+        pb.ListRunsRequest(limit=2)).runs]
+    res = subprocess.run([AGENTEVAL, "watch", "--endpoint", proc.grpc, "--json", "--replay", "2", "--count", "2"],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    docs = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [d["run_id"] for d in docs] == recent[::-1]
+    assert all(d["executors"] and d["status"] in ("PASS", "WARN", "FAIL", "PENDING") for d in docs)
+
+
+def test_watch_table_shows_status_score_checked_and_no_truth_reasons():
+    board = Board(rows=3)
+    docs = _example_docs()
+    for doc in docs:
+        board.add(doc)
+    console = Console(record=True, width=180, color_system=None)
+    console.print(board.render())
+    text = console.export_text()
+    for doc in docs[-3:]:
+        assert doc["run_id"][:16] in text
+    assert docs[0]["run_id"] not in text  # only the newest rows are kept
+    assert "partial_response, response_missing" in text  # warn_partial_truth
+    lines = [line for line in text.splitlines() if "warn_partial_tru" in line]
+    assert lines and "WARN" in lines[0] and "2/4" in lines[0] and "1.000" in lines[0]
+
+
+def test_watch_rejects_an_unknown_status():
+    res = subprocess.run([AGENTEVAL, "watch", "--status", "GREEN"], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 1 and "--status" in res.stderr
+

@@ -143,6 +143,7 @@ class OtlpExporter(_Section):
     endpoint: str | None = None
     protocol: Literal["grpc", "http/protobuf"] = "grpc"
     insecure: bool = True
+    push_metrics: bool = True
     metrics_interval: float = Field(10.0, gt=0)
     max_backlog_spans: int = Field(100_000, gt=0)
     retry_interval: float = Field(2.0, gt=0)

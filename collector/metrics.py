@@ -37,7 +37,7 @@ class Metrics:
             self._http, _ = start_http_server(port, addr=host, registry=self.registry)
             self.prometheus_port = self._http.server_port
         otlp = config.exporters.otlp
-        if otlp.endpoint:
+        if otlp.endpoint and otlp.push_metrics:
             readers.append(PeriodicExportingMetricReader(
                 _otlp_metric_exporter(otlp.endpoint, otlp.protocol, otlp.insecure),
                 export_interval_millis=otlp.metrics_interval * 1000,

@@ -120,7 +120,7 @@ class Collector:
         cfg = {"receivers": {"grpc": {"endpoint": "127.0.0.1:0", "max_message_bytes": 64 << 20},
                              "http": {"endpoint": "127.0.0.1:0", "max_body_bytes": 64 << 20}},
                "assembly": {"quiet_period": 0.2, **(assembly or {})},
-               "store": {"path": str(self.store)},
+               "store": {"url": str(self.store)},
                "exporters": {"prometheus": {"endpoint": "127.0.0.1:0"}},
                "logging": {"level": "info"}}
         (self.dir / "c.yaml").write_text(yaml.safe_dump(cfg))

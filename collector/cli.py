@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import uuid
 from dataclasses import replace
@@ -13,13 +14,13 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
-from collector.config import ConfigError, load_config
+from collector.config import CollectorConfig, ConfigError, load_config
 from collector.loader import TraceFileError, load_runs
 from collector.model import EXIT_ERROR, STATUS_EXIT_CODES, Preset, Status
 from collector.reconcile import reconcile
 from collector.render import demo_table, print_run, runs_table
 from collector.serialize import run_to_dict
-from collector.store import RunStore, StoredRun, StoreError, default_store_path
+from collector.store import RunStore, StoredRun, StoreError, open_store
 
 app = typer.Typer(help="Workflow fidelity: framework accounting vs the chat boundary, per executor.",
                   no_args_is_help=True, add_completion=False)
@@ -30,6 +31,14 @@ app.add_typer(runs_app, name="runs")
 collector_app = typer.Typer(help="The live OTLP collector.", no_args_is_help=True)
 app.add_typer(collector_app, name="collector")
 
+@app.callback()
+def _logging() -> None:
+    """Log lines (JSON) go to stderr, never into a command's output; warnings and up by default."""
+    from collector.logs import configure
+
+    configure("warning")
+
+
 #: Piped output (CI logs, tests) gets a wide fixed width instead of rich's 80-column fallback.
 out = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -37,7 +46,7 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 #: With several runs in one file, the process exits with the most severe status.
 SEVERITY = (Status.FAIL, Status.PENDING, Status.WARN, Status.PASS)
 
-StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="SQLite run store (default: user data dir, or $AGENTEVAL_STORE).")]
+StoreOpt = Annotated[Optional[str], typer.Option("--store", help="Run store: a SQLite path or a postgresql:// URL (default: the config's store.url, else $AGENTEVAL_STORE, else the user data dir).")]
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="Collector YAML config (default: embedded defaults).")]
 
 
@@ -49,10 +58,12 @@ class _Fatal(Exception):
 _USAGE_EXIT = 2
 
 
-def _open_store(path: Path | None) -> RunStore:
+def _open_store(url: str | None, cfg: CollectorConfig | None = None) -> RunStore:
+    """``--store``, else the config's ``store.url``, else the default; the password from the config."""
+    cfg = cfg or CollectorConfig()
     try:
-        return RunStore(path or default_store_path())
-    except StoreError as exc:
+        return open_store(url or cfg.store.url, cfg.store.password(), cfg.store.pool_size)
+    except (StoreError, ConfigError) as exc:
         raise _Fatal(str(exc)) from exc
 
 
@@ -89,15 +100,15 @@ def bench_workflow_trace_fidelity(
         raise _Fatal(str(exc)) from exc
     policy = cfg.scoring.policy()
     verdicts = [replace(reconcile(run_input, policy, preset), subject=subject) for run_input in inputs]
-    db = _open_store(store)
-    stored = [StoredRun(uuid.uuid4().hex, f"file:{workflow_trace}", v) for v in verdicts]
+    db = _open_store(store, cfg)
+    stored = [StoredRun(uuid.uuid4().hex, f"file:{workflow_trace}", v, socket.gethostname()) for v in verdicts]
     try:
         db.save_many(stored)
     except StoreError as exc:
         raise _Fatal(str(exc)) from exc
     finally:
         db.close()
-    docs = [run_to_dict(s.verdict, run_id=s.run_id, source=s.source) for s in stored]
+    docs = [run_to_dict(s.verdict, run_id=s.run_id, source=s.source, finalized_by=s.finalized_by) for s in stored]
     worst = min((v.status for v in verdicts), key=SEVERITY.index)
     code = STATUS_EXIT_CODES[worst]
     if as_json:
@@ -115,11 +126,12 @@ def runs_list(
     limit: Annotated[int, typer.Option("--limit", min=1)] = 50,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     store: StoreOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """List stored runs, newest first."""
     if status and status.upper() not in Status.__members__:
         raise _Fatal(f"--status: expected one of {', '.join(Status.__members__)}, got {status!r}")
-    db = _open_store(store)
+    db = _open_store(store, _config(config) if config else None)
     try:
         rows = db.list_runs([status] if status else (), subject, limit)
     finally:
@@ -137,15 +149,16 @@ def runs_show(
     run_id: Annotated[str, typer.Argument(help="Run id (a unique prefix is enough).")],
     as_json: Annotated[bool, typer.Option("--json")] = False,
     store: StoreOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Show one stored run with per-executor evidence."""
-    db = _open_store(store)
+    db = _open_store(store, _config(config) if config else None)
     try:
         doc = db.get_run(run_id)
     finally:
         db.close()
     if doc is None:
-        raise _Fatal(f"no run {run_id!r} in {db.path}")
+        raise _Fatal(f"no run {run_id!r} in {db.display}")
     if as_json:
         print(json.dumps(doc, indent=2))
     else:
@@ -163,7 +176,7 @@ def collector_serve(config: ConfigOpt = None, store: StoreOpt = None) -> None:
 
     cfg = _config(config)
     if store is not None:
-        cfg = cfg.model_copy(update={"store": cfg.store.model_copy(update={"path": str(store)})})
+        cfg = cfg.model_copy(update={"store": cfg.store.model_copy(update={"url": store})})
     configure(cfg.logging.level)
     try:
         asyncio.run(serve(cfg))
@@ -185,7 +198,11 @@ def demo_command(
         raise _Fatal(f"agenteval demo needs agent-framework-core: pip install 'agenteval-collector[maf]' ({exc})") from exc
     if protocol not in ("grpc", "http/protobuf"):
         raise _Fatal(f"--protocol: expected grpc or http/protobuf, got {protocol!r}")
-    results = demo(endpoint, protocol, store or default_store_path(), timeout)
+    db = _open_store(store)
+    try:
+        results = demo(endpoint, protocol, db, timeout)
+    finally:
+        db.close()
     out.print(demo_table(results))
     for r in results:
         for e in (r.run or {}).get("executors", []):

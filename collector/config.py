@@ -136,7 +136,31 @@ class Scoring(_Section):
 
 
 class Store(_Section):
-    path: str | None = None
+    url: str | None = None
+    password_env: str | None = None
+    password_file: str | None = None
+    pool_size: int = Field(4, gt=0)
+    max_queued_runs: int = Field(10_000, gt=0)
+
+    @model_validator(mode="after")
+    def _one_password(self) -> "Store":
+        if self.password_env and self.password_file:
+            raise ValueError("set password_env or password_file, not both")
+        return self
+
+    def password(self) -> str | None:
+        """The PostgreSQL password from the configured env var or file (never from the URL in logs)."""
+        if self.password_file:
+            try:
+                return Path(self.password_file).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"store.password_file: {exc.strerror or exc}") from exc
+        if self.password_env:
+            value = os.environ.get(self.password_env)
+            if not value:
+                raise ConfigError(f"store.password_env: ${self.password_env} is not set")
+            return value
+        return None
 
 
 class OtlpExporter(_Section):

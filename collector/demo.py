@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -53,25 +52,21 @@ async def run_workflows() -> list[tuple[object, str]]:
     return out
 
 
-def wait_for_runs(store_path: Path, trace_ids: list[str], timeout: float) -> dict[str, dict]:
-    store = RunStore(store_path)
+def wait_for_runs(store: RunStore, trace_ids: list[str], timeout: float) -> dict[str, dict]:
     found: dict[str, dict] = {}
     deadline = time.monotonic() + timeout
-    try:
-        while len(found) < len(trace_ids) and time.monotonic() < deadline:
-            for tid in trace_ids:
-                if tid not in found and (doc := store.get_run(tid)) is not None:
-                    found[tid] = doc
-            time.sleep(0.2)
-    finally:
-        store.close()
+    while len(found) < len(trace_ids) and time.monotonic() < deadline:
+        for tid in trace_ids:
+            if tid not in found and (doc := store.get_run(tid)) is not None:
+                found[tid] = doc
+        time.sleep(0.2)
     return found
 
 
-def demo(endpoint: str, protocol: str, store_path: Path, timeout: float) -> list[DemoResult]:
+def demo(endpoint: str, protocol: str, store: RunStore, timeout: float) -> list[DemoResult]:
     provider = install_exporter(endpoint, protocol)
     ran = asyncio.run(run_workflows())
     provider.force_flush()
-    runs = wait_for_runs(store_path, [tid for _, tid in ran], timeout)
+    runs = wait_for_runs(store, [tid for _, tid in ran], timeout)
     provider.shutdown()
     return [DemoResult(spec.name, spec.about, tid, spec.status, runs.get(tid)) for spec, tid in ran]

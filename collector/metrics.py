@@ -78,7 +78,8 @@ class Metrics:
         for name, desc in [("traces_in_flight", "Traces being assembled"),
                            ("spans_in_flight", "Spans of traces being assembled"),
                            ("late_traces", "Finalized traces still accepting late spans"),
-                           ("watchers", "WatchVerdicts streams attached")]:
+                           ("watchers", "WatchVerdicts streams attached"),
+                           ("store_queued_runs", "Verdicts waiting for the run store (e.g. during an outage)")]:
             meter.create_observable_gauge(f"collector.{name}", [observe(name)], description=desc)
 
     def record_run(self, run: RunVerdict) -> None:

@@ -7,6 +7,7 @@ receive (``receivers``) -> decode -> assemble + classify (``assembler``) -> reco
 from __future__ import annotations
 
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -21,9 +22,7 @@ from collector.decode import decode_request
 from collector.emit_spans import VerdictSpans
 from collector.metrics import Metrics
 from collector.reconcile import reconcile
-from collector.serialize import run_to_dict
 from collector.store import RunStore, StoredRun, StoreError
-from collector.stream import VerdictHub
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -48,8 +47,14 @@ class StoreWriter:
         self._on_stored = on_stored
         self._on_error = on_error
         self._queue: queue.Queue[tuple[StoredRun, float | None] | None] = queue.Queue()
+        self._in_batch = 0
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self._thread.start()
+
+    @property
+    def backlog(self) -> int:
+        """Verdicts not yet durable: queued plus the batch being written."""
+        return self._queue.qsize() + self._in_batch
 
     def put(self, run: StoredRun, root_arrived: float | None) -> None:
         """Queue a verdict; ``root_arrived`` (monotonic) is the origin of its verdict latency."""
@@ -69,6 +74,7 @@ class StoreWriter:
                 except queue.Empty:
                     break
             closing = item is None
+            self._in_batch = len(batch)
             delay = 0.05
             while batch:
                 try:
@@ -81,6 +87,7 @@ class StoreWriter:
                     continue
                 self._on_stored(batch)
                 batch = []
+                self._in_batch = 0
 
     def close(self, timeout: float = 30.0) -> None:
         """Flush everything queued, then stop."""
@@ -90,9 +97,9 @@ class StoreWriter:
 
 class Pipeline:
     def __init__(self, config: CollectorConfig, store: RunStore, metrics: Metrics | None,
-                 spans: VerdictSpans | None, hub: VerdictHub | None = None) -> None:
+                 spans: VerdictSpans | None) -> None:
         self.config = config
-        self.hub = hub
+        self.instance = socket.gethostname()
         self.matcher = config.matcher()
         self.policy = config.scoring.policy()
         self.assembler = Assembler(config.assembly, self.matcher)
@@ -104,17 +111,21 @@ class Pipeline:
     def gauges(self) -> dict[str, int]:
         a = self.assembler
         return {"traces_in_flight": a.traces_in_flight, "spans_in_flight": a.spans_in_flight,
-                "late_traces": a.late_traces}
+                "late_traces": a.late_traces, "store_queued_runs": self.writer.backlog}
 
     def ingest(self, request: ExportTraceServiceRequest, transport: str, pre_rejected: int = 0,
                reasons: tuple[str, ...] = ()) -> IngestResult:
         """Accept a decoded request, or raise :class:`Backpressure` having accepted none of it."""
         decoded = decode_request(request, self.matcher.wanted_keys)
         try:
+            if self.writer.backlog >= self.config.store.max_queued_runs:
+                raise Backpressure(f"store.max_queued_runs ({self.config.store.max_queued_runs}) verdicts are "
+                                   "waiting for the run store", self.config.assembly.retry_after)
             self.assembler.check_capacity(len(decoded.spans), (s.trace_id for s in decoded.spans))
         except Backpressure as exc:
             if self.metrics:
-                self.metrics.refused.add(len(decoded.spans), {"reason": "capacity", "transport": transport})
+                reason = "store_backlog" if exc.reason.startswith("store.") else "capacity"
+                self.metrics.refused.add(len(decoded.spans), {"reason": reason, "transport": transport})
             log.warning("request_refused", transport=transport, spans=len(decoded.spans), reason=exc.reason)
             raise
         offer = self.assembler.offer(decoded.spans)
@@ -149,7 +160,7 @@ class Pipeline:
             return
         verdict = replace(reconcile(item.run, self.policy, self.config.scoring.preset), revision=item.revision)
         run_id = verdict.trace_id or ""
-        stored = StoredRun(run_id, SOURCE_LIVE, verdict)
+        stored = StoredRun(run_id, SOURCE_LIVE, verdict, self.instance)
         if self.spans is not None:
             anchor = item.run.root_span_id or next(
                 (e.span_ids[0] for e in item.run.executors if e.span_ids), None)
@@ -171,10 +182,7 @@ class Pipeline:
             for _, arrived in batch:
                 if arrived is not None:
                     self.metrics.latency.record(now - arrived)
-        if self.hub is not None and self.hub.watchers:
-            wall = time.time()
-            self.hub.publish_threadsafe(run_to_dict(run.verdict, run_id=run.run_id, source=run.source,
-                                                    updated_at=wall) for run, _ in batch)
+
 
     def close(self) -> None:
         """Finalize every in-flight trace (flagged incomplete where it was), then flush the store."""

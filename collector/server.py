@@ -23,7 +23,7 @@ from collector.pipeline import Pipeline
 from collector.receivers import GrpcTraceService, HttpTraceReceiver, grpc_server
 from collector.run_page import RunPage
 from collector.security import BearerAuth, grpc_credentials, ssl_context
-from collector.store import RunStore, default_store_path
+from collector.store import open_store
 from collector.stream import VerdictHub
 
 log = structlog.get_logger("agenteval.collector")
@@ -43,7 +43,7 @@ class Collector:
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
         self.resource = Resource.create({"service.name": "agenteval-collector"})
-        self.store = RunStore(config.store.path or default_store_path())
+        self.store = open_store(config.store.url, config.store.password(), config.store.pool_size)
         otlp = config.exporters.otlp
         self.spans = None
         if otlp.endpoint:
@@ -62,7 +62,8 @@ class Collector:
         cfg = self.config
         self.hub = VerdictHub(asyncio.get_running_loop(), cfg.stream.max_watchers, cfg.stream.buffer)
         self.metrics = Metrics(cfg, self.resource, self._gauges)
-        self.pipeline = Pipeline(cfg, self.store, self.metrics, self.spans, self.hub)
+        self.pipeline = Pipeline(cfg, self.store, self.metrics, self.spans)
+        self.store.subscribe(self.hub.publish_threadsafe)
         grpc_addr = http_addr = None
         tls = cfg.receivers.tls
         scheme = "https" if tls.enabled else "http"
@@ -93,9 +94,9 @@ class Collector:
         if self.metrics.prometheus_port is not None:
             prom = f"{split_endpoint(cfg.exporters.prometheus.endpoint)[0]}:{self.metrics.prometheus_port}"
         self._sweeper = asyncio.create_task(self._sweep_forever())
-        self.listening = Listening(grpc_addr, http_addr and f"{scheme}://{http_addr}", prom, str(self.store.path))
+        self.listening = Listening(grpc_addr, http_addr and f"{scheme}://{http_addr}", prom, self.store.display)
         log.info("collector_listening", grpc=grpc_addr, http=self.listening.http, prometheus=prom,
-                 store=str(self.store.path), otlp_out=cfg.exporters.otlp.endpoint, tls=tls.enabled,
+                 store=self.store.display, otlp_out=cfg.exporters.otlp.endpoint, tls=tls.enabled,
                  mtls=bool(tls.client_ca_file), auth=auth.enabled)
         return self.listening
 

@@ -1,4 +1,9 @@
-"""The run store (DESIGN §5): embedded SQLite in WAL mode, schema created on first use.
+"""The run store (DESIGN §5): embedded SQLite (WAL) by default, PostgreSQL for a shared history.
+
+One config value picks the backend (``store.url``: a file path, or a ``postgresql://`` URL). Both run
+the same SQL (named ``:params``), the same versioned migrations on open (refusing a schema newer
+than this code), and the same revision guard: a run is replaced only by a higher revision, in one
+statement, so concurrent writers can neither lose nor duplicate a run.
 
 Rows hold verdicts and evidence (numbers, reasons, span ids), never prompt or response text: the
 classifier never extracts any, so there is none to store.
@@ -8,75 +13,70 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import platformdirs
+import structlog
 
 from collector.model import RunVerdict
 from collector.serialize import run_to_dict
 
-SCHEMA_VERSION = 1
-STORE_ENV = "AGENTEVAL_STORE"
+log = structlog.get_logger("agenteval.collector")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY,
-    trace_id TEXT,
-    subject TEXT,
-    status TEXT NOT NULL,
-    score REAL,
-    preset TEXT NOT NULL,
-    source TEXT NOT NULL,
-    revision INTEGER NOT NULL,
-    incomplete INTEGER NOT NULL,
-    checked INTEGER NOT NULL,
-    unchecked INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    doc TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS runs_by_time ON runs (updated_at DESC);
-CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, updated_at DESC);
-CREATE INDEX IF NOT EXISTS runs_by_subject ON runs (subject, updated_at DESC);
-CREATE TABLE IF NOT EXISTS executor_verdicts (
-    run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
-    executor_id TEXT NOT NULL,
-    verdict TEXT NOT NULL,
-    score REAL,
-    no_truth_reason TEXT,
-    evidence TEXT NOT NULL,
-    PRIMARY KEY (run_id, executor_id)
-);
-"""
+STORE_ENV = "AGENTEVAL_STORE"
+#: Postgres channel a store NOTIFYs with the run id of every run it writes.
+CHANNEL = "agenteval_runs"
+
+#: Schema migrations, in order; the schema version is how many have been applied. The DDL is the
+#: common subset of SQLite and PostgreSQL, so both backends share it.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (  # 1: runs and their executor verdicts
+        """CREATE TABLE IF NOT EXISTS runs (
+            run_id TEXT PRIMARY KEY, trace_id TEXT, subject TEXT, status TEXT NOT NULL, score REAL,
+            preset TEXT NOT NULL, source TEXT NOT NULL, revision INTEGER NOT NULL,
+            incomplete INTEGER NOT NULL, checked INTEGER NOT NULL, unchecked INTEGER NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL, doc TEXT NOT NULL)""",
+        "CREATE INDEX IF NOT EXISTS runs_by_time ON runs (updated_at DESC)",
+        "CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, updated_at DESC)",
+        "CREATE INDEX IF NOT EXISTS runs_by_subject ON runs (subject, updated_at DESC)",
+        """CREATE TABLE IF NOT EXISTS executor_verdicts (
+            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE, executor_id TEXT NOT NULL,
+            verdict TEXT NOT NULL, score REAL, no_truth_reason TEXT, evidence TEXT NOT NULL,
+            PRIMARY KEY (run_id, executor_id))""",
+    ),
+    (  # 2: which collector instance finalized the run (one of N replicas)
+        "ALTER TABLE runs ADD COLUMN finalized_by TEXT",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
 
 _UPSERT = """
 INSERT INTO runs (run_id, trace_id, subject, status, score, preset, source, revision, incomplete,
-                  checked, unchecked, created_at, updated_at, doc)
+                  checked, unchecked, created_at, updated_at, doc, finalized_by)
 VALUES (:run_id, :trace_id, :subject, :status, :score, :preset, :source, :revision, :incomplete,
-        :checked, :unchecked, :now, :now, :doc)
+        :checked, :unchecked, :now, :now, :doc, :finalized_by)
 ON CONFLICT (run_id) DO UPDATE SET
     subject = excluded.subject, status = excluded.status, score = excluded.score,
     preset = excluded.preset, revision = excluded.revision, incomplete = excluded.incomplete,
     checked = excluded.checked, unchecked = excluded.unchecked, updated_at = excluded.updated_at,
-    doc = excluded.doc
+    doc = excluded.doc, finalized_by = excluded.finalized_by
 WHERE excluded.revision > runs.revision
 """
-
-
+_INSERT_EXECUTOR = ("INSERT INTO executor_verdicts (run_id, executor_id, verdict, score, no_truth_reason, evidence) "
+                    "VALUES (:run_id, :executor_id, :verdict, :score, :no_truth_reason, :evidence)")
 _SUMMARY = ("run_id, trace_id, subject, status, score, preset, source, revision, incomplete, checked, "
-            "unchecked, created_at, updated_at")
-
-
-def _doc(row: sqlite3.Row) -> dict[str, Any]:
-    doc = json.loads(row["doc"])
-    doc.update(created_at=row["created_at"], updated_at=row["updated_at"])
-    return doc
+            "unchecked, created_at, updated_at, finalized_by")
+_DOC = "doc, created_at, updated_at, finalized_by"
 
 
 class StoreError(Exception):
@@ -88,118 +88,232 @@ class StoredRun:
     run_id: str
     source: str
     verdict: RunVerdict
+    finalized_by: str | None = None
 
 
-def default_store_path() -> Path:
-    env = os.environ.get(STORE_ENV)
-    if env:
-        return Path(env)
-    return Path(platformdirs.user_data_dir("agenteval")) / "runs.db"
+Subscriber = Callable[[list[dict[str, Any]]], None]
 
 
-class RunStore:
-    """Thread-safe SQLite run store; writes of a batch share one transaction."""
+def default_store_url() -> str:
+    return os.environ.get(STORE_ENV) or str(Path(platformdirs.user_data_dir("agenteval")) / "runs.db")
 
-    def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
+
+def is_postgres(url: str) -> bool:
+    return url.startswith(("postgresql://", "postgres://"))
+
+
+def open_store(url: str | Path | None = None, password: str | None = None, pool_size: int = 4) -> RunStore:
+    """The store at ``url`` (default: :func:`default_store_url`), migrated to the current schema."""
+    url = str(url or default_store_url())
+    if is_postgres(url):
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            self._db.row_factory = sqlite3.Row
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.execute("PRAGMA busy_timeout=5000")
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path}: schema version {version} is newer than this agenteval knows ({SCHEMA_VERSION})"
-                )
-            self._db.executescript(_SCHEMA)
-            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        except (sqlite3.Error, OSError) as exc:
-            raise StoreError(f"{self.path}: {exc}") from exc
-        self._lock = threading.Lock()
+            from collector.store_pg import PostgresRunStore
+        except ImportError as exc:
+            raise StoreError(f"a postgresql:// store needs psycopg: pip install 'agenteval-collector[postgres]' ({exc})") from exc
+
+        return PostgresRunStore(url, password, pool_size)
+    return SqliteRunStore(url.removeprefix("sqlite:///"))
+
+
+def _doc(row: dict[str, Any]) -> dict[str, Any]:
+    doc = json.loads(row["doc"])
+    doc.update(created_at=row["created_at"], updated_at=row["updated_at"], finalized_by=row["finalized_by"])
+    return doc
+
+
+def _like_prefix(value: str) -> str:
+    return re.sub(r"([\\%_])", r"\\\1", value) + "%"
+
+
+class RunStore(ABC):
+    """What every read and write path uses; backends supply connections and change notification."""
+
+    #: Where the store is, safe to print or log (never a password).
+    display: str
+    #: True when the database itself tells subscribers of every writer's runs (PostgreSQL).
+    notifies_all_writers = False
+
+    def __init__(self) -> None:
+        self._subscribers: list[Subscriber] = []
+
+    # --- backend hooks ---------------------------------------------------------------------------
+    @abstractmethod
+    def _transaction(self) -> Iterator[Callable[[str, dict[str, Any]], int]]:
+        """A context manager: an ``execute(sql, params) -> rowcount`` inside one transaction."""
+
+    @abstractmethod
+    def _query(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]: ...
+
+    def _written(self, execute: Callable[[str, dict[str, Any]], int], run_id: str) -> None:
+        """Called inside the transaction for each run actually written (PostgreSQL notifies)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    # --- shared logic ----------------------------------------------------------------------------
+    def subscribe(self, subscriber: Subscriber) -> None:
+        """Call ``subscriber`` with the documents of runs written, once they are durable.
+
+        SQLite reports this process's own writes; PostgreSQL reports every writer's (LISTEN/NOTIFY).
+        """
+        self._subscribers.append(subscriber)
+
+    def _notify(self, docs: list[dict[str, Any]]) -> None:
+        for subscriber in self._subscribers:
+            subscriber(docs)
 
     def save(self, run: StoredRun) -> None:
         self.save_many([run])
 
-    def save_many(self, runs: Iterable[StoredRun]) -> None:
+    def save_many(self, runs: Iterable[StoredRun]) -> list[dict[str, Any]]:
+        """Write a batch in one transaction; returns the documents written (stale revisions are not)."""
         now = time.time()
+        written = []
+        with self._transaction() as execute:
+            for item in runs:
+                doc = run_to_dict(item.verdict, run_id=item.run_id, source=item.source,
+                                  finalized_by=item.finalized_by)
+                if self._write(execute, item, doc, now):
+                    self._written(execute, item.run_id)
+                    written.append(doc | {"created_at": None, "updated_at": now})
+        if written and not self.notifies_all_writers:
+            self._notify(written)
+        return written
+
+    @staticmethod
+    def _write(execute: Callable[[str, dict[str, Any]], int], item: StoredRun, doc: dict[str, Any],
+               now: float) -> bool:
+        run = item.verdict
+        changed = execute(_UPSERT, {
+            "run_id": item.run_id, "trace_id": run.trace_id, "subject": run.subject, "status": run.status.value,
+            "score": run.score, "preset": run.preset, "source": item.source, "revision": run.revision,
+            "incomplete": int(run.incomplete), "checked": run.checked, "unchecked": run.unchecked,
+            "now": now, "doc": json.dumps(doc), "finalized_by": item.finalized_by,
+        })
+        if not changed:  # an equal or newer revision is already stored
+            return False
+        execute("DELETE FROM executor_verdicts WHERE run_id = :run_id", {"run_id": item.run_id})
+        for e in doc["executors"]:
+            execute(_INSERT_EXECUTOR, {"run_id": item.run_id, "executor_id": e["executor_id"],
+                                       "verdict": e["verdict"], "score": e["score"],
+                                       "no_truth_reason": e["no_truth_reason"], "evidence": json.dumps(e["evidence"])})
+        return True
+
+    def list_runs(self, statuses: Iterable[str] = (), subject: str | None = None, limit: int = 50,
+                  with_docs: bool = False) -> list[dict[str, Any]]:
+        """Newest first; summary rows, or whole run documents with ``with_docs``."""
+        clauses, params = [], {"limit": limit}
+        wanted = sorted({s.upper() for s in statuses})
+        if wanted:
+            clauses.append(f"status IN ({', '.join(f':s{i}' for i in range(len(wanted)))})")
+            params.update({f"s{i}": s for i, s in enumerate(wanted)})
+        if subject:
+            clauses.append("subject = :subject")
+            params["subject"] = subject
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self._query(f"SELECT {_DOC if with_docs else _SUMMARY} FROM runs {where} "
+                           "ORDER BY updated_at DESC, run_id DESC LIMIT :limit", params)
+        return [_doc(r) for r in rows] if with_docs else rows
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        """The stored run document; a unique prefix of the run id is enough."""
+        rows = self._query(f"SELECT run_id, {_DOC} FROM runs WHERE run_id = :id OR run_id LIKE :prefix ESCAPE '\\' "
+                           "ORDER BY run_id = :id DESC LIMIT 2", {"id": run_id, "prefix": _like_prefix(run_id)})
+        if not rows or (len(rows) > 1 and rows[0]["run_id"] != run_id):
+            return None
+        return _doc(rows[0])
+
+    def docs(self, run_ids: Iterable[str]) -> list[dict[str, Any]]:
+        ids = sorted(set(run_ids))
+        if not ids:
+            return []
+        marks = ", ".join(f":r{i}" for i in range(len(ids)))
+        return [_doc(r) for r in self._query(f"SELECT {_DOC} FROM runs WHERE run_id IN ({marks})",
+                                             {f"r{i}": rid for i, rid in enumerate(ids)})]
+
+    def updated_since(self, since: float, limit: int = 1000) -> list[dict[str, Any]]:
+        return [_doc(r) for r in self._query(f"SELECT {_DOC} FROM runs WHERE updated_at >= :since "
+                                             "ORDER BY updated_at LIMIT :limit", {"since": since, "limit": limit})]
+
+
+class SqliteRunStore(RunStore):
+    """Thread-safe: one connection behind a lock; writes of a batch share one transaction."""
+
+    def __init__(self, path: Path | str) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.display = str(self.path)
+        self._lock = threading.Lock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=5000"):
+                self._db.execute(f"PRAGMA {pragma}")
+            self._migrate()
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"{self.path}: {exc}") from exc
+
+    def _migrate(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(f"{self.path}: schema version {version} is newer than this agenteval knows "
+                                 f"({SCHEMA_VERSION}); upgrade agenteval")
+            for number in range(version, SCHEMA_VERSION):
+                for statement in MIGRATIONS[number]:
+                    self._db.execute(statement)
+                log.info("store_migrated", store=self.display, to_version=number + 1)
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Callable[[str, dict[str, Any]], int]]:
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
-                for item in runs:
-                    self._write(item, now)
+                yield lambda sql, params: self._db.execute(sql, params).rowcount
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise StoreError(f"{self.path}: {exc}") from exc
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
 
-    def _write(self, item: StoredRun, now: float) -> None:
-        run = item.verdict
-        doc = run_to_dict(run, run_id=item.run_id, source=item.source)
-        cur = self._db.execute(
-            _UPSERT,
-            {
-                "run_id": item.run_id,
-                "trace_id": run.trace_id,
-                "subject": run.subject,
-                "status": run.status.value,
-                "score": run.score,
-                "preset": run.preset,
-                "source": item.source,
-                "revision": run.revision,
-                "incomplete": int(run.incomplete),
-                "checked": run.checked,
-                "unchecked": run.unchecked,
-                "now": now,
-                "doc": json.dumps(doc),
-            },
-        )
-        if cur.rowcount == 0:  # an equal or newer revision is already stored
-            return
-        self._db.execute("DELETE FROM executor_verdicts WHERE run_id = ?", (item.run_id,))
-        self._db.executemany(
-            "INSERT INTO executor_verdicts VALUES (?, ?, ?, ?, ?, ?)",
-            [
-                (item.run_id, e["executor_id"], e["verdict"], e["score"], e["no_truth_reason"],
-                 json.dumps(e["evidence"]))
-                for e in doc["executors"]
-            ],
-        )
-
-    def list_runs(self, statuses: Iterable[str] = (), subject: str | None = None, limit: int = 50,
-                  with_docs: bool = False) -> list[dict[str, Any]]:
-        """Newest first; summary rows, or whole run documents with ``with_docs``."""
-        clauses, params = [], []
-        wanted = sorted({s.upper() for s in statuses})
-        if wanted:
-            clauses.append(f"status IN ({', '.join('?' * len(wanted))})")
-            params.extend(wanted)
-        if subject:
-            clauses.append("subject = ?")
-            params.append(subject)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        columns = "doc, created_at, updated_at" if with_docs else _SUMMARY
-        sql = f"SELECT {columns} FROM runs {where} ORDER BY updated_at DESC, rowid DESC LIMIT ?"
+    def _query(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         with self._lock:
-            rows = self._db.execute(sql, [*params, limit]).fetchall()
-        return [_doc(r) for r in rows] if with_docs else [dict(r) for r in rows]
-
-    def get_run(self, run_id: str) -> dict[str, Any] | None:
-        """The stored run document; a unique prefix of the run id is enough."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT doc, created_at, updated_at FROM runs WHERE run_id = ? OR run_id LIKE ? "
-                "ORDER BY run_id = ? DESC LIMIT 2",
-                (run_id, f"{run_id}%", run_id),
-            ).fetchall()
-        if not rows or (len(rows) > 1 and json.loads(rows[0]["doc"])["run_id"] != run_id):
-            return None
-        return _doc(rows[0])
+            try:
+                return [dict(r) for r in self._db.execute(sql, params).fetchall()]
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.path}: {exc}") from exc
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+class SeenRuns:
+    """A bounded memory of (run id, revision) pairs, to drop notifications already delivered."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._size = size
+
+    def fresh(self, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for doc in docs:
+            key = (doc["run_id"], doc["revision"])
+            if key in self._seen:
+                continue
+            self._seen[key] = None
+            if len(self._seen) > self._size:
+                self._seen.popitem(last=False)
+            out.append(doc)
+        return out

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from concurrent import futures
 from pathlib import Path
 
@@ -26,6 +28,8 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metric
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace.export import SpanExportResult
 from prometheus_client.parser import text_string_to_metric_families
+
+from collector.store import RunStore, open_store
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -126,12 +130,14 @@ def free_port() -> int:
 
 class CollectorProcess:
     def __init__(self, tmp: Path, overrides: dict | None = None, otlp_out: str | None = None,
-                 env: dict | None = None) -> None:
+                 env: dict | None = None, store_url: str | None = None) -> None:
         self.store_path = tmp / "runs.db"
+        self.store_url = store_url or str(self.store_path)
+        self._store: RunStore | None = None
         cfg = {
             "receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},
             "assembly": {"quiet_period": 0.3, "max_trace_wait": 2.0, "late_window": 60.0, "sweep_interval": 0.02},
-            "store": {"path": str(self.store_path)},
+            "store": {"url": self.store_url},
             "exporters": {"prometheus": {"endpoint": "127.0.0.1:0"},
                           "otlp": {"endpoint": otlp_out, "metrics_interval": 0.5} if otlp_out else {}},
         }
@@ -173,19 +179,18 @@ class CollectorProcess:
         """Wait for the stored run of a trace (at least ``revision``) and return its document."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.store_path.exists():
-                con = sqlite3.connect(self.store_path)
-                try:
-                    row = con.execute("SELECT doc FROM runs WHERE run_id = ? AND revision >= ?",
-                                      (trace_id, revision)).fetchone()
-                except sqlite3.OperationalError:
-                    row = None
-                finally:
-                    con.close()
-                if row:
-                    return json.loads(row[0])
+            doc = self.store().get_run(trace_id)
+            if doc is not None and doc["run_id"] == trace_id and doc["revision"] >= revision:
+                doc.pop("created_at"), doc.pop("updated_at")
+                return doc
             time.sleep(0.05)
         raise AssertionError(f"no stored run for {trace_id} revision {revision}; log:\n{self.stderr_path.read_text()[-3000:]}")
+
+    def store(self) -> RunStore:
+        """The collector's run store, opened the way `agenteval runs` opens it."""
+        if self._store is None:
+            self._store = open_store(self.store_url)
+        return self._store
 
     def metrics(self) -> dict[tuple[str, tuple], float]:
         text = urllib.request.urlopen(self.prometheus, timeout=5).read().decode()
@@ -206,6 +211,9 @@ class CollectorProcess:
                 self.proc.kill()
                 self.proc.wait()
         self.stderr.close()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
         return self.proc.returncode
 
 
@@ -221,3 +229,86 @@ def collector(tmp_path_factory, capture):
     proc = CollectorProcess(tmp_path_factory.mktemp("collector"), otlp_out=f"127.0.0.1:{capture.port}")
     yield proc
     proc.stop()
+
+
+# --- PostgreSQL -------------------------------------------------------------------------------
+
+PG_PASSWORD_USER = "agenteval_pw"
+
+
+def _pg_bindir() -> Path | None:
+    if env := os.environ.get("AGENTEVAL_PG_BIN"):
+        return Path(env)
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if found:
+        return found[-1].parent
+    which = shutil.which("initdb")
+    return Path(which).parent if which else None
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL cluster on a loopback port chosen at run time, in a temporary dir.
+
+    As root (CI), the server runs as the ``postgres`` user, since initdb refuses to run as root.
+    Local connections are trusted, except for PG_PASSWORD_USER, which needs its password.
+    """
+
+    def __init__(self, bindir: Path) -> None:
+        self.bindir = bindir
+        self.root = Path(tempfile.mkdtemp(prefix="agenteval-pg-"))
+        self.data = self.root / "data"
+        self.port = free_port()
+        self._as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self._as:
+            shutil.chown(self.root, "postgres")
+        self._pg("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8")
+        (self.data / "pg_hba.conf").write_text(
+            "local all all trust\n"
+            f"host all {PG_PASSWORD_USER} 127.0.0.1/32 scram-sha-256\n"
+            "host all all 127.0.0.1/32 trust\n")
+        self.start()
+        self.admin(f"CREATE ROLE {PG_PASSWORD_USER} LOGIN SUPERUSER PASSWORD 'right-horse-battery'")
+
+    def _pg(self, tool: str, *args: str) -> None:
+        subprocess.run([*self._as, str(self.bindir / tool), *args], check=True, capture_output=True, timeout=120)
+
+    def start(self) -> None:
+        self._pg("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-t", "60", "-o",
+                 f"-c listen_addresses=127.0.0.1 -p {self.port} -c unix_socket_directories={self.root} "
+                 "-c fsync=off -c synchronous_commit=off -c full_page_writes=off", "start")
+
+    def stop(self) -> None:
+        self._pg("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def url(self, dbname: str = "postgres", user: str = "postgres") -> str:
+        return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
+
+    def admin(self, sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(sql)
+
+    def database(self) -> str:
+        """A new empty database; its URL."""
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        self.admin(f"CREATE DATABASE {name}")
+        return self.url(name)
+
+    def destroy(self) -> None:
+        try:
+            self.stop()
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    bindir = _pg_bindir()
+    if bindir is None:
+        if os.environ.get("AGENTEVAL_REQUIRE_POSTGRES"):
+            pytest.fail("PostgreSQL server binaries not found (install Debian's postgresql, or set AGENTEVAL_PG_BIN)")
+        pytest.skip("PostgreSQL not installed: `apt-get install postgresql` (CI installs it)")
+    server = PostgresServer(bindir)
+    yield server
+    server.destroy()

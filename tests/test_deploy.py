@@ -11,6 +11,7 @@ from pathlib import Path
 import promql_parser
 import pytest
 import yaml
+from psycopg.conninfo import conninfo_to_dict
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector.config import load_config, split_endpoint
@@ -102,8 +103,15 @@ def test_replica_config_is_valid_and_matches_the_load_balancer_and_scrape_target
     assert f"{replica}:{split_endpoint(cfg.exporters.prometheus.endpoint)[1]}" in targets
     out_host, _ = _host_port(cfg.exporters.otlp.endpoint)
     assert out_host in SERVICES and not cfg.exporters.otlp.push_metrics  # Jaeger takes traces only
-    assert (cfg.store.path or "").startswith("/data/")
-    assert any(v.endswith(":/data") for v in svc["volumes"]), "the run store must live on a volume"
+    # One shared PostgreSQL history: the URL names the compose service, user and database, and the
+    # password comes from the same variable the database is initialised with (never from the URL).
+    db = conninfo_to_dict(cfg.store.url)
+    postgres = SERVICES[db["host"]]["environment"]
+    assert "password" not in db and cfg.store.password_env in svc["environment"]
+    assert (db["user"], db["dbname"]) == (postgres["POSTGRES_USER"], postgres["POSTGRES_DB"])
+    assert svc["environment"][cfg.store.password_env] == postgres["POSTGRES_PASSWORD"]
+    assert svc["depends_on"][db["host"]]["condition"] == "service_healthy"
+    assert svc["hostname"] == replica  # recorded on each run as finalized_by
 
 
 def test_otelcol_routes_by_trace_id_to_every_replica_and_nowhere_else():

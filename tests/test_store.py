@@ -1,60 +1,191 @@
-"""The run store: persistence across processes, PENDING stored, `runs show` equals what bench printed."""
+"""The run store: one suite, run on both backends (embedded SQLite and a real PostgreSQL server)."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import threading
+import time
 from dataclasses import replace
 
+import psycopg
+import pytest
 from test_cli import ROOT, bench, run
 
-from collector.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
+from collector.model import ChatTurn, ExecutorRecord, LedgerEntry, NoTruthReason, RunInput, Usage
 from collector.reconcile import reconcile
-from collector.store import RunStore, StoredRun
+from collector.store import MIGRATIONS, SCHEMA_VERSION, StoredRun, StoreError, open_store
 
 
-def _verdict(revision: int, truth: int):
-    rec = ExecutorRecord("a", (LedgerEntry(Usage(100, 0), "stop"),), (ChatTurn(Usage(truth, 0), "stop"),), "t")
-    return replace(reconcile(RunInput((rec,), trace_id="ab" * 16)), revision=revision)
+def _verdict(revision: int, truth: int, trace_id: str = "ab" * 16, executors: int = 1):
+    recs = tuple(ExecutorRecord(f"e{i}", (LedgerEntry(Usage(100, 0), "stop"),), (ChatTurn(Usage(truth, 0), "stop"),), "t")
+                 for i in range(executors))
+    return replace(reconcile(RunInput(recs, trace_id=trace_id)), revision=revision)
 
 
-def test_runs_persist_across_processes_and_list_newest_first(tmp_path):
-    db = tmp_path / "runs.db"
-    for example in ("pass_all_agree", "pending_no_chat_truth", "fail_both"):
-        bench(ROOT / f"examples/{example}.json", db)
-    proc = run("runs", "list", "--json", store=db)
-    rows = json.loads(proc.stdout)
-    assert [r["status"] for r in rows] == ["FAIL", "PENDING", "PASS"]
-    pending = json.loads(run("runs", "list", "--json", "--status", "pending", store=db).stdout)
-    assert len(pending) == 1 and pending[0]["score"] is None
+def _pending(trace_id: str):
+    rec = ExecutorRecord("e0", (LedgerEntry(Usage(100, 0), "stop"),), (ChatTurn(Usage(), None),), "t")
+    return reconcile(RunInput((rec,), trace_id=trace_id))
 
 
-def test_runs_show_matches_what_bench_printed(tmp_path):
-    db = tmp_path / "runs.db"
-    printed = json.loads(bench(ROOT / "examples/warn_partial_truth.json", db, "--json").stdout)["runs"][0]
-    shown = json.loads(run("runs", "show", printed["run_id"], "--json", store=db).stdout)
-    shown.pop("created_at"), shown.pop("updated_at")
-    assert shown == printed
-    table_bench = bench(ROOT / "examples/warn_partial_truth.json", db).stdout
-    rid = json.loads(run("runs", "list", "--json", "--limit", "1", store=db).stdout)[0]["run_id"]
-    table_show = run("runs", "show", rid[:12], store=db).stdout
-    assert table_show.split("\n", 1)[1] == table_bench
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path):
+    if request.param == "sqlite":
+        return str(tmp_path / "runs.db")
+    return request.getfixturevalue("postgres").database()
 
 
-def test_runs_show_unknown_id_exits_1(tmp_path):
-    proc = run("runs", "show", "deadbeef", store=tmp_path / "runs.db")
-    assert proc.returncode == 1 and "no run" in proc.stderr
+def _executor_rows(url: str, run_id: str) -> int:
+    if url.startswith("postgresql://"):
+        with psycopg.connect(url) as conn:
+            return conn.execute("SELECT COUNT(*) FROM executor_verdicts WHERE run_id = %s", (run_id,)).fetchone()[0]
+    with sqlite3.connect(url) as con:
+        return con.execute("SELECT COUNT(*) FROM executor_verdicts WHERE run_id = ?", (run_id,)).fetchone()[0]
 
 
-def test_store_is_wal_and_a_newer_revision_supersedes_an_older_one(tmp_path):
-    store = RunStore(tmp_path / "r.db")
-    store.save(StoredRun("run1", "live", _verdict(2, 100)))
-    store.save(StoredRun("run1", "live", _verdict(1, 1000)))  # a stale revision must not win
-    assert store.get_run("run1")["revision"] == 2 and store.get_run("run1")["status"] == "PASS"
+def _raw(url: str, sql: str) -> None:
+    """Run DDL/DML directly, the way an older agenteval (or an operator) would have."""
+    if url.startswith("postgresql://"):
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql)
+    else:
+        with sqlite3.connect(url) as con:
+            con.executescript(sql)
+
+
+def test_a_newer_revision_supersedes_an_older_one_and_a_stale_one_never_wins(url):
+    store = open_store(url)
+    store.save(StoredRun("run1", "live", _verdict(2, 100, executors=2)))
+    assert store.save_many([StoredRun("run1", "live", _verdict(1, 1000))]) == []  # stale: not written
+    doc = store.get_run("run1")
+    assert doc["revision"] == 2 and doc["status"] == "PASS" and len(doc["executors"]) == 2
     store.save(StoredRun("run1", "live", _verdict(3, 1000)))
     doc = store.get_run("run1")
     assert doc["revision"] == 3 and doc["executors"][0]["verdict"] == "TokenMismatch"
+    assert _executor_rows(url, "run1") == 1  # the superseded revision's executors are gone
     store.close()
-    con = sqlite3.connect(tmp_path / "r.db")
-    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert con.execute("SELECT COUNT(*) FROM executor_verdicts").fetchone()[0] == 1
+
+
+def test_list_filters_orders_and_limits(url):
+    store = open_store(url)
+    store.save(StoredRun("a-pass", "live", replace(_verdict(1, 100, "a" * 32), subject="s1")))
+    time.sleep(0.01)
+    store.save(StoredRun("b-fail", "live", replace(_verdict(1, 1000, "b" * 32), subject="s2")))
+    time.sleep(0.01)
+    store.save(StoredRun("c-pending", "file:x", replace(_pending("c" * 32), subject="s1")))
+    assert [r["run_id"] for r in store.list_runs()] == ["c-pending", "b-fail", "a-pass"]
+    assert [r["run_id"] for r in store.list_runs(["pending", "PASS"])] == ["c-pending", "a-pass"]
+    assert [r["run_id"] for r in store.list_runs(subject="s1", limit=1)] == ["c-pending"]
+    (pending,) = store.list_runs(["PENDING"], with_docs=True)
+    assert pending["score"] is None and pending["executors"][0]["no_truth_reason"] == NoTruthReason.RESPONSE_MISSING.value
+    assert pending["created_at"] <= pending["updated_at"]
+    store.close()
+
+
+def test_get_run_by_unique_prefix_only(url):
+    store = open_store(url)
+    store.save(StoredRun("abc123", "live", _verdict(1, 100)))
+    store.save(StoredRun("abd456", "live", _verdict(1, 100)))
+    store.save(StoredRun("x_y", "live", _verdict(1, 100)))
+    assert store.get_run("abc")["run_id"] == "abc123"
+    assert store.get_run("ab") is None  # ambiguous
+    assert store.get_run("abc123")["run_id"] == "abc123"
+    assert store.get_run("x_") is not None and store.get_run("%") is None and store.get_run("x%") is None
+    store.close()
+
+
+def test_migrates_a_version_1_store_and_keeps_its_runs(url):
+    for statement in MIGRATIONS[0]:
+        _raw(url, statement)
+    doc = {"run_id": "old", "status": "FAIL", "executors": [], "score": 0.5}
+    _raw(url, "INSERT INTO runs (run_id, trace_id, subject, status, score, preset, source, revision, incomplete, "
+              f"checked, unchecked, created_at, updated_at, doc) VALUES ('old', NULL, 'legacy', 'FAIL', 0.5, "
+              f"'standard', 'live', 1, 0, 1, 0, 1.0, 2.0, '{json.dumps(doc)}')")
+    if url.startswith("postgresql://"):
+        _raw(url, "CREATE TABLE agenteval_schema (version INTEGER NOT NULL); INSERT INTO agenteval_schema VALUES (1)")
+    else:
+        _raw(url, "PRAGMA user_version=1")
+    store = open_store(url)
+    old = store.get_run("old")
+    assert old["status"] == "FAIL" and old["finalized_by"] is None
+    store.save(StoredRun("new", "live", _verdict(1, 100), finalized_by="replica-a"))
+    assert store.get_run("new")["finalized_by"] == "replica-a"
+    assert [r["run_id"] for r in store.list_runs()] == ["new", "old"]
+    store.close()
+    store = open_store(url)  # opening again applies nothing twice
+    assert len(store.list_runs()) == 2
+    store.close()
+
+
+def test_refuses_a_schema_newer_than_the_code(url):
+    open_store(url).close()
+    if url.startswith("postgresql://"):
+        _raw(url, f"INSERT INTO agenteval_schema VALUES ({SCHEMA_VERSION + 1})")
+    else:
+        _raw(url, f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    with pytest.raises(StoreError, match="newer than this agenteval knows"):
+        open_store(url)
+
+
+def test_concurrent_writers_never_lose_or_duplicate_a_run(url):
+    """Two writers (as two replicas would be) race on the same runs with interleaved revisions."""
+    stores = [open_store(url), open_store(url)]
+    runs = [f"run{i:03d}" for i in range(60)]
+    errors: list[Exception] = []
+
+    def writer(store, revisions):
+        try:
+            for rev in revisions:
+                store.save_many([StoredRun(r, "live", _verdict(rev, 100 * rev, executors=rev)) for r in runs])
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(stores[0], [1, 3, 5])),
+               threading.Thread(target=writer, args=(stores[1], [2, 4, 6]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    rows = stores[0].list_runs(limit=1000, with_docs=True)
+    assert sorted(r["run_id"] for r in rows) == runs  # every run once
+    assert {r["revision"] for r in rows} == {6}  # the highest revision won everywhere
+    assert all(len(r["executors"]) == 6 and _executor_rows(url, r["run_id"]) == 6 for r in rows[:5])
+    for s in stores:
+        s.close()
+
+
+def test_subscribers_hear_of_committed_runs(url):
+    reader, writer = open_store(url), open_store(url)
+    heard: list[dict] = []
+    reader.subscribe(heard.extend)
+    time.sleep(0.3)  # the PostgreSQL listener attaches
+    writer.save(StoredRun("seen", "live", _verdict(1, 100)))
+    reader.save(StoredRun("own", "live", _verdict(1, 100)))
+    deadline = time.monotonic() + 10
+    want = {"own", "seen"} if url.startswith("postgresql://") else {"own"}  # SQLite: this process's writes
+    while {d["run_id"] for d in heard} != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert {d["run_id"] for d in heard} == want
+    assert all(d["executors"] and d["updated_at"] for d in heard)
+    reader.close(), writer.close()
+
+
+def test_cli_reads_and_writes_either_backend(url):
+    printed = json.loads(bench(ROOT / "examples/warn_partial_truth.json", url, "--json").stdout)["runs"][0]
+    bench(ROOT / "examples/pending_no_chat_truth.json", url)
+    rows = json.loads(run("runs", "list", "--json", store=url).stdout)
+    assert [r["status"] for r in rows] == ["PENDING", "WARN"]
+    shown = json.loads(run("runs", "show", printed["run_id"][:10], "--json", store=url).stdout)
+    shown.pop("created_at"), shown.pop("updated_at")
+    assert shown == printed
+    table_bench = bench(ROOT / "examples/warn_partial_truth.json", url).stdout
+    rid = json.loads(run("runs", "list", "--json", "--limit", "1", store=url).stdout)[0]["run_id"]
+    assert run("runs", "show", rid[:12], store=url).stdout.split("\n", 1)[1] == table_bench
+    missing = run("runs", "show", "deadbeef", store=url)
+    assert missing.returncode == 1 and "no run" in missing.stderr
+
+
+def test_sqlite_store_is_wal(tmp_path):
+    open_store(tmp_path / "r.db").close()
+    assert sqlite3.connect(tmp_path / "r.db").execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -122,7 +122,7 @@ class ExecutorVerdict(_message.Message):
     def __init__(self, executor_id: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., score: _Optional[float] = ..., token_diverged: _Optional[bool] = ..., finish_diverged: _Optional[bool] = ..., no_truth_reason: _Optional[_Union[NoTruthReason, str]] = ..., no_truth_explanation: _Optional[str] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., checked: _Optional[bool] = ...) -> None: ...
 
 class RunVerdict(_message.Message):
-    __slots__ = ("run_id", "trace_id", "subject", "status", "score", "preset", "source", "revision", "incomplete", "checked", "unchecked", "unattributed_chat_spans", "notes", "exit_code", "root_span_id", "updated_at", "executors", "cost_tier", "created_at")
+    __slots__ = ("run_id", "trace_id", "subject", "status", "score", "preset", "source", "revision", "incomplete", "checked", "unchecked", "unattributed_chat_spans", "notes", "exit_code", "root_span_id", "updated_at", "executors", "cost_tier", "created_at", "finalized_by")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,7 @@ class RunVerdict(_message.Message):
     EXECUTORS_FIELD_NUMBER: _ClassVar[int]
     COST_TIER_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINALIZED_BY_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     trace_id: str
     subject: str
@@ -161,7 +162,8 @@ class RunVerdict(_message.Message):
     executors: _containers.RepeatedCompositeFieldContainer[ExecutorVerdict]
     cost_tier: str
     created_at: _timestamp_pb2.Timestamp
-    def __init__(self, run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., subject: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., score: _Optional[float] = ..., preset: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[int] = ..., incomplete: _Optional[bool] = ..., checked: _Optional[int] = ..., unchecked: _Optional[int] = ..., unattributed_chat_spans: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., root_span_id: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., executors: _Optional[_Iterable[_Union[ExecutorVerdict, _Mapping]]] = ..., cost_tier: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    finalized_by: str
+    def __init__(self, run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., subject: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., score: _Optional[float] = ..., preset: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[int] = ..., incomplete: _Optional[bool] = ..., checked: _Optional[int] = ..., unchecked: _Optional[int] = ..., unattributed_chat_spans: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., root_span_id: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., executors: _Optional[_Iterable[_Union[ExecutorVerdict, _Mapping]]] = ..., cost_tier: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finalized_by: _Optional[str] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("subject", "statuses", "replay")

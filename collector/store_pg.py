@@ -1,0 +1,145 @@
+"""The PostgreSQL run store: psycopg 3 with a connection pool, shared by every replica.
+
+Writes NOTIFY ``agenteval_runs`` with the run id inside their transaction, so the notification is
+delivered exactly when the run is committed; each store with subscribers LISTENs on a connection of
+its own and hands the committed documents to them. After a lost connection it reconnects and
+catches up on runs updated meanwhile, so a watcher on one replica sees runs the other finalized
+without polling every row.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import structlog
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from collector.store import CHANNEL, MIGRATIONS, SCHEMA_VERSION, RunStore, SeenRuns, StoreError
+
+log = structlog.get_logger("agenteval.collector")
+
+#: Any fixed key: concurrent replicas starting on a fresh database migrate one at a time.
+_MIGRATION_LOCK = 0x616765_6E7465
+#: Catch-up after a lost LISTEN connection looks this far behind the last notification (clock skew).
+_CATCH_UP_MARGIN = 30.0
+
+
+def _pg(sql: str) -> str:
+    """``:name`` (the shared SQL) -> psycopg's ``%(name)s``."""
+    return re.sub(r"(?<!:):([a-z_][a-z0-9_]*)", r"%(\1)s", sql)
+
+
+def safe_url(url: str) -> str:
+    """``postgresql://user@host:port/db``: printable, the password left out."""
+    parts = conninfo_to_dict(url)
+    user = f"{parts['user']}@" if parts.get("user") else ""
+    port = f":{parts['port']}" if parts.get("port") else ""
+    return f"postgresql://{user}{parts.get('host', '')}{port}/{parts.get('dbname', '')}"
+
+
+class PostgresRunStore(RunStore):
+    notifies_all_writers = True
+
+    def __init__(self, url: str, password: str | None = None, pool_size: int = 4,
+                 connect_timeout: float = 10.0) -> None:
+        super().__init__()
+        self.display = safe_url(url)
+        self._url = url
+        self._kwargs: dict[str, Any] = {"password": password} if password else {}
+        self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=False, timeout=connect_timeout,
+                                    kwargs={**self._kwargs, "row_factory": dict_row},
+                                    check=ConnectionPool.check_connection, name="agenteval-store")
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout)
+            self._migrate()
+        except (psycopg.Error, PoolTimeout) as exc:
+            self._pool.close()
+            raise StoreError(f"{self.display}: {str(exc).strip() or type(exc).__name__}") from exc
+        except StoreError:
+            self._pool.close()
+            raise
+        self._listener: threading.Thread | None = None
+        self._closing = threading.Event()
+
+    def _migrate(self) -> None:
+        with self._pool.connection() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            conn.execute("CREATE TABLE IF NOT EXISTS agenteval_schema (version INTEGER NOT NULL)")
+            version = conn.execute("SELECT COALESCE(MAX(version), 0) AS v FROM agenteval_schema").fetchone()["v"]
+            if version > SCHEMA_VERSION:
+                raise StoreError(f"{self.display}: schema version {version} is newer than this agenteval knows "
+                                 f"({SCHEMA_VERSION}); upgrade agenteval")
+            for number in range(version, SCHEMA_VERSION):
+                for statement in MIGRATIONS[number]:
+                    conn.execute(statement)
+                conn.execute("INSERT INTO agenteval_schema (version) VALUES (%s)", (number + 1,))
+                log.info("store_migrated", store=self.display, to_version=number + 1)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Callable[[str, dict[str, Any]], int]]:
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                yield lambda sql, params: conn.execute(_pg(sql), params).rowcount
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise StoreError(f"{self.display}: {str(exc).strip() or type(exc).__name__}") from exc
+
+    def _written(self, execute: Callable[[str, dict[str, Any]], int], run_id: str) -> None:
+        execute("SELECT pg_notify(:channel, :run_id)", {"channel": CHANNEL, "run_id": run_id})
+
+    def _query(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        try:
+            with self._pool.connection() as conn:
+                return conn.execute(_pg(sql), params).fetchall()
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise StoreError(f"{self.display}: {str(exc).strip() or type(exc).__name__}") from exc
+
+    def subscribe(self, subscriber: Callable[[list[dict[str, Any]]], None]) -> None:
+        super().subscribe(subscriber)
+        if self._listener is None:
+            self._listener = threading.Thread(target=self._listen_forever, name="store-listener", daemon=True)
+            self._listener.start()
+
+    def _listen_forever(self) -> None:
+        seen = SeenRuns()
+        last: float | None = None  # updated_at of the newest run heard of
+        delay = 0.5
+        while not self._closing.is_set():
+            try:
+                with psycopg.connect(self._url, autocommit=True, **self._kwargs) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    if last is not None:  # reconnected: catch up on what was committed meanwhile
+                        self._deliver(seen, self.updated_since(last - _CATCH_UP_MARGIN))
+                    delay = 0.5
+                    while not self._closing.is_set():
+                        ids = {n.payload for n in conn.notifies(timeout=0.5, stop_after=256)}
+                        if ids:
+                            docs = self.docs(ids)
+                            last = max([last or 0.0, *(d["updated_at"] for d in docs)])
+                            self._deliver(seen, docs)
+            except (psycopg.Error, StoreError) as exc:
+                if self._closing.is_set():
+                    return
+                log.warning("store_listen_failed", store=self.display, error=str(exc).strip(), retry_in=delay)
+                if last is None:
+                    last = time.time()
+                self._closing.wait(delay)
+                delay = min(delay * 2, 10.0)
+
+    def _deliver(self, seen: SeenRuns, docs: list[dict[str, Any]]) -> None:
+        fresh = seen.fresh(docs)
+        if fresh:
+            self._notify(fresh)
+
+    def close(self) -> None:
+        self._closing.set()
+        if self._listener is not None:
+            self._listener.join(5)
+        self._pool.close()

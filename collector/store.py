@@ -167,10 +167,11 @@ class RunStore(ABC):
 
     def save_many(self, runs: Iterable[StoredRun]) -> list[dict[str, Any]]:
         """Write a batch in one transaction; returns the documents written (stale revisions are not)."""
-        now = time.time()
+        start = time.time()
         written = []
         with self._transaction() as execute:
-            for item in runs:
+            for index, item in enumerate(runs):
+                now = start + index * 1e-6  # distinct times keep a batch's order in "newest first"
                 doc = run_to_dict(item.verdict, run_id=item.run_id, source=item.source,
                                   finalized_by=item.finalized_by)
                 if self._write(execute, item, doc, now):

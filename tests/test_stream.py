@@ -51,7 +51,8 @@ def _example_docs() -> list[dict]:
     for path in sorted((ROOT / "examples").glob("*.json")):
         for run_input in load_runs(path, cfg.matcher()):
             verdict = reconcile(run_input, cfg.scoring.policy(), "standard")
-            docs.append(run_to_dict(verdict, run_id=path.stem, source=f"file:{path}", created_at=1.5, updated_at=2.25))
+            docs.append(run_to_dict(verdict, run_id=path.stem, source=f"file:{path}", created_at=1.5, updated_at=2.25,
+                                    finalized_by="replica-1"))
     return docs
 
 

@@ -1,0 +1,179 @@
+"""Two collector replicas on one PostgreSQL history: every read path shows every run, a watcher on
+one replica sees the other's verdicts, and a database restart mid-stream loses nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+from collector.api.v1 import fidelity_pb2 as pb
+from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
+from conftest import AGENTEVAL, PG_PASSWORD_USER, CollectorProcess, export_spans, post
+from mafshape import SCENARIOS, export_request, record
+from test_stream import Follower, _wait_watchers
+
+
+@pytest.fixture
+def replicas(postgres, tmp_path):
+    url = postgres.database()
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    a = CollectorProcess(tmp_path / "a", store_url=url)
+    b = CollectorProcess(tmp_path / "b", store_url=url)
+    yield url, a, b
+    a.stop(), b.stop()
+
+
+def test_two_replicas_share_one_history_stream_and_run_page(replicas):
+    url, a, b = replicas
+    stub_a = FidelityServiceStub(grpc.insecure_channel(a.grpc))
+    watcher_on_a = Follower(stub_a, pb.WatchRequest())
+    _wait_watchers(a, 1)
+    spans_a, (on_a,) = record([SCENARIOS["pass"][0]])
+    spans_b, (on_b,) = record([SCENARIOS["path2_pending"][0]])
+    export_spans(a, spans_a)
+    export_spans(b, spans_b)
+    assert a.run(on_b)["status"] == "PENDING" and b.run(on_a)["status"] == "PASS"
+    # The watcher attached to replica A sees the run replica B finalized (LISTEN/NOTIFY), exactly once.
+    got = watcher_on_a.wait(2)
+    assert sorted(m.run_id for m in got) == sorted([on_a, on_b])
+    assert {m.run_id: m.finalized_by for m in got}[on_b] == b.run(on_b)["finalized_by"]
+    watcher_on_a.call.cancel()
+    # `agenteval runs list`, GetRun on either replica, and either run page show both.
+    listed = json.loads(subprocess.run([AGENTEVAL, "runs", "list", "--json", "--store", url],
+                                       capture_output=True, text=True, timeout=60, check=True).stdout)
+    assert {r["run_id"] for r in listed} == {on_a, on_b}
+    assert FidelityServiceStub(grpc.insecure_channel(b.grpc)).GetRun(pb.GetRunRequest(run_id=on_a)).run_id == on_a
+    page = urllib.request.urlopen(f"{a.http}/runs/{on_b}", timeout=10).read().decode()
+    assert "PENDING" in page and "response_missing" in page
+
+
+def test_a_late_span_revision_supersedes_for_every_reader(replicas):
+    _, a, b = replicas
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    late = next(s for s in spans if s.name.startswith("chat"))
+    export_spans(a, [s for s in spans if s is not late])
+    first = b.run(trace_id)
+    assert first["revision"] == 1
+    watcher_on_b = Follower(FidelityServiceStub(grpc.insecure_channel(b.grpc)), pb.WatchRequest())
+    _wait_watchers(b, 1)
+    export_spans(a, [late])
+    assert b.run(trace_id, revision=2)["revision"] == 2
+    deadline = time.monotonic() + 15
+    while not any(m.revision == 2 for m in watcher_on_b.got) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # Revision 1 may still be in flight to B's listener when the watcher attaches; revision 2 follows.
+    assert [m.revision for m in watcher_on_b.got if m.run_id == trace_id][-1] == 2
+    watcher_on_b.call.cancel()
+
+
+def test_database_restart_mid_stream_loses_no_verdict(postgres, tmp_path):
+    url = postgres.database()
+    proc = CollectorProcess(tmp_path, store_url=url)
+    sent: list[str] = []
+    stop_sending = threading.Event()
+
+    def sender():
+        while not stop_sending.is_set():
+            spans, (trace_id,) = record([SCENARIOS["fail_under_report"][0]])
+            export_spans(proc, spans)  # asserts SUCCESS: ingest never stops during the outage
+            sent.append(trace_id)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=sender)
+    try:
+        thread.start()
+        while len(sent) < 5:
+            time.sleep(0.05)
+        postgres.stop()
+        try:
+            outage_started = len(sent)
+            deadline = time.monotonic() + 30
+            queued = errors = 0
+            while time.monotonic() < deadline and (len(sent) < outage_started + 10 or not queued or not errors):
+                metrics = proc.metrics()
+                queued = metrics.get(("collector_store_queued_runs", ()), 0)
+                errors = sum(v for (name, _), v in metrics.items() if name == "collector_store_errors_total")
+                time.sleep(0.1)
+            assert queued > 0, "verdicts were not queued during the outage"
+            assert errors > 0, "failed writes were not counted"
+            assert len(sent) >= outage_started + 10, "ingest stalled during the outage"
+        finally:
+            postgres.start()
+        time.sleep(0.5)
+    finally:
+        stop_sending.set()
+        thread.join()
+    for trace_id in sent:
+        assert proc.run(trace_id, timeout=60)["status"] == "FAIL"
+    assert len(proc.store().list_runs(limit=10_000)) == len(sent)
+    assert proc.metrics()[("collector_store_queued_runs", ())] == 0
+    assert proc.stop() == 0
+
+
+def test_a_full_store_backlog_refuses_ingest_with_a_retryable_status(postgres, tmp_path):
+    url = postgres.database()
+    proc = CollectorProcess(tmp_path, {"store": {"max_queued_runs": 2}}, store_url=url)
+    try:
+        postgres.stop()
+        try:
+            for _ in range(2):
+                spans, _ids = record([SCENARIOS["pass"][0]])
+                assert post(proc.http, export_request(spans).SerializeToString())[0] == 200
+            deadline = time.monotonic() + 15
+            while proc.metrics().get(("collector_store_queued_runs", ()), 0) < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            spans, _ids = record([SCENARIOS["pass"][0]])
+            status, _, headers = post(proc.http, export_request(spans).SerializeToString())
+            assert status == 503 and "Retry-After" in headers
+            refused = proc.metrics()[("collector_spans_refused_total", (("reason", "store_backlog"), ("transport", "http")))]
+            assert refused == len(spans)
+        finally:
+            postgres.start()
+        deadline = time.monotonic() + 30
+        while len(proc.store().list_runs()) < 2:
+            assert time.monotonic() < deadline, "queued verdicts were not written after the restart"
+            time.sleep(0.1)
+        assert post(proc.http, export_request(spans).SerializeToString())[0] == 200
+    finally:
+        proc.stop()
+
+
+def test_password_comes_from_a_file_and_is_never_logged(postgres, tmp_path):
+    dbname = postgres.database().rsplit("/", 1)[1]
+    url = postgres.url(dbname, user=PG_PASSWORD_USER)
+    secret = tmp_path / "pw"
+    secret.write_text("right-horse-battery\n")
+    proc = CollectorProcess(tmp_path, {"store": {"password_file": str(secret)}}, store_url=url)
+    try:
+        assert proc.listening["store"] == f"postgresql://{PG_PASSWORD_USER}@127.0.0.1:{postgres.port}/{dbname}"
+    finally:
+        proc.stop()
+    assert "right-horse-battery" not in proc.stderr_path.read_text()
+    secret.write_text("wrong-horse\n")
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(f"store:\n  url: {url}\n  password_file: {secret}\nexporters:\n  prometheus:\n    enabled: false\n"
+                   "receivers:\n  grpc:\n    endpoint: 127.0.0.1:0\n  http:\n    endpoint: 127.0.0.1:0\n")
+    res = subprocess.run([AGENTEVAL, "collector", "serve", "--config", str(cfg)], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 1 and "password authentication failed" in res.stderr
+    assert "wrong-horse" not in res.stderr + res.stdout
+
+
+def test_collector_refuses_to_start_on_a_newer_schema(postgres, tmp_path):
+    url = postgres.database()
+    import psycopg
+
+    from collector.store import SCHEMA_VERSION, open_store
+
+    open_store(url).close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO agenteval_schema VALUES (%s)", (SCHEMA_VERSION + 1,))
+    res = subprocess.run([AGENTEVAL, "runs", "list", "--store", url], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "newer than this agenteval knows" in res.stderr

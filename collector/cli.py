@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import socket
 import sys
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
@@ -15,11 +18,10 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from collector.config import CollectorConfig, ConfigError, load_config
-from collector.loader import TraceFileError, load_runs
+from collector.loader import TRACE_WINDOW, TraceFileError, iter_runs
 from collector.model import EXIT_ERROR, STATUS_EXIT_CODES, Preset, Status
 from collector.reconcile import reconcile
 from collector.render import demo_table, print_run, runs_table
-from collector.serialize import run_to_dict
 from collector.store import RunStore, StoredRun, StoreError, open_store
 
 app = typer.Typer(help="Workflow fidelity: framework accounting vs the chat boundary, per executor.",
@@ -74,13 +76,20 @@ def _config(path: Path | None):
         raise _Fatal(str(exc)) from exc
 
 
-def _load_with_progress(path: Path, matcher, show: bool):
+@contextmanager
+def _progress(path: Path, show: bool) -> Iterator[Callable[[int], None]]:
+    """A byte-progress callback: a transient bar on a terminal, nothing otherwise."""
     if not show or not path.is_file():
-        return load_runs(path, matcher)
+        yield lambda n: None
+        return
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
                   TimeRemainingColumn(), console=out, transient=True) as progress:
         task = progress.add_task(f"reading {path.name}", total=path.stat().st_size)
-        return load_runs(path, matcher, lambda n: progress.advance(task, n))
+        yield lambda n: progress.advance(task, n)
+
+
+#: Runs per store transaction while a file streams through.
+STORE_BATCH = 500
 
 
 @bench_app.command("workflow-trace-fidelity")
@@ -88,34 +97,55 @@ def bench_workflow_trace_fidelity(
     workflow_trace: Annotated[Path, typer.Option("--workflow-trace", help="workflow-trace/v1 JSON, OTLP JSON or OTLP JSON Lines.")],
     subject: Annotated[str, typer.Option("--subject", help="What is being evaluated (recorded on the run).")],
     preset: Annotated[Preset, typer.Option("--preset", help="Informational; never changes scoring.")] = "standard",
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (one run per line).")] = False,
+    trace_window: Annotated[int, typer.Option("--trace-window", min=0, help="JSON Lines: spans read after a trace's last span before it is reconciled (its root must have arrived).")] = TRACE_WINDOW,
     store: StoreOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Reconcile a recorded workflow trace; exit 0 PASS, 10 WARN, 9 FAIL, 11 PENDING, 1 error."""
+    """Reconcile a recorded workflow trace; exit 0 PASS, 10 WARN, 9 FAIL, 11 PENDING, 1 error.
+
+    Runs stream out (printed and stored in batches) as their traces complete, so memory stays flat
+    however large the file.
+    """
     cfg = _config(config)
-    try:
-        inputs = _load_with_progress(workflow_trace, cfg.matcher(), show=out.is_terminal and not as_json)
-    except TraceFileError as exc:
-        raise _Fatal(str(exc)) from exc
-    policy = cfg.scoring.policy()
-    verdicts = [replace(reconcile(run_input, policy, preset), subject=subject) for run_input in inputs]
+    policy, matcher, host = cfg.scoring.policy(), cfg.matcher(), socket.gethostname()
     db = _open_store(store, cfg)
-    stored = [StoredRun(uuid.uuid4().hex, f"file:{workflow_trace}", v, socket.gethostname()) for v in verdicts]
+    statuses: set[Status] = set()
+    batch: list[StoredRun] = []
+    stored = 0
+
+    def flush() -> None:
+        nonlocal stored
+        for doc in db.save_many(batch):
+            if as_json:
+                print(("" if stored == 0 else ",\n") + json.dumps(doc), end="")
+            else:
+                print_run(out, doc)
+            stored += 1
+        batch.clear()
+
+    if as_json:
+        print('{"runs": [')
     try:
-        db.save_many(stored)
-    except StoreError as exc:
-        raise _Fatal(str(exc)) from exc
+        with _progress(workflow_trace, out.is_terminal and not as_json) as on_bytes:
+            for run_input in iter_runs(workflow_trace, matcher, on_bytes, trace_window):
+                verdict = replace(reconcile(run_input, policy, preset), subject=subject)
+                statuses.add(verdict.status)
+                batch.append(StoredRun(uuid.uuid4().hex, f"file:{workflow_trace}", verdict, host))
+                if len(batch) >= STORE_BATCH:
+                    flush()
+        flush()
+    except (TraceFileError, StoreError) as exc:
+        if as_json:
+            print(f'\n], "status": null, "exit_code": {EXIT_ERROR}, "error": {json.dumps(str(exc))}}}')
+        kept = f" ({stored} run(s) completed before it were stored)" if stored else ""
+        raise _Fatal(f"{exc}{kept}") from exc
     finally:
         db.close()
-    docs = [run_to_dict(s.verdict, run_id=s.run_id, source=s.source, finalized_by=s.finalized_by) for s in stored]
-    worst = min((v.status for v in verdicts), key=SEVERITY.index)
+    worst = min(statuses, key=SEVERITY.index)
     code = STATUS_EXIT_CODES[worst]
     if as_json:
-        print(json.dumps({"status": worst.value, "exit_code": code, "runs": docs}, indent=2))
-    else:
-        for doc in docs:
-            print_run(out, doc)
+        print(f'\n], "status": "{worst.value}", "exit_code": {code}}}')
     raise typer.Exit(code)
 
 
@@ -247,6 +277,10 @@ def watch_command(
 
 def main() -> None:
     """Entry point: usage errors and setup/IO errors both exit 1 (DESIGN §1)."""
+    # Decoding allocates many short-lived objects that never form cycles: collect the young
+    # generation every 50,000 allocations instead of 700 (measured ~10-30% on bench/offline.py).
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
     try:
         app()
     except _Fatal as exc:

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from functools import cache
 from importlib import resources
@@ -17,7 +18,7 @@ from typing import Any
 import jsonschema
 
 from collector.classify import TraceState
-from collector.decode import DecodeError, decode_request, parse_otlp_json
+from collector.decode import DecodeError, decode_otlp_json
 from collector.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
 from collector.profiles import Matcher
 
@@ -118,13 +119,26 @@ def _json_error(path: Path, exc: ValueError) -> str:
     return f"{path}: invalid JSON: {exc}"
 
 
-def load_runs(
-    path: Path, matcher: Matcher, on_bytes: Callable[[int], None] = lambda n: None
-) -> list[RunInput]:
-    """Read a trace file and return one reconciler input per workflow run it holds."""
+#: Default of ``--trace-window``: spans read after a trace's last span before it is reconciled.
+TRACE_WINDOW = 20_000
+
+
+def iter_runs(path: Path, matcher: Matcher, on_bytes: Callable[[int], None] = lambda n: None,
+              window: int = TRACE_WINDOW) -> Iterator[RunInput]:
+    """Reconciler inputs, one per workflow run in a trace file, yielded as their traces complete.
+
+    Streaming keeps memory flat in the file's size: in JSON Lines, a trace is complete once its root
+    span has been read and ``window`` further spans passed without one of it (exporters write a root
+    after its children, so stragglers are rare). A span arriving later than that is an error naming
+    the trace, not a silently split run. Traces without a root wait for the end of the file.
+    """
     if not path.is_file():
         raise TraceFileError(f"{path}: no such file")
-    states: dict[bytes, TraceState] = {}
+    open_: OrderedDict[bytes, tuple[TraceState, int]] = OrderedDict()  # by last line seen
+    rootless: dict[bytes, TraceState] = {}
+    closed: set[bytes] = set()
+    yielded = seen_any = False
+    position = 0  # spans read so far
     try:
         for doc, where in _documents(path, on_bytes):
             if not isinstance(doc, dict):
@@ -134,26 +148,47 @@ def load_runs(
                     raise TraceFileError(
                         f"{where}: $.schema: unknown schema {doc['schema']!r} (expected {WORKFLOW_TRACE_SCHEMA!r})"
                     )
-                if states:
+                if seen_any:
                     raise TraceFileError(f"{where}: a workflow-trace document cannot follow OTLP requests")
-                return [workflow_trace_run(doc, where)]
+                yield workflow_trace_run(doc, where)
+                return
             if "resourceSpans" not in doc:
                 raise TraceFileError(
                     f"{where}: neither a workflow-trace/v1 document (no 'schema') nor an OTLP "
                     "ExportTraceServiceRequest (no 'resourceSpans')"
                 )
-            request, _ = parse_otlp_json(doc, where)
-            for span in decode_request(request, matcher.wanted_keys).spans:
-                state = states.get(span.trace_id)
-                if state is None:
-                    state = states[span.trace_id] = TraceState(matcher, span.trace_id)
+            seen_any = True
+            for span in decode_otlp_json(doc, matcher.wanted_keys, where).spans:
+                tid = span.trace_id
+                if tid in closed:
+                    raise TraceFileError(
+                        f"{where}: trace {tid.hex()} has a span more than {window} spans after the rest of "
+                        "it, after its run was reconciled; raise --trace-window")
+                entry = open_.pop(tid, None) or (rootless.pop(tid, None), 0)
+                state = entry[0] or TraceState(matcher, tid)
                 state.add(span)
+                position += 1
+                open_[tid] = (state, position)
+            while open_:
+                tid, (state, last) = next(iter(open_.items()))
+                if last + window >= position:
+                    break
+                del open_[tid]
+                if state.root_span_id is None:
+                    rootless[tid] = state
+                    continue
+                closed.add(tid)
+                if (run := state.run_input()).is_workflow:
+                    yielded = True
+                    yield run
     except DecodeError as exc:
         raise TraceFileError(str(exc)) from exc
     except OSError as exc:
         raise TraceFileError(f"{path}: {exc.strerror or exc}") from exc
-    runs = [run for run in (state.run_input() for state in states.values()) if run.is_workflow]
-    if not runs:
-        what = "no spans" if not states else "no executor, agent or chat span"
+    for state in [*(s for s, _ in open_.values()), *rootless.values()]:
+        if (run := state.run_input()).is_workflow:
+            yielded = True
+            yield run
+    if not yielded:
+        what = "no spans" if not (seen_any and (open_ or rootless or closed)) else "no executor, agent or chat span"
         raise TraceFileError(f"{path}: {what} found: nothing to reconcile")
-    return runs

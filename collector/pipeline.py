@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collector.assembler import Assembler, Backpressure, Finalized
 from collector.config import CollectorConfig
-from collector.decode import decode_request
+from collector.decode import Decoded, decode_request
 from collector.emit_spans import VerdictSpans
 from collector.metrics import Metrics
 from collector.reconcile import reconcile
@@ -113,10 +113,12 @@ class Pipeline:
         return {"traces_in_flight": a.traces_in_flight, "spans_in_flight": a.spans_in_flight,
                 "late_traces": a.late_traces, "store_queued_runs": self.writer.backlog}
 
-    def ingest(self, request: ExportTraceServiceRequest, transport: str, pre_rejected: int = 0,
-               reasons: tuple[str, ...] = ()) -> IngestResult:
-        """Accept a decoded request, or raise :class:`Backpressure` having accepted none of it."""
-        decoded = decode_request(request, self.matcher.wanted_keys)
+    def ingest(self, request: ExportTraceServiceRequest, transport: str) -> IngestResult:
+        """Accept a protobuf request, or raise :class:`Backpressure` having accepted none of it."""
+        return self.ingest_decoded(decode_request(request, self.matcher.wanted_keys), transport)
+
+    def ingest_decoded(self, decoded: Decoded, transport: str) -> IngestResult:
+        """Accept decoded span records, or raise :class:`Backpressure` having accepted none of them."""
         try:
             if self.writer.backlog >= self.config.store.max_queued_runs:
                 raise Backpressure(f"store.max_queued_runs ({self.config.store.max_queued_runs}) verdicts are "
@@ -129,8 +131,8 @@ class Pipeline:
             log.warning("request_refused", transport=transport, spans=len(decoded.spans), reason=exc.reason)
             raise
         offer = self.assembler.offer(decoded.spans)
-        rejected = pre_rejected + decoded.rejected + offer.expired
-        messages = [*reasons, *decoded.reasons]
+        rejected = decoded.rejected + offer.expired
+        messages = list(decoded.reasons)
         if offer.expired:
             messages.append(f"{offer.expired} span(s) belong to traces finalized longer ago than late_window")
         if self.metrics:

@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from collector.assembler import Backpressure
-from collector.decode import DecodeError, parse_otlp_json
+from collector.decode import DecodeError, decode_otlp_json, decode_request
 from collector.pipeline import IngestResult, Pipeline
 from collector.security import BearerAuth, grpc_authorization
 
@@ -140,20 +140,19 @@ class HttpTraceReceiver:
             return self._error(413, str(exc), ctype)
         except _BadRequest as exc:
             return self._error(400, str(exc), ctype)
-        pre_rejected, reasons = 0, ()
+        wanted = self.pipeline.matcher.wanted_keys
         try:
             if ctype == PROTOBUF:
-                otlp = ExportTraceServiceRequest.FromString(body)
+                decoded = decode_request(ExportTraceServiceRequest.FromString(body), wanted)
             else:
-                otlp, errors = parse_otlp_json(json.loads(body), strict=False)
-                pre_rejected, reasons = len(errors), tuple(errors)
+                decoded = decode_otlp_json(json.loads(body), wanted, strict=False)
         except (ProtoDecodeError, RuntimeError, ValueError, DecodeError, RecursionError) as exc:
             if self.pipeline.metrics:
                 self.pipeline.metrics.rejected.add(1, {"transport": "http", "reason": "undecodable_request"})
             log.warning("request_invalid", transport="http", content_type=ctype, error=str(exc)[:300])
             return self._error(400, f"cannot decode ExportTraceServiceRequest: {exc}", ctype)
         try:
-            result = self.pipeline.ingest(otlp, "http", pre_rejected, reasons)
+            result = self.pipeline.ingest_decoded(decoded, "http")
         except Backpressure as exc:
             resp = self._error(503, f"collector over capacity: {exc.reason}; retry later", ctype)
             resp.headers["Retry-After"] = str(max(1, round(exc.retry_after)))

@@ -9,14 +9,19 @@ from typing import Any
 from collector.model import NO_TRUTH_EXPLANATIONS, ExecutorVerdict, RunVerdict
 
 
+_SCALARS = (str, int, float, bool, type(None))
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
 def _plain(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.value
+    if isinstance(value, _SCALARS):  # before Enum: our enums are str subclasses
+        return value.value if isinstance(value, enum.Enum) else value
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
-    if dataclasses.is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    return value
+    names = _FIELDS.get(type(value))
+    if names is None:
+        names = _FIELDS[type(value)] = tuple(f.name for f in dataclasses.fields(value))
+    return {name: _plain(getattr(value, name)) for name in names}
 
 
 def executor_to_dict(verdict: ExecutorVerdict) -> dict[str, Any]:

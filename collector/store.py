@@ -176,10 +176,10 @@ class RunStore(ABC):
                                   finalized_by=item.finalized_by)
                 if self._write(execute, item, doc, now):
                     self._written(execute, item.run_id)
-                    written.append(doc | {"created_at": None, "updated_at": now})
+                    written.append((doc, now))
         if written and not self.notifies_all_writers:
-            self._notify(written)
-        return written
+            self._notify([doc | {"created_at": None, "updated_at": now} for doc, now in written])
+        return [doc for doc, _ in written]
 
     @staticmethod
     def _write(execute: Callable[[str, dict[str, Any]], int], item: StoredRun, doc: dict[str, Any],

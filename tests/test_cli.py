@@ -156,3 +156,38 @@ def test_unwritable_store_exits_1(tmp_path):
     blocker.write_text("")
     proc = bench(ROOT / "examples/pass_all_agree.json", blocker / "runs.db")
     assert proc.returncode == 1 and "error:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _interleaved_jsonl(path, gap: int) -> list[str]:
+    """Three traces, one span per line; trace 0's last chat span comes ``gap`` lines after its root."""
+    spans, ids = record([SCENARIOS["pass"][0], SCENARIOS["loop"][0], SCENARIOS["path2_pending"][0]])
+    first = [s for s in spans if format(s.context.trace_id, "032x") == ids[0]]
+    late = next(s for s in first if s.name.startswith("chat"))
+    lines = [s for s in first if s is not late]
+    others = [s for s in spans if format(s.context.trace_id, "032x") != ids[0]]
+    lines += others[:gap] + [late] + others[gap:]
+    path.write_text("".join(json.dumps(to_otlp_json(export_request([s]))) + "\n" for s in lines))
+    return ids
+
+
+def test_jsonl_streams_runs_out_as_traces_complete(tmp_path):
+    path = tmp_path / "three.jsonl"
+    ids = _interleaved_jsonl(path, gap=5)
+    proc = bench(path, tmp_path / "runs.db", "--json", "--trace-window", "10")
+    doc = json.loads(proc.stdout)
+    assert {r["trace_id"]: r["status"] for r in doc["runs"]} == {ids[0]: "PASS", ids[1]: "PASS", ids[2]: "PENDING"}
+    assert doc["status"] == "PENDING" and proc.returncode == 11
+    assert len(proc.stdout.splitlines()) == len(doc["runs"]) + 2  # one run per line, between header and status
+
+
+def test_a_span_beyond_the_trace_window_is_an_error_not_a_split_run(tmp_path):
+    path = tmp_path / "late.jsonl"
+    ids = _interleaved_jsonl(path, gap=30)
+    proc = bench(path, tmp_path / "runs.db", "--json", "--trace-window", "3")
+    assert proc.returncode == 1
+    assert ids[0] in proc.stderr and "--trace-window" in proc.stderr and f"{path}:" in proc.stderr
+    doc = json.loads(proc.stdout)  # the JSON on stdout is still well formed, and says what happened
+    assert doc["exit_code"] == 1 and ids[0] in doc["error"]
+    assert ids[0] not in {r["trace_id"] for r in doc["runs"]}
+    ok = bench(path, tmp_path / "runs2.db", "--json", "--trace-window", "40")
+    assert ok.returncode == 11 and ids[0] in {r["trace_id"] for r in json.loads(ok.stdout)["runs"]}

@@ -17,7 +17,7 @@ from rich.console import Console
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
 from collector.config import load_config
-from collector.loader import load_runs
+from collector.loader import iter_runs
 from collector.reconcile import reconcile
 from collector.serialize import run_to_dict
 from collector.stream import RunFilter, VerdictHub, WatcherClosed, WatcherLagged
@@ -49,7 +49,7 @@ def _example_docs() -> list[dict]:
     cfg = load_config(None)
     docs = []
     for path in sorted((ROOT / "examples").glob("*.json")):
-        for run_input in load_runs(path, cfg.matcher()):
+        for run_input in iter_runs(path, cfg.matcher()):
             verdict = reconcile(run_input, cfg.scoring.policy(), "standard")
             docs.append(run_to_dict(verdict, run_id=path.stem, source=f"file:{path}", created_at=1.5, updated_at=2.25,
                                     finalized_by="replica-1"))

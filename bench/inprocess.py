@@ -23,7 +23,7 @@ from workload import encode, trace_spans  # noqa: E402
 from collector.config import CollectorConfig  # noqa: E402
 from collector.decode import decode_request  # noqa: E402
 from collector.pipeline import Pipeline  # noqa: E402
-from collector.store import RunStore  # noqa: E402
+from collector.store import open_store  # noqa: E402
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
     n = sum(len(t) for t in payload)
     bodies = encode(payload)
     cfg = CollectorConfig(assembly={"quiet_period": 0.0001})
-    pipeline = Pipeline(cfg, RunStore(Path(tempfile.mkdtemp()) / "runs.db"), None, None)
+    pipeline = Pipeline(cfg, open_store(Path(tempfile.mkdtemp()) / "runs.db"), None, None)
     wanted = cfg.matcher().wanted_keys
 
     def timed(fn) -> float:

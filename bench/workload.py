@@ -132,7 +132,7 @@ class Collector:
             for line in (self.dir / "log").read_text().splitlines():
                 if '"collector_listening"' in line:
                     event = json.loads(line)
-                    self.grpc, self.http = event["grpc"], event["http"]
+                    self.grpc, self.http, self.prometheus = event["grpc"], event["http"], event["prometheus"]
                     return
             time.sleep(0.05)
         raise RuntimeError("collector did not start")

@@ -79,6 +79,24 @@ class Tls(_Section):
         return bool(self.cert_file)
 
 
+def _secret(file: str | None, env: str | None, key: str) -> str | None:
+    """A secret from a file or an environment variable (``key`` names the config key in errors)."""
+    if file:
+        try:
+            value = Path(file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"{key}_file: {exc.strerror or exc}") from exc
+    elif env:
+        value = os.environ.get(env, "").strip()
+        if not value:
+            raise ConfigError(f"{key}_env: ${env} is not set")
+    else:
+        return None
+    if not value:
+        raise ConfigError(f"{key}: the secret is empty")
+    return value
+
+
 class Auth(_Section):
     bearer_token_file: str | None = None
     bearer_token_env: str | None = None
@@ -91,20 +109,7 @@ class Auth(_Section):
 
     def token(self) -> str | None:
         """The configured bearer token (read once at start), or None when auth is off."""
-        if self.bearer_token_file:
-            try:
-                token = Path(self.bearer_token_file).read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"receivers.auth.bearer_token_file: {exc.strerror or exc}") from exc
-        elif self.bearer_token_env:
-            token = os.environ.get(self.bearer_token_env, "").strip()
-            if not token:
-                raise ConfigError(f"receivers.auth.bearer_token_env: ${self.bearer_token_env} is not set")
-        else:
-            return None
-        if not token:
-            raise ConfigError("receivers.auth: the bearer token is empty")
-        return token
+        return _secret(self.bearer_token_file, self.bearer_token_env, "receivers.auth.bearer_token")
 
 
 class Receivers(_Section):
@@ -150,17 +155,7 @@ class Store(_Section):
 
     def password(self) -> str | None:
         """The PostgreSQL password from the configured env var or file (never from the URL in logs)."""
-        if self.password_file:
-            try:
-                return Path(self.password_file).read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"store.password_file: {exc.strerror or exc}") from exc
-        if self.password_env:
-            value = os.environ.get(self.password_env)
-            if not value:
-                raise ConfigError(f"store.password_env: ${self.password_env} is not set")
-            return value
-        return None
+        return _secret(self.password_file, self.password_env, "store.password")
 
 
 class OtlpExporter(_Section):

@@ -266,3 +266,37 @@ def test_watch_rejects_an_unknown_status():
     res = subprocess.run([AGENTEVAL, "watch", "--status", "GREEN"], capture_output=True, text=True, timeout=30)
     assert res.returncode == 1 and "--status" in res.stderr
 
+
+
+def test_watch_on_a_terminal_draws_the_live_table(served):
+    """Under a pseudo-terminal, as a user runs it: the rich live table, not the piped lines."""
+    import os
+    import pty
+    import select
+
+    proc, _ = served
+    spans, (trace_id,) = record([SCENARIOS["path2_pending"][0]])
+    export_spans(proc, spans)
+    proc.run(trace_id)
+    master, slave = pty.openpty()
+    child = subprocess.Popen([AGENTEVAL, "watch", "--endpoint", proc.grpc, "--replay", "1", "--count", "1"],
+                             stdin=slave, stdout=slave, stderr=slave, env={**os.environ, "COLUMNS": "160"})
+    os.close(slave)
+    screen = b""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if not select.select([master], [], [], 0.5)[0]:
+            continue
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        screen += chunk
+    os.close(master)
+    assert child.wait(10) == 0
+    assert trace_id[:16] in screen.decode(errors="replace")
+    text = screen.decode(errors="replace")
+    assert "agenteval watch: run verdicts, newest first" in text and "NoTruth reasons" in text
+    assert "connected to" in text and "\x1b[" in text  # drawn with terminal control sequences

@@ -16,7 +16,7 @@ from collector.api.v1 import fidelity_pb2_grpc as pb_grpc
 from collector.security import BearerAuth, grpc_authorization
 from collector.store import RunStore
 from collector.stream import RunFilter, VerdictHub, WatcherClosed, WatcherLagged
-from collector.wire import run_message
+from collector.wire import run_message, status_name
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -24,9 +24,8 @@ MAX_LIST = 1000
 
 
 def _filter(subject: str | None, statuses) -> RunFilter:
-    names = {pb.Status.Name(s).removeprefix("STATUS_") for s in statuses}
-    names.discard("UNSPECIFIED")
-    return RunFilter(subject or None, frozenset(names))
+    names = {status_name(s) for s in statuses} - {None}
+    return RunFilter(subject or None, frozenset(names))  # type: ignore[arg-type]
 
 
 class FidelityService(pb_grpc.FidelityServiceServicer):

@@ -134,7 +134,7 @@ def iter_runs(path: Path, matcher: Matcher, on_bytes: Callable[[int], None] = la
     """
     if not path.is_file():
         raise TraceFileError(f"{path}: no such file")
-    open_: OrderedDict[bytes, tuple[TraceState, int]] = OrderedDict()  # by last line seen
+    open_: OrderedDict[bytes, list] = OrderedDict()  # trace id -> [state, position of its last span]
     rootless: dict[bytes, TraceState] = {}
     closed: set[bytes] = set()
     yielded = seen_any = False
@@ -164,11 +164,14 @@ def iter_runs(path: Path, matcher: Matcher, on_bytes: Callable[[int], None] = la
                     raise TraceFileError(
                         f"{where}: trace {tid.hex()} has a span more than {window} spans after the rest of "
                         "it, after its run was reconciled; raise --trace-window")
-                entry = open_.pop(tid, None) or (rootless.pop(tid, None), 0)
-                state = entry[0] or TraceState(matcher, tid)
-                state.add(span)
                 position += 1
-                open_[tid] = (state, position)
+                entry = open_.get(tid)
+                if entry is None:
+                    entry = open_[tid] = [rootless.pop(tid, None) or TraceState(matcher, tid), position]
+                else:
+                    entry[1] = position
+                    open_.move_to_end(tid)
+                entry[0].add(span)
             while open_:
                 tid, (state, last) = next(iter(open_.items()))
                 if last + window >= position:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -37,11 +37,20 @@ def _domain_to_wire(field: FieldDescriptor, value: Any) -> Any:
     return value
 
 
+def _enum_to_domain(enum_type: EnumDescriptor, number: int) -> str | None:
+    prefix, domain = _ENUMS[enum_type.name]
+    name = enum_type.values_by_number[number].name.removeprefix(prefix)
+    return None if name == "UNSPECIFIED" else domain[name].value
+
+
+def status_name(number: int) -> str | None:
+    """``pb.STATUS_FAIL`` -> ``"FAIL"``; None for STATUS_UNSPECIFIED."""
+    return _enum_to_domain(pb.Status.DESCRIPTOR, number)
+
+
 def _wire_to_domain(field: FieldDescriptor, value: Any) -> Any:
     if field.type == FieldDescriptor.TYPE_ENUM:
-        prefix, domain = _ENUMS[field.enum_type.name]
-        name = field.enum_type.values_by_number[value].name.removeprefix(prefix)
-        return None if name == "UNSPECIFIED" else domain[name].value
+        return _enum_to_domain(field.enum_type, value)
     if field.message_type is not None:
         return to_doc(value)
     return value

@@ -5,10 +5,10 @@ BIN    := $(VENV)/bin
 
 .PHONY: run test demo install proto screenshots clean
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml instrumentation/opentelemetry-instrumentation-maf-fidelity/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e ./instrumentation/opentelemetry-instrumentation-maf-fidelity -e '.[test]'
 	touch $@
 
 install: $(BIN)/.installed

@@ -3,10 +3,12 @@
 Spans are classified as they arrive (:class:`~collector.classify.TraceState` keeps only compact
 data), so "assembly" is mostly bookkeeping of time and counts:
 
-- complete: a parentless root has arrived and the trace was quiet for ``quiet_period``;
-- or, without a root, ``max_trace_wait`` after its first span: finalized and flagged incomplete;
-- after finalization the compact state stays for ``late_window``; late spans re-finalize it as a new
-  revision once quiet again;
+- ready: the trace was quiet for ``quiet_period`` and its parentless root, or a workflow-run span,
+  has arrived (a run is complete when its workflow-run span has ended; a parent that may never be
+  exported, such as .NET's streaming ``workflow.session``, is not waited for);
+- or, with neither, ``max_trace_wait`` after its first span: finalized and flagged incomplete;
+- a trace may hold several runs (one per workflow-run span); each is finalized once, and again as a
+  new revision only when late spans changed it; the compact state stays for ``late_window``;
 - capacity (spans in unfinalized traces, traces in flight) is checked *before* a request is
   accepted, so over the bound the receiver refuses the whole request (retryable) and nothing that
   was accepted is ever dropped.
@@ -47,7 +49,7 @@ class Offer:
 class Finalized:
     run: RunInput
     revision: int
-    #: Monotonic time the root span arrived (None without a root): the verdict-latency origin.
+    #: Monotonic time the trace became ready (first revision only): the verdict-latency origin.
     root_arrived: float | None
 
 
@@ -106,7 +108,7 @@ class Assembler:
             if not trace.state.add(span):
                 result.duplicates += 1
                 continue
-            if not span.parent_id and trace.root_arrived is None:
+            if trace.root_arrived is None and (not span.parent_id or self.matcher.is_run(span.name)):
                 trace.root_arrived = now
             trace.spans += 1
             trace.last_seen = now
@@ -139,7 +141,7 @@ class Assembler:
                 ready.append(tid)
             elif now - trace.last_seen < cfg.quiet_period:
                 break  # everything after this one was updated more recently still
-            elif trace.state.root_span_id is not None or trace.revision:
+            elif trace.root_arrived is not None or trace.revision:
                 ready.append(tid)
             elif now - trace.first_seen >= cfg.max_trace_wait:
                 ready.append(tid)
@@ -148,35 +150,38 @@ class Assembler:
             self._last_timeout_scan = now
             ready.extend(
                 tid for tid, t in self._open.items()
-                if t.state.root_span_id is None and not t.revision and now - t.first_seen >= cfg.max_trace_wait
+                if t.root_arrived is None and not t.revision and now - t.first_seen >= cfg.max_trace_wait
                 and now - t.last_seen < cfg.quiet_period
             )
-        out = []
+        out: list[Finalized] = []
         for tid in ready:
             trace = self._open[tid]
             if trace.revision and not trace.spans:  # re-opened by duplicates only: nothing new
                 self._late[tid] = self._open.pop(tid)
                 continue
-            out.append(self._finalize(tid, now, incomplete=force and not self._complete(trace, now)))
+            quiet = now - trace.last_seen >= cfg.quiet_period
+            complete = quiet and trace.state.root_span_id is not None
+            timed_out = trace.root_arrived is None and now - trace.first_seen >= cfg.max_trace_wait
+            out.extend(self._finalize(tid, now, incomplete=force and not complete,
+                                      everything=force or complete or timed_out))
         self._expire(now)
         return out
 
-    def _complete(self, trace: _Trace, now: float) -> bool:
-        return trace.state.root_span_id is not None and now - trace.last_seen >= self.config.quiet_period
-
-    def _finalize(self, tid: bytes, now: float, incomplete: bool) -> Finalized:
+    def _finalize(self, tid: bytes, now: float, incomplete: bool, everything: bool) -> list[Finalized]:
+        """The runs of a trace that changed, as new revisions; without ``everything`` only runs whose
+        workflow-run span has arrived (spans still waiting for a parent keep waiting)."""
         trace = self._open.pop(tid)
         self.spans_in_flight -= trace.spans
         trace.spans = 0
         trace.revision += 1
         if trace.revision == 1:
             trace.finalized_at = now
-        run = trace.state.run_input(incomplete=incomplete)
+        runs = trace.state.run_inputs(incomplete=incomplete, everything=everything)
         if self.config.late_window > 0 and self.config.max_late_traces > 0:
             self._late[tid] = trace
         else:
             self._remember_expired(tid)
-        return Finalized(run, trace.revision, trace.root_arrived if trace.revision == 1 else None)
+        return [Finalized(run, revision, trace.root_arrived if revision == 1 else None) for run, revision in runs]
 
     def _expire(self, now: float) -> None:
         cfg = self.config

@@ -1,10 +1,18 @@
-"""Span classification (DESIGN §3): compact span records in, a :class:`RunInput` out.
+"""Span classification (DESIGN §3): compact span records in, one :class:`RunInput` per run out.
 
 :class:`TraceState` is incremental so spans may arrive in any order and in any number of batches
-(exporters send children before parents; late spans revise a run). It keeps only what
-classification needs: per span id the executor it is attributed to, plus per executor the ledger
-entries and chat turns already extracted. Spans whose parent has not arrived yet wait in
-``_pending`` and are resolved the moment their parent is.
+(exporters send children before parents; late spans revise a run). A span is classified once its
+parent is known; until then it waits in ``_pending``. Classification gives every span a *context*
+that its children inherit: the run it belongs to (its outermost workflow-run span), the executor,
+and the nearest agent (name and invocation span). From that context:
+
+- a chat span is a turn of its nearest agent's unit (never an outer agent's);
+- an AgentResponseEvent span (our MAF instrumentation) is a ledger entry of the agent it names;
+- an agent span is the ledger only where the profile says the runtime's agent span is independent
+  (MAF .NET); MAF Python's re-sums the chat spans under it, which makes the unit ``ledger_derived``.
+
+A unit is (run, executor, agent), compared case-insensitively; its name is the executor id for the
+executor's own agent and ``executor/agent`` for any other agent that ran there.
 """
 
 from __future__ import annotations
@@ -18,7 +26,6 @@ from typing import Any
 from collector.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
 from collector.profiles import (
     BRIDGE_EXECUTOR_ATTRIBUTE,
-    LEDGER_INVOCATION_ATTRIBUTE,
     LEDGER_SOURCE_ATTRIBUTE,
     LEDGER_SOURCE_BRIDGE,
     Matcher,
@@ -38,18 +45,47 @@ class SpanRecord:
     start_ns: int
     attrs: dict[str, Any]
     resource_subject: str | None = None
+    #: The span's error status description ("error" when it has none); None when not an error.
+    status_error: str | None = None
+    #: The resource's ``telemetry.sdk.language`` (which runtime, hence which profile, wrote it).
+    sdk_language: str | None = None
 
 
-#: (executor id, invocation key): the executor a span belongs to and which invocation of it.
-Attribution = tuple[str, str]
+#: What a span's children inherit: (run span id, executor key, agent key, agent invocation span id).
+#: Keys are case-folded; the first spelling seen is kept for display.
+Context = tuple[str | None, str | None, str | None, str | None]
+_NO_CONTEXT: Context = (None, None, None, None)
+
+
+@dataclass(slots=True)
+class _Unit:
+    ledger: list[LedgerEntry] = field(default_factory=list)
+    agent_spans: list[LedgerEntry] = field(default_factory=list)
+    agent_spans_independent: bool = False
+    turns: list[ChatTurn] = field(default_factory=list)
+    #: The agent ran directly in its executor (no other agent between): a candidate for "own agent".
+    top_level: bool = False
 
 
 @dataclass(slots=True)
 class _Executor:
-    span_ids: list[tuple[int, str]] = field(default_factory=list)
-    bridge: list[tuple[LedgerEntry, int | None]] = field(default_factory=list)
-    agent: list[LedgerEntry] = field(default_factory=list)
-    turns: list[ChatTurn] = field(default_factory=list)
+    spans: list[tuple[int, str]] = field(default_factory=list)  # (start, span id) per invocation
+    hosts_agent: bool = False  # its type hosts one agent of its own (AgentExecutor)
+
+
+@dataclass(slots=True)
+class _Run:
+    """One workflow run (a workflow-run span and its subtree), or the trace's direct-agent run."""
+
+    span_id: str | None
+    subject: str | None = None
+    seen: bool = False  # its workflow-run span has arrived (ended)
+    executors: dict[str, _Executor] = field(default_factory=lambda: defaultdict(_Executor))
+    units: dict[tuple[str | None, str | None], _Unit] = field(default_factory=lambda: defaultdict(_Unit))
+    errors: list[str] = field(default_factory=list)
+    unattributed: int = 0
+    dirty: bool = False
+    revision: int = 0
 
 
 @lru_cache(maxsize=256)
@@ -59,20 +95,20 @@ def _finish_from_text(text: str) -> str | None:
         return text or None
     try:
         return finish_reason(json.loads(text))
-    except ValueError:
+    except (ValueError, RecursionError):
         return text or None
 
 
 def finish_reason(value: Any) -> str | None:
-    """First finish reason from a string array or its JSON-encoded form (MAF Python sends the latter)."""
+    """First finish reason from a string array or its JSON-encoded form (both MAF runtimes send the latter)."""
     if value is None:
         return None
     if isinstance(value, str):
         return _finish_from_text(value)  # a handful of distinct values: parse each once
     if isinstance(value, (list, tuple)):
         for item in value:
-            if item is not None and str(item).strip():
-                return str(item).strip()
+            if isinstance(item, str) and item.strip():
+                return item.strip()
     return None
 
 
@@ -83,7 +119,7 @@ def _int(value: Any) -> int | None:
         return value if value >= 0 else None
     if isinstance(value, float) and value.is_integer() and value >= 0:
         return int(value)
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         return int(value)
     return None
 
@@ -96,11 +132,19 @@ def _first(attrs: dict[str, Any], keys: tuple[str, ...]) -> Any:
     return None
 
 
+def _text(value: Any) -> str | None:
+    """An attribute used as a name: strings only (an array or kvlist is no name)."""
+    if isinstance(value, str):
+        value = value.strip()
+        return value or None
+    return None
+
+
 class TraceState:
     """Everything known about one trace, updated span batch by span batch."""
 
-    __slots__ = ("matcher", "trace_id", "root_span_id", "subject", "_attribution", "_pending",
-                 "_pending_ids", "_executors", "_bridge_seen", "_fallback_subject", "_unattributed")
+    __slots__ = ("matcher", "trace_id", "root_span_id", "subject", "_context", "_pending", "_pending_ids",
+                 "_runs", "_names", "_fallback_subject", "run_spans_seen")
 
     def __init__(self, matcher: Matcher, trace_id: bytes) -> None:
         self.matcher = matcher
@@ -108,12 +152,13 @@ class TraceState:
         self.root_span_id: bytes | None = None
         self.subject: str | None = None
         self._fallback_subject: str | None = None
-        self._attribution: dict[bytes, Attribution | None] = {}
+        self._context: dict[bytes, Context] = {}
         self._pending: dict[bytes, list[SpanRecord]] = defaultdict(list)
         self._pending_ids: set[bytes] = set()
-        self._executors: dict[str, _Executor] = defaultdict(_Executor)
-        self._bridge_seen = False
-        self._unattributed = 0
+        self._runs: dict[str | None, _Run] = {}
+        self._names: dict[str, str] = {}  # case-folded key -> first spelling
+        #: Workflow-run spans received (a trace holding one is ready once quiet, root or not).
+        self.run_spans_seen = 0
 
     def add(self, span: SpanRecord) -> bool:
         """Classify one span now if its parent is known (or it has none), else park it.
@@ -121,15 +166,19 @@ class TraceState:
         Returns False for a span id already seen in this trace (exporters retry).
         """
         sid = span.span_id
-        if sid in self._attribution or sid in self._pending_ids:
+        if sid in self._context or sid in self._pending_ids:
             return False
+        if span.parent_id == sid:  # self-parented: treat as a root rather than wait for itself
+            span.parent_id = b""
+        if self.matcher.is_run(span.name):
+            self.run_spans_seen += 1
         if not span.parent_id:
             if self.root_span_id is None:
                 self.root_span_id = sid
-                self.subject = _root_subject(span, self.matcher)
-            self._resolve(span, None)
-        elif span.parent_id in self._attribution:
-            self._resolve(span, self._attribution[span.parent_id])
+                self.subject = _text(_first(span.attrs, self.matcher.subject_keys))
+            self._resolve(span, _NO_CONTEXT)
+        elif span.parent_id in self._context:
+            self._resolve(span, self._context[span.parent_id])
         else:
             self._pending[span.parent_id].append(span)
             self._pending_ids.add(sid)
@@ -137,50 +186,95 @@ class TraceState:
             self._fallback_subject = span.resource_subject
         return True
 
-    def _resolve(self, span: SpanRecord, inherited: Attribution | None) -> None:
+    def _resolve(self, span: SpanRecord, inherited: Context) -> None:
         # Iterative so that absurdly deep parent chains cannot exhaust the stack.
         stack = [(span, inherited)]
         while stack:
-            s, parent_attr = stack.pop()
-            attribution = self._classify(s, parent_attr)
-            self._attribution[s.span_id] = attribution
+            s, parent = stack.pop()
+            context = self._classify(s, parent)
+            self._context[s.span_id] = context
             for child in self._pending.pop(s.span_id, ()):
                 self._pending_ids.discard(child.span_id)
-                stack.append((child, attribution))
+                stack.append((child, context))
 
-    def _classify(self, s: SpanRecord, parent: Attribution | None) -> Attribution | None:
-        m, attrs, span_hex = self.matcher, s.attrs, s.span_id.hex()
+    def _key(self, name: str) -> str:
+        key = name.casefold()
+        self._names.setdefault(key, name)
+        return key
+
+    def _run(self, key: str | None) -> _Run:
+        run = self._runs.get(key)
+        if run is None:
+            run = self._runs[key] = _Run(key)
+        run.dirty = True
+        return run
+
+    def _classify(self, s: SpanRecord, parent: Context) -> Context:
+        m, attrs = self.matcher, s.attrs
+        run_key, executor, agent, invocation = parent
         if attrs.get(LEDGER_SOURCE_ATTRIBUTE) == LEDGER_SOURCE_BRIDGE:
-            executor_id = attrs.get(BRIDGE_EXECUTOR_ATTRIBUTE)
-            if isinstance(executor_id, str) and executor_id:
-                self._bridge_seen = True
-                ordinal = _int(attrs.get(LEDGER_INVOCATION_ATTRIBUTE))
-                entry = LedgerEntry(self._usage(attrs), self._finish(attrs), s.start_ns, None, span_hex)
-                self._executors[executor_id].bridge.append((entry, ordinal))
+            self._ledger_span(s, parent)
+            return parent
+        if m.is_run(s.name):
+            if run_key is None:  # an outermost workflow run; a nested one (sub-workflow) is its outer run's
+                run = self._run(s.span_id.hex())
+                run.seen = True
+                run.subject = _text(_first(attrs, m.subject_keys))
+                if error := self._error(s):
+                    run.errors.append(f"workflow: {error}")
+                return (run.span_id, None, None, None)
+            if error := self._error(s):
+                self._run(run_key).errors.append(f"sub-workflow: {error}")
             return parent
         if m.is_executor(s.name):
-            executor_id = _first(attrs, m.executor_id_keys) or _suffix(s.name, m.executor_prefixes)
-            if executor_id:
-                self._executors[str(executor_id)].span_ids.append((s.start_ns, span_hex))
-                return (str(executor_id), span_hex)
-            return parent
+            name = _text(_first(attrs, m.executor_id_keys)) or _suffix(s.name, m.executor_prefixes)
+            if not name:
+                return parent
+            key = self._key(name)
+            run = self._run(run_key)
+            seen = run.executors[key]
+            seen.spans.append((s.start_ns, s.span_id.hex()))
+            seen.hosts_agent = seen.hosts_agent or m.is_agent_executor_type(_first(attrs, m.executor_type_keys))
+            if error := self._error(s):
+                run.errors.append(f"{name}: {error}")
+            return (run_key, key, None, None)
         if m.is_agent(s.name):
-            attribution = parent
-            if attribution is None:
-                agent_id = _first(attrs, m.agent_id_keys) or _suffix(s.name, m.agent_prefixes)
-                if not agent_id:
-                    return None
-                attribution = (str(agent_id), span_hex)
-            entry = LedgerEntry(self._usage(attrs), self._finish(attrs), s.start_ns, attribution[1], span_hex)
-            self._executors[attribution[0]].agent.append(entry)
-            return attribution
+            name = _text(_first(attrs, m.agent_id_keys)) or _suffix(s.name, m.agent_prefixes)
+            if not name:
+                return parent
+            key = self._key(name)
+            unit = self._run(run_key).units[(executor, key)]
+            unit.top_level = unit.top_level or agent is None
+            if self._error(s) is None:  # an agent that raised reported nothing
+                entry = LedgerEntry(self._usage(attrs), self._finish(attrs), s.start_ns, s.span_id.hex(), s.span_id.hex())
+                unit.agent_spans.append(entry)
+                unit.agent_spans_independent = m.agent_span_is_ledger(s.sdk_language)
+            return (run_key, executor, key, s.span_id.hex())
         if m.is_chat(s.name, attrs):
-            if parent is None:
-                self._unattributed += 1
+            run = self._run(run_key)
+            if executor is None and agent is None:
+                run.unattributed += 1
             else:
-                turn = ChatTurn(self._usage(attrs), self._finish(attrs), s.start_ns, parent[1], span_hex)
-                self._executors[parent[0]].turns.append(turn)
+                turn = ChatTurn(self._usage(attrs), self._finish(attrs), s.start_ns, invocation, s.span_id.hex(),
+                                self._error(s))
+                run.units[(executor, agent)].turns.append(turn)
         return parent
+
+    def _ledger_span(self, s: SpanRecord, parent: Context) -> None:
+        """An AgentResponseEvent: the response the agent's caller received, where that agent ran."""
+        run_key, executor, agent, invocation = parent
+        name = _text(_first(s.attrs, self.matcher.agent_id_keys))
+        if name is None:  # written by the pre-instrumentation bridge: names its executor instead
+            bridge_executor = _text(s.attrs.get(BRIDGE_EXECUTOR_ATTRIBUTE))
+            if bridge_executor is None:
+                return
+            executor, key, invocation = self._key(bridge_executor), None, None
+        else:
+            key = self._key(name)
+            if key != agent:  # emitted beside the agent span, not under it: not aligned to an invocation
+                invocation = None
+        entry = LedgerEntry(self._usage(s.attrs), self._finish(s.attrs), s.start_ns, invocation, s.span_id.hex())
+        self._run(run_key).units[(executor, key)].ledger.append(entry)
 
     def _usage(self, attrs: dict[str, Any]) -> Usage:
         m = self.matcher
@@ -193,64 +287,110 @@ class TraceState:
     def _finish(self, attrs: dict[str, Any]) -> str | None:
         return finish_reason(_first(attrs, self.matcher.finish_keys))
 
-    def _resolve_orphans(self) -> None:
-        """Spans whose parent never arrived are classified as if they had none (executor spans still
-        name their executor; chat spans without an executor ancestor count as unattributed)."""
-        for parent_id in [p for p in self._pending if p not in self._pending_ids]:
-            for child in self._pending.pop(parent_id, ()):
-                self._pending_ids.discard(child.span_id)
-                self._resolve(child, None)
+    def _error(self, s: SpanRecord) -> str | None:
+        return s.status_error or _text(_first(s.attrs, self.matcher.error_keys))
 
-    def run_input(self, incomplete: bool = False) -> RunInput:
-        """The classification as reconciler input, once the trace is (considered) complete.
+    def resolve_orphans(self, everything: bool) -> None:
+        """Classify spans whose parent has not arrived as if they had none.
 
-        The ledger is the bridge's AgentResponseEvent spans when the trace has any (the framework's
-        own accounting), else the agent-boundary spans.
+        Workflow-run spans are always resolved (their parent may never be exported: .NET's streaming
+        ``workflow.session``, a caller's span around several runs); with ``everything`` (the trace
+        is complete or timed out) so is every other orphan, and finally anything caught in a parent
+        cycle.
         """
-        self._resolve_orphans()
-        records = []
-        for executor_id, ex in self._executors.items():
-            span_ids = [sid for _, sid in sorted(ex.span_ids)]
-            if self._bridge_seen:
-                ledger, source = self._bridge_ledger(ex, span_ids), LEDGER_SOURCE_BRIDGE
+        orphans = [p for p in self._pending if p not in self._pending_ids and p not in self._context]
+        for parent_id in orphans:
+            children = self._pending.get(parent_id, [])
+            keep = [c for c in children if not (everything or self.matcher.is_run(c.name))]
+            for child in children:
+                if child not in keep:
+                    self._pending_ids.discard(child.span_id)
+                    self._resolve(child, _NO_CONTEXT)
+            if keep:
+                self._pending[parent_id] = keep
             else:
-                ledger, source = tuple(ex.agent), LEDGER_SOURCE_AGENT_SPAN
-            records.append(
-                ExecutorRecord(
-                    executor_id=executor_id,
-                    ledger=ledger,
-                    turns=tuple(ex.turns),
-                    ledger_source=source if ledger else "none",
-                    span_ids=tuple(span_ids),
-                )
-            )
+                self._pending.pop(parent_id, None)
+        if everything:
+            while self._pending:  # parent cycles: nothing outside them will ever resolve them
+                parent_id, children = self._pending.popitem()
+                for child in children:
+                    self._pending_ids.discard(child.span_id)
+                    if child.span_id not in self._context:
+                        self._resolve(child, _NO_CONTEXT)
+
+    @property
+    def pending_runs(self) -> bool:
+        """A run has new spans not yet reconciled."""
+        return any(r.dirty for r in self._runs.values())
+
+    def run_inputs(self, incomplete: bool = False, everything: bool = True) -> list[tuple[RunInput, int]]:
+        """Reconciler inputs for every run that changed since the last call, with its revision.
+
+        ``everything``: the trace is complete (or timed out), so orphans are resolved too; otherwise
+        only runs whose workflow-run span has arrived are finalized, the rest keep waiting.
+        """
+        self.resolve_orphans(everything)
+        out = []
+        for key, run in self._runs.items():
+            if not run.dirty or not (everything or run.seen):
+                continue
+            run.dirty = False
+            built = self._run_input(run, incomplete or (key is not None and not run.seen)
+                                    or (key is None and self.root_span_id is None))
+            if built.is_workflow:
+                run.revision += 1
+                out.append((built, run.revision))
+        return out
+
+    def _run_input(self, run: _Run, incomplete: bool) -> RunInput:
+        names = self._names
+        records = []
+        units_by_executor: dict[str | None, list[str]] = defaultdict(list)
+        for executor, agent in run.units:
+            units_by_executor[executor].append(agent)
+        for (executor, agent), unit in run.units.items():
+            if unit.ledger:
+                ledger, source, derived = tuple(unit.ledger), LEDGER_SOURCE_BRIDGE, False
+            elif unit.agent_spans and unit.agent_spans_independent:
+                ledger, source, derived = tuple(unit.agent_spans), LEDGER_SOURCE_AGENT_SPAN, False
+            else:
+                ledger, source, derived = (), "none", bool(unit.agent_spans)
+            spans = run.executors[executor].spans if executor in run.executors else []
+            records.append(ExecutorRecord(
+                executor_id=self._unit_name(run, executor, agent, unit, units_by_executor[executor]),
+                ledger=ledger,
+                turns=tuple(unit.turns),
+                ledger_source=source,
+                span_ids=tuple(sid for _, sid in sorted(spans)),
+                ledger_derived=derived,
+            ))
+        non_agent = tuple(sorted((names[k] for k in run.executors if k not in units_by_executor), key=str.casefold))
+        trace_id = self.trace_id.hex()
         return RunInput(
             executors=tuple(records),
-            trace_id=self.trace_id.hex(),
-            root_span_id=self.root_span_id.hex() if self.root_span_id else None,
-            subject=self.subject or self._fallback_subject,
-            incomplete=incomplete or self.root_span_id is None,
-            unattributed_chat_spans=self._unattributed,
+            trace_id=trace_id,
+            root_span_id=run.span_id or (self.root_span_id.hex() if self.root_span_id else None),
+            subject=run.subject or self.subject or self._fallback_subject,
+            incomplete=incomplete,
+            unattributed_chat_spans=run.unattributed,
+            non_agent_executors=non_agent,
+            workflow_errors=tuple(run.errors),
+            run_id=f"{trace_id}-{run.span_id}" if run.span_id else trace_id,
         )
 
-    @staticmethod
-    def _bridge_ledger(ex: _Executor, span_ids: list[str]) -> tuple[LedgerEntry, ...]:
-        """Align bridge entries to executor invocations by ordinal when both sides count the same."""
-        entries = sorted(ex.bridge, key=lambda p: p[0].seq)
-        ordinals = [o for _, o in entries]
-        alignable = len(entries) == len(span_ids) and sorted(o for o in ordinals if o is not None) == list(
-            range(len(span_ids))
-        )
-        out = []
-        for entry, ordinal in entries:
-            invocation = span_ids[ordinal] if alignable and ordinal is not None else None
-            out.append(LedgerEntry(entry.usage, entry.finish_reason, entry.seq, invocation, entry.span_id))
-        return tuple(out)
-
-
-def _root_subject(root: SpanRecord, matcher: Matcher) -> str | None:
-    value = _first(root.attrs, matcher.subject_keys)
-    return str(value) if value is not None else None
+    def _unit_name(self, run: _Run, executor: str | None, agent: str | None, unit: _Unit,
+                   siblings: list[str | None]) -> str:
+        """The executor id for the executor's own agent, ``executor/agent`` for any other agent."""
+        names = self._names
+        if executor is None:
+            return names[agent] if agent else "(no executor)"
+        if agent is None or agent == executor:
+            return names[executor]
+        hosts_agent = executor in run.executors and run.executors[executor].hosts_agent
+        own_candidates = [a for a in siblings if a is not None and run.units[(executor, a)].top_level]
+        if hosts_agent and unit.top_level and len(own_candidates) == 1 and None not in siblings:
+            return names[executor]
+        return f"{names[executor]}/{names[agent]}"
 
 
 def _suffix(name: str, prefixes: tuple[str, ...]) -> str | None:

@@ -22,6 +22,11 @@ from collector.classify import SpanRecord
 #: Instrumentation scope of the verdict spans we emit; spans from it are never re-ingested.
 OWN_SCOPE = "agenteval.collector"
 SERVICE_NAME = "service.name"
+SDK_LANGUAGE = "telemetry.sdk.language"
+#: Status.code of an error span (OTLP ``STATUS_CODE_ERROR``).
+STATUS_ERROR = 2
+#: Longest error description kept (a span's status message is free text).
+MAX_ERROR_CHARS = 200
 #: Longest string attribute value kept (values are ids and reasons; anything longer is hostile).
 MAX_ATTR_CHARS = 1024
 _ZERO_TRACE = bytes(16)
@@ -67,10 +72,12 @@ def decode_request(request: ExportTraceServiceRequest, wanted: frozenset[str]) -
     """Extract span records, rejecting (and counting) spans whose ids are unusable."""
     out = Decoded()
     for rs in request.resource_spans:
-        subject = None
+        subject = language = None
         for kv in rs.resource.attributes:
             if kv.key == SERVICE_NAME:
-                subject = kv.value.string_value or None
+                subject = kv.value.string_value[:MAX_ATTR_CHARS] or None
+            elif kv.key == SDK_LANGUAGE:
+                language = kv.value.string_value[:64] or None
         for ss in rs.scope_spans:
             if ss.scope.name == OWN_SCOPE:
                 out.own += len(ss.spans)
@@ -85,9 +92,11 @@ def decode_request(request: ExportTraceServiceRequest, wanted: frozenset[str]) -
                     key = kv.key
                     if key in wanted:
                         attrs[key] = any_value(kv.value)
+                status = span.status
+                error = (status.message[:MAX_ERROR_CHARS] or "error") if status.code == STATUS_ERROR else None
                 out.spans.append(
                     SpanRecord(tid, sid, pid if pid != _ZERO_SPAN else b"", span.name,
-                               span.start_time_unix_nano, attrs, subject)
+                               span.start_time_unix_nano, attrs, subject, error, language)
                 )
     return out
 
@@ -179,16 +188,17 @@ def decode_otlp_json(doc: Any, wanted: frozenset[str], location: str = "", stric
     """
     out = Decoded()
     where = f"{location} " if location else ""
-    resource_subjects: dict[int, str | None] = {}
+    resources: dict[int, tuple[str | None, str | None]] = {}
     for rs, ss, path in _scopes(doc):
-        if id(rs) not in resource_subjects:
-            subject = None
+        if id(rs) not in resources:
+            found: dict[str, str | None] = {SERVICE_NAME: None, SDK_LANGUAGE: None}
             for kv in _list(rs.get("resource") or {}, "attributes", path):
-                value = kv.get("value") if isinstance(kv, dict) and kv.get("key") == SERVICE_NAME else None
-                if isinstance(value, dict):
-                    subject = value.get("stringValue") or None
-            resource_subjects[id(rs)] = subject
-        subject = resource_subjects[id(rs)]
+                key = kv.get("key") if isinstance(kv, dict) else None
+                value = kv.get("value") if key in found else None
+                if isinstance(value, dict) and isinstance(value.get("stringValue"), str):
+                    found[key] = value["stringValue"][:MAX_ATTR_CHARS] or None
+            resources[id(rs)] = (found[SERVICE_NAME], found[SDK_LANGUAGE])
+        subject, language = resources[id(rs)]
         spans = _list(ss, "spans", path)
         scope = ss.get("scope") or ss.get("instrumentationLibrary") or {}
         if isinstance(scope, dict) and scope.get("name") == OWN_SCOPE:
@@ -213,6 +223,7 @@ def decode_otlp_json(doc: Any, wanted: frozenset[str], location: str = "", stric
                     if key in wanted:
                         attrs[key] = json_any_value(kv.get("value"), span_path)
                 start = int(span.get("startTimeUnixNano") or 0)
+                error = _json_status_error(span.get("status"))
             except _BadId as exc:
                 if strict:
                     raise DecodeError(str(exc), location or None) from None
@@ -220,5 +231,14 @@ def decode_otlp_json(doc: Any, wanted: frozenset[str], location: str = "", stric
                 continue
             except (AttributeError, TypeError, ValueError, binascii.Error) as exc:
                 raise DecodeError(f"malformed span: {exc}", f"{where}{span_path}") from exc
-            out.spans.append(SpanRecord(tid, sid, pid if pid != _ZERO_SPAN else b"", name, start, attrs, subject))
+            out.spans.append(SpanRecord(tid, sid, pid if pid != _ZERO_SPAN else b"", name, start, attrs, subject,
+                                        error, language))
     return out
+
+
+def _json_status_error(status: Any) -> str | None:
+    """An OTLP/JSON span status's error description (the code may be an integer or the enum name)."""
+    if not isinstance(status, dict) or status.get("code") not in (STATUS_ERROR, "STATUS_CODE_ERROR", "2"):
+        return None
+    message = status.get("message")
+    return (message[:MAX_ERROR_CHARS] if isinstance(message, str) else "") or "error"

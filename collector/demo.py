@@ -32,10 +32,13 @@ def install_exporter(endpoint: str, protocol: str) -> TracerProvider:
     """A global TracerProvider exporting to the collector (MAF instruments the global provider)."""
     from agent_framework.observability import enable_instrumentation
 
+    from opentelemetry.instrumentation.maf_fidelity import MafFidelityInstrumentor
+
     provider = TracerProvider(resource=Resource.create({"service.name": "agenteval-demo"}))
     provider.add_span_processor(BatchSpanProcessor(otlp_span_exporter(endpoint, protocol, insecure=True)))
     trace.set_tracer_provider(provider)
     enable_instrumentation(enable_sensitive_data=True)  # prompts go out; the collector must drop them
+    MafFidelityInstrumentor().instrument()  # the framework's ledger: every agent response
     return provider
 
 

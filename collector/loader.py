@@ -177,11 +177,11 @@ def iter_runs(path: Path, matcher: Matcher, on_bytes: Callable[[int], None] = la
                 if last + window >= position:
                     break
                 del open_[tid]
-                if state.root_span_id is None:
+                if state.root_span_id is None and not state.run_spans_seen:
                     rootless[tid] = state
                     continue
                 closed.add(tid)
-                if (run := state.run_input()).is_workflow:
+                for run, _ in state.run_inputs():
                     yielded = True
                     yield run
     except DecodeError as exc:
@@ -189,9 +189,9 @@ def iter_runs(path: Path, matcher: Matcher, on_bytes: Callable[[int], None] = la
     except OSError as exc:
         raise TraceFileError(f"{path}: {exc.strerror or exc}") from exc
     for state in [*(s for s, _ in open_.values()), *rootless.values()]:
-        if (run := state.run_input()).is_workflow:
+        for run, _ in state.run_inputs():
             yielded = True
             yield run
     if not yielded:
-        what = "no spans" if not (seen_any and (open_ or rootless or closed)) else "no executor, agent or chat span"
+        what = "no spans" if not (seen_any and (open_ or rootless or closed)) else "no agent, ledger or chat span"
         raise TraceFileError(f"{path}: {what} found: nothing to reconcile")

@@ -25,6 +25,7 @@ from agent_framework import (
     agent_middleware,
     tool,
 )
+from agent_framework.exceptions import ChatClientException
 from agent_framework.observability import ChatTelemetryLayer
 
 
@@ -38,6 +39,8 @@ class Turn:
     tool_call: str | None = None
     #: False: the response carries no usage or finish reason (what the chat span then lacks).
     report: bool = True
+    #: Set: the call raises this instead of answering (a provider error such as a 429).
+    error: str | None = None
 
 
 class ScriptedChatClient(BaseChatClient):
@@ -70,6 +73,8 @@ class ScriptedChatClient(BaseChatClient):
 
     def _inner_get_response(self, *, messages: Sequence[Message], stream: bool, options: Any, **kwargs: Any):
         turn = self._next()
+        if turn.error:
+            raise ChatClientException(turn.error)
         usage = self._usage(turn) if turn.report else None
         self.last_usage = usage
         finish = turn.finish_reason if turn.report else None
@@ -88,11 +93,12 @@ class ScriptedChatClient(BaseChatClient):
         return respond()
 
 
-class InstrumentedChatClient(ChatMiddlewareLayer, FunctionInvocationLayer, ChatTelemetryLayer, ScriptedChatClient):
-    """The layer stack of MAF's provider clients, with ``ChatTelemetryLayer``: emits chat spans."""
+class InstrumentedChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelemetryLayer, ScriptedChatClient):
+    """The layer stack of MAF's provider clients (``FunctionInvocationLayer`` outermost, so function
+    middleware and tool loops work), with ``ChatTelemetryLayer``: emits one chat span per model call."""
 
 
-class UninstrumentedChatClient(ChatMiddlewareLayer, FunctionInvocationLayer, ScriptedChatClient):
+class UninstrumentedChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ScriptedChatClient):
     """No ``ChatTelemetryLayer``: no chat span at all (``no_chat_trace``)."""
 
 
@@ -102,40 +108,63 @@ def lookup(query: str) -> str:
     return f"facts about {query}"
 
 
-def keep_last_call_usage() -> Callable[[AgentContext, Callable[[], Awaitable[None]]], Awaitable[None]]:
-    """Agent middleware reproducing the MAF .NET bug fixed in PR 7539: in a tool loop the agent's
-    response keeps only the last chat call's usage instead of the sum."""
+def _rewrite_response(rewrite: Callable[[AgentContext, Any], None]) -> Callable[..., Awaitable[None]]:
+    """Agent middleware applying ``rewrite(context, response)`` to the response the caller receives,
+    plain or streamed (a stream's final response is rewritten by a result hook)."""
 
     @agent_middleware
     async def middleware(context: AgentContext, call_next: Callable[[], Awaitable[None]]) -> None:
         await call_next()
-        context.result.usage_details = dict(context.agent.client.last_usage or {})
+        if isinstance(context.result, ResponseStream):
+            def hook(response: Any) -> Any:
+                rewrite(context, response)
+                return response
+
+            context.result = context.result.with_result_hook(hook)
+        else:
+            rewrite(context, context.result)
 
     return middleware
+
+
+def keep_last_call_usage() -> Callable[..., Awaitable[None]]:
+    """Agent middleware reproducing the MAF .NET bug fixed in PR 7539: in a tool loop the agent's
+    response keeps only the last chat call's usage instead of the sum."""
+
+    def rewrite(context: AgentContext, response: Any) -> None:
+        response.usage_details = dict(context.agent.client.last_usage or {})
+
+    return _rewrite_response(rewrite)
 
 
 def report_usage(usage: dict[str, int], finish_reason: str | None) -> Callable[..., Awaitable[None]]:
     """Agent middleware standing in for the InProcessExecution path: the framework's response
     carries usage that never crossed the instrumented chat client."""
 
-    @agent_middleware
-    async def middleware(context: AgentContext, call_next: Callable[[], Awaitable[None]]) -> None:
-        await call_next()
-        context.result.usage_details = dict(usage)
-        context.result.finish_reason = finish_reason
+    def rewrite(context: AgentContext, response: Any) -> None:
+        response.usage_details = dict(usage)
+        response.finish_reason = finish_reason
 
-    return middleware
+    return _rewrite_response(rewrite)
 
 
 def drop_finish_reason() -> Callable[..., Awaitable[None]]:
     """Agent middleware that suppresses the response's finish reason (reports none)."""
 
-    @agent_middleware
-    async def middleware(context: AgentContext, call_next: Callable[[], Awaitable[None]]) -> None:
-        await call_next()
-        context.result.finish_reason = None
+    def rewrite(context: AgentContext, response: Any) -> None:
+        response.finish_reason = None
 
-    return middleware
+    return _rewrite_response(rewrite)
+
+
+def under_report(fraction: float) -> Callable[..., Awaitable[None]]:
+    """Agent middleware reporting only ``fraction`` of the agent's real usage (a generic under-report)."""
+
+    def rewrite(context: AgentContext, response: Any) -> None:
+        usage = dict(response.usage_details or {})
+        response.usage_details = {k: int(v * fraction) for k, v in usage.items() if isinstance(v, int)}
+
+    return _rewrite_response(rewrite)
 
 
 @dataclass(frozen=True)

@@ -33,31 +33,42 @@ class NoTruthReason(str, enum.Enum):
     NO_CHAT_TRACE = "no_chat_trace"
     RESPONSE_MISSING = "response_missing"
     PARTIAL_RESPONSE = "partial_response"
+    LEDGER_MISSING = "ledger_missing"
+    LEDGER_DERIVED = "ledger_derived"
 
 
 #: Plain-words explanation of each NoTruth reason, for people debugging the upstream-hook gap.
 NO_TRUTH_EXPLANATIONS: dict[NoTruthReason, str] = {
     NoTruthReason.NO_CHAT_TRACE: (
-        "no chat-boundary span was attributed to this executor: its chat client is not "
+        "no chat-boundary span was attributed to this agent: its chat client is not "
         "instrumented (no ChatTelemetryLayer) or its spans never reached the collector"
     ),
     NoTruthReason.RESPONSE_MISSING: (
-        "chat calls were seen but none carried response usage or finish reason: the Path-2 gap "
-        "(live InProcessExecution does not route executor responses back through the "
-        "instrumented chat client); an upstream hook that records the response on the chat span "
-        "would close it"
+        "chat calls were seen but none carried a response (usage or finish reason) and none failed: the "
+        "Path-2 gap (live InProcessExecution does not route executor responses back through the "
+        "instrumented chat client, upstream request microsoft/agent-framework #6918)"
     ),
     NoTruthReason.PARTIAL_RESPONSE: (
-        "some chat calls carried a response and others did not, so the token sum cannot be trusted"
+        "some chat calls carried a response and others were requests that never got one, so the token "
+        "sum cannot be trusted"
+    ),
+    NoTruthReason.LEDGER_MISSING: (
+        "the chat boundary saw this agent's calls but the framework reported no response for it (the "
+        "agent raised before answering, or its responses were not recorded): a visibility gap, not a "
+        "divergence"
+    ),
+    NoTruthReason.LEDGER_DERIVED: (
+        "the only framework ledger is the invoke_agent span, whose usage MAF Python re-sums from the same "
+        "chat spans, so comparing the two could never disagree"
     ),
 }
 
 
-#: What would give each NoTruth executor its truth back (shown on the run page).
+#: What would give each NoTruth unit its truth back (shown on the run page).
 NO_TRUTH_FIXES: dict[NoTruthReason, str] = {
     NoTruthReason.NO_CHAT_TRACE: (
-        "instrument this executor's chat client (MAF: wrap it with ChatTelemetryLayer / enable "
-        "instrumentation) and export its spans to this collector, in the same trace as the workflow"
+        "instrument this agent's chat client (MAF: enable_instrumentation(), clients with "
+        "ChatTelemetryLayer) and export its spans to this collector, in the same trace as the workflow"
     ),
     NoTruthReason.RESPONSE_MISSING: (
         "an upstream hook in MAF's InProcessExecution that hands each executor's chat response back "
@@ -67,6 +78,16 @@ NO_TRUTH_FIXES: dict[NoTruthReason, str] = {
     NoTruthReason.PARTIAL_RESPONSE: (
         "find the chat spans without gen_ai.usage.* among the chat span ids below (typically streamed "
         "calls cut short, or a client layer that drops usage) and make them record the response"
+    ),
+    NoTruthReason.LEDGER_MISSING: (
+        "if the agent failed, see the failed chat calls and the run's workflow errors; otherwise record "
+        "its responses: MAF Python, install opentelemetry-instrumentation-maf-fidelity and call "
+        "MafFidelityInstrumentor().instrument(); MAF .NET, wrap the agent with UseOpenTelemetry()"
+    ),
+    NoTruthReason.LEDGER_DERIVED: (
+        "record the AgentResponse the caller receives: install opentelemetry-instrumentation-maf-fidelity "
+        "and call MafFidelityInstrumentor().instrument() (or run under opentelemetry-instrument), "
+        "no call-site change needed"
     ),
 }
 
@@ -125,26 +146,45 @@ class LedgerEntry:
 
 @dataclass(frozen=True, slots=True)
 class ChatTurn:
-    """One chat-boundary call: a response (usage and/or finish reason) or a bare request."""
+    """One chat-boundary call: a response (usage and/or finish reason), a failed call (it raised:
+    ``error`` set and no usage) or a bare request (the boundary saw no response)."""
 
     usage: Usage
     finish_reason: str | None
     seq: int = 0
     invocation: str | None = None
     span_id: str | None = None
+    error: str | None = None
 
     @property
     def is_response(self) -> bool:
-        return self.usage.known or self.finish_reason is not None
+        return self.usage.known or (self.finish_reason is not None and self.error is None)
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None and not self.usage.known
+
+    @property
+    def answered(self) -> bool:
+        """A response or a failure: either way the call is accounted for (not a bare request)."""
+        return self.is_response or self.failed
 
 
 @dataclass(frozen=True, slots=True)
 class ExecutorRecord:
+    """One agent unit (DESIGN §1 Units): an executor's own agent, named by the executor id, or another
+    agent that ran inside it, named ``executor/agent``. ``executor_id`` holds that unit name.
+
+    ``ledger_derived``: the framework's only ledger for this unit re-sums the same chat spans (MAF
+    Python's ``invoke_agent``), so it is withheld from ``ledger`` and the unit cannot be checked.
+    """
+
     executor_id: str
     ledger: tuple[LedgerEntry, ...] = ()
     turns: tuple[ChatTurn, ...] = ()
     ledger_source: str = "none"
     span_ids: tuple[str, ...] = ()
+    ledger_derived: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,12 +195,17 @@ class RunInput:
     subject: str | None = None
     incomplete: bool = False
     unattributed_chat_spans: int = 0
-
+    #: Executors in which no agent ran (function executors, dispatchers, idle participants...).
+    non_agent_executors: tuple[str, ...] = ()
+    #: Errors the workflow itself raised (error status on workflow or executor spans): shown, not scored.
+    workflow_errors: tuple[str, ...] = ()
+    #: The run's stable id (live: ``{trace id}-{workflow-run span id}``); None: the caller assigns one.
+    run_id: str | None = None
 
     @property
     def is_workflow(self) -> bool:
-        """False for traces with nothing to reconcile (e.g. MAF's separate ``workflow.build`` trace)."""
-        return bool(self.executors) or self.unattributed_chat_spans > 0
+        """False when no agent ran at all (e.g. MAF's separate ``workflow.build`` trace): not a run."""
+        return bool(self.executors)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +241,7 @@ class Evidence:
     ledger_entries: int
     response_turns: int
     request_turns: int
+    failed_turns: int
     ledger_span_ids: tuple[str, ...] = ()
     chat_span_ids: tuple[str, ...] = ()
     executor_span_ids: tuple[str, ...] = ()
@@ -230,6 +276,8 @@ class RunVerdict:
     unattributed_chat_spans: int = 0
     revision: int = 1
     notes: tuple[str, ...] = field(default=())
+    non_agent_executors: tuple[str, ...] = ()
+    workflow_errors: tuple[str, ...] = ()
 
     @property
     def checked(self) -> int:

@@ -158,10 +158,10 @@ class Pipeline:
         if not item.run.is_workflow:
             if self.metrics is not None:
                 self.metrics.ignored.add(1)
-            log.debug("trace_ignored", trace_id=item.run.trace_id, reason="no executor, agent or chat span")
+            log.debug("run_ignored", trace_id=item.run.trace_id, reason="no agent ran")
             return
         verdict = replace(reconcile(item.run, self.policy, self.config.scoring.preset), revision=item.revision)
-        run_id = verdict.trace_id or ""
+        run_id = item.run.run_id or verdict.trace_id or ""
         stored = StoredRun(run_id, SOURCE_LIVE, verdict, self.instance)
         if self.spans is not None:
             anchor = item.run.root_span_id or next(

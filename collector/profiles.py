@@ -6,12 +6,27 @@ the enabled ones into the few lookups the classifier makes per span.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
 class ProfileConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    #: Resource ``telemetry.sdk.language`` values whose spans this profile describes.
+    sdk_languages: list[str] = Field(default_factory=list)
+    #: Whether this runtime's agent span carries the framework's own AgentResponse usage
+    #: ("independent", a ledger) or re-sums its chat spans ("derived", never a ledger).
+    agent_span_ledger: Literal["independent", "derived"] = "derived"
+    #: Spans that start a workflow run (exact name, or the name followed by a space and more).
+    workflow_run_span_names: list[str] = Field(
+        default_factory=lambda: ["workflow.run", "workflow_invoke", "invoke_workflow"])
+    #: Executor types (``executor.type``, last dotted part) that host one agent of their own: that
+    #: agent's unit is named by the executor id; any other agent in an executor is ``executor/agent``.
+    agent_executor_types: list[str] = Field(default_factory=list)
+    #: Executor-type attribute.
+    executor_type_attributes: list[str] = Field(default_factory=lambda: ["executor.type"])
     executor_span_prefixes: list[str] = Field(default_factory=list)
     executor_id_attributes: list[str] = Field(default_factory=lambda: ["executor.id"])
     agent_span_prefixes: list[str] = Field(default_factory=lambda: ["invoke_agent"])
@@ -32,20 +47,32 @@ class ProfileConfig(BaseModel):
         default_factory=lambda: ["gen_ai.response.finish_reasons"]
     )
     subject_attributes: list[str] = Field(default_factory=lambda: ["workflow.name"])
+    #: Error attribute of a span (besides an error status).
+    error_attributes: list[str] = Field(default_factory=lambda: ["error.type"])
+
+
+PYTHON_AGENT_EXECUTORS = ["AgentExecutor", "HandoffAgentExecutor"]
+DOTNET_AGENT_EXECUTORS = ["AIAgentHostExecutor", "ChatClientAgentExecutor"]
 
 
 def default_profiles() -> dict[str, ProfileConfig]:
-    """MAF Python 1.23 (measured) and MAF .NET span shapes."""
+    """MAF Python 1.23 (measured) and MAF .NET 1.17 (source-verified) span shapes."""
     return {
-        "maf-python": ProfileConfig(executor_span_prefixes=["executor.process"]),
-        "maf-dotnet": ProfileConfig(executor_span_prefixes=["executor.process"]),
+        "maf-python": ProfileConfig(sdk_languages=["python"], agent_span_ledger="derived",
+                                    executor_span_prefixes=["executor.process"],
+                                    agent_executor_types=PYTHON_AGENT_EXECUTORS),
+        "maf-dotnet": ProfileConfig(sdk_languages=["dotnet"], agent_span_ledger="independent",
+                                    executor_span_prefixes=["executor.process"],
+                                    agent_executor_types=DOTNET_AGENT_EXECUTORS,
+                                    subject_attributes=["workflow.name", "workflow.id"]),
     }
 
 
-#: Attributes the AgentResponseEvent bridge writes (DESIGN §3 "Bridge").
+#: Attributes the MAF instrumentation's AgentResponseEvent spans carry (DESIGN §3b). The agent is
+#: named by the profile's agent id attributes; ``executor.id`` names the executor of spans written
+#: by the pre-instrumentation bridge, whose spans sat outside the executor.
 LEDGER_SOURCE_ATTRIBUTE = "fidelity.ledger.source"
 LEDGER_SOURCE_BRIDGE = "AgentResponseEvent"
-LEDGER_INVOCATION_ATTRIBUTE = "fidelity.invocation"
 BRIDGE_EXECUTOR_ATTRIBUTE = "executor.id"
 
 
@@ -68,6 +95,14 @@ class Matcher:
         self.total_keys = union("total_tokens_attributes")
         self.finish_keys = union("finish_reasons_attributes")
         self.subject_keys = union("subject_attributes")
+        self.error_keys = union("error_attributes")
+        self.executor_type_keys = union("executor_type_attributes")
+        self.run_names = frozenset(union("workflow_run_span_names"))
+        self.agent_executor_types = frozenset(t.casefold() for t in union("agent_executor_types"))
+        #: telemetry.sdk.language -> the agent span is an independent ledger (unknown: it is not).
+        self.independent_agent_span = {
+            lang.casefold(): p.agent_span_ledger == "independent" for p in profiles for lang in p.sdk_languages
+        }
         #: Every attribute key the classifier reads; decoding keeps only these.
         self.wanted_keys = frozenset(
             self.executor_id_keys
@@ -78,8 +113,19 @@ class Matcher:
             + self.total_keys
             + self.finish_keys
             + self.subject_keys
-            + (LEDGER_SOURCE_ATTRIBUTE, LEDGER_INVOCATION_ATTRIBUTE, BRIDGE_EXECUTOR_ATTRIBUTE)
+            + self.error_keys
+            + self.executor_type_keys
+            + (LEDGER_SOURCE_ATTRIBUTE, BRIDGE_EXECUTOR_ATTRIBUTE)
         )
+
+    def is_run(self, name: str) -> bool:
+        return name in self.run_names or name.partition(" ")[0] in self.run_names
+
+    def is_agent_executor_type(self, executor_type: object) -> bool:
+        return isinstance(executor_type, str) and executor_type.rpartition(".")[2].casefold() in self.agent_executor_types
+
+    def agent_span_is_ledger(self, sdk_language: str | None) -> bool:
+        return bool(sdk_language) and self.independent_agent_span.get(sdk_language.casefold(), False)
 
     def is_executor(self, name: str) -> bool:
         return name.startswith(self.executor_prefixes)

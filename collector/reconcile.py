@@ -30,9 +30,9 @@ from collector.model import (
 
 
 def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard") -> RunVerdict:
-    """Reconcile every executor of one workflow run and derive the run's score and status."""
+    """Reconcile every agent unit of one workflow run and derive the run's score and status."""
     verdicts = tuple(
-        reconcile_executor(e, policy) for e in sorted(run.executors, key=lambda e: e.executor_id)
+        reconcile_executor(e, policy) for e in sorted(merge_units(run.executors), key=lambda e: e.executor_id.casefold())
     )
     score = run_score(verdicts)
     return RunVerdict(
@@ -45,7 +45,30 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
         preset=preset,
         incomplete=run.incomplete,
         unattributed_chat_spans=run.unattributed_chat_spans,
+        non_agent_executors=run.non_agent_executors,
+        workflow_errors=run.workflow_errors,
     )
+
+
+def merge_units(records: Iterable[ExecutorRecord]) -> list[ExecutorRecord]:
+    """Records whose unit names differ only in case are one unit, shown with the first spelling seen."""
+    merged: dict[str, ExecutorRecord] = {}
+    for r in records:
+        key = r.executor_id.casefold()
+        seen = merged.get(key)
+        if seen is None:
+            merged[key] = r
+            continue
+        ledger = seen.ledger + r.ledger
+        merged[key] = ExecutorRecord(
+            executor_id=seen.executor_id,
+            ledger=ledger,
+            turns=seen.turns + r.turns,
+            ledger_source=seen.ledger_source if seen.ledger else r.ledger_source,
+            span_ids=seen.span_ids + r.span_ids,
+            ledger_derived=not ledger and (seen.ledger_derived or r.ledger_derived),
+        )
+    return list(merged.values())
 
 
 def run_score(verdicts: Iterable[ExecutorVerdict]) -> float | None:
@@ -71,7 +94,9 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
 
     framework_tokens = sum(e.usage.total or 0 for e in ledger)
     known = [t.usage.total for t in responses if t.usage.total is not None]
-    truth_tokens = sum(known) if known else None
+    failed = sum(1 for t in turns if t.failed)
+    # Failed calls add 0: a unit whose every answered call failed has a truth of 0 tokens.
+    truth_tokens = sum(known) if known else 0 if failed and not responses else None
 
     delta = direction = None
     token_diverged = False
@@ -86,7 +111,7 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
     comparisons, aligned = _compare_finish(ledger, responses, lambda r: _normalize(r, aliases))
     finish_diverged = any(c.diverged for c in comparisons)
 
-    no_truth = _no_truth_reason(turns, responses)
+    no_truth = _no_truth_reason(turns, responses, ledger, record.ledger_derived)
     if no_truth is not None:
         verdict = Verdict.NO_TRUTH
         token_diverged = finish_diverged = False
@@ -105,7 +130,7 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
         delta=delta,
         direction=direction,
         tolerance=policy.tolerance,
-        framework_finish=_first_reason(ledger),
+        framework_finish=_last_entry_reason(ledger),
         truth_finish=_last_reason(responses),
         finish_comparisons=tuple(comparisons),
         aligned=aligned,
@@ -113,7 +138,8 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
         ledger_missing=not ledger,
         ledger_entries=len(ledger),
         response_turns=len(responses),
-        request_turns=len(turns) - len(responses),
+        request_turns=sum(1 for t in turns if not t.answered),
+        failed_turns=failed,
         ledger_span_ids=tuple(e.span_id for e in ledger if e.span_id),
         chat_span_ids=tuple(t.span_id for t in turns if t.span_id),
         executor_span_ids=record.span_ids,
@@ -135,13 +161,22 @@ def _exact(tolerance: float) -> Fraction:
     return Fraction(str(tolerance))
 
 
-def _no_truth_reason(turns: Sequence[ChatTurn], responses: Sequence[ChatTurn]) -> NoTruthReason | None:
+def _no_truth_reason(turns: Sequence[ChatTurn], responses: Sequence[ChatTurn], ledger: Sequence[LedgerEntry],
+                     derived: bool) -> NoTruthReason | None:
+    """Why there is nothing honest to compare, first what the chat boundary lacks, then the ledger.
+
+    A failed call is accounted for (it adds 0 tokens), never a missing response: a failure is never
+    explained as the Path-2 gap.
+    """
     if not turns:
         return NoTruthReason.NO_CHAT_TRACE
-    if not responses:
+    answered = sum(1 for t in turns if t.answered)
+    if not answered:
         return NoTruthReason.RESPONSE_MISSING
-    if len(responses) < len(turns):
+    if answered < len(turns):
         return NoTruthReason.PARTIAL_RESPONSE
+    if not ledger:
+        return NoTruthReason.LEDGER_DERIVED if derived else NoTruthReason.LEDGER_MISSING
     return None
 
 
@@ -152,8 +187,8 @@ def _normalize(reason: str | None, aliases: dict[str, str]) -> str | None:
     return aliases.get(key, key) or None
 
 
-def _first_reason(ledger: Sequence[LedgerEntry]) -> str | None:
-    return next((e.finish_reason for e in ledger if e.finish_reason is not None), None)
+def _last_entry_reason(ledger: Sequence[LedgerEntry]) -> str | None:
+    return ledger[-1].finish_reason if ledger else None
 
 
 def _last_reason(responses: Sequence[ChatTurn]) -> str | None:
@@ -163,7 +198,9 @@ def _last_reason(responses: Sequence[ChatTurn]) -> str | None:
 def _compare_finish(
     ledger: Sequence[LedgerEntry], responses: Sequence[ChatTurn], norm
 ) -> tuple[list[FinishComparison], bool]:
-    """Per-invocation comparison where both sides carry invocation keys, else the fallback rule.
+    """Per-invocation comparison where both sides carry invocation keys, else the fallback rule: the
+    framework reason of the *last* ledger entry (null included: a suppressed final finish is not
+    masked by an earlier step) against the last non-null response reason.
 
     A truth side without any finish reason cannot disprove the framework, so it is not compared.
     """
@@ -171,13 +208,15 @@ def _compare_finish(
         t.invocation is not None for t in responses
     )
     if not aligned:
-        pairs = [(None, _first_reason(ledger), _last_reason(responses))]
+        pairs = [(None, _last_entry_reason(ledger), _last_reason(responses))]
     else:
-        keys = list(dict.fromkeys([t.invocation for t in responses] + [e.invocation for e in ledger]))
+        # Invocations the framework reported on: one it never answered (the agent raised) has no
+        # framework reason to compare, and its tokens are still in the sums.
+        keys = list(dict.fromkeys(e.invocation for e in ledger))
         pairs = [
             (
                 key,
-                _first_reason([e for e in ledger if e.invocation == key]),
+                _last_entry_reason([e for e in ledger if e.invocation == key]),
                 _last_reason([t for t in responses if t.invocation == key]),
             )
             for key in keys

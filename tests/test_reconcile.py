@@ -34,8 +34,12 @@ def req(seq=0, inv=None):
     return ChatTurn(Usage(), None, seq, inv)
 
 
-def ex(ledger=(), turns=(), eid="e"):
-    return ExecutorRecord(eid, tuple(ledger), tuple(turns), "test")
+def failed(seq=0, inv=None, error="429 Too Many Requests"):
+    return ChatTurn(Usage(), None, seq, inv, None, error)
+
+
+def ex(ledger=(), turns=(), eid="e", derived=False):
+    return ExecutorRecord(eid, tuple(ledger), tuple(turns), "test", (), derived)
 
 
 CASES = {
@@ -53,7 +57,13 @@ CASES = {
     "partial_response": (ex([entry(100, 50)], [resp(100, 50), req(1)]), Verdict.NO_TRUTH,
                          NoTruthReason.PARTIAL_RESPONSE),
     "total_used_when_split_unknown": (ex([entry(total=150)], [resp(100, 50)]), Verdict.AGREE, None),
-    "ledger_missing_is_both": (ex([], [resp(100, 50)]), Verdict.BOTH, None),
+    "ledger_missing_is_a_visibility_gap": (ex([], [resp(100, 50)]), Verdict.NO_TRUTH, NoTruthReason.LEDGER_MISSING),
+    "derived_ledger_proves_nothing": (ex([], [resp(100, 50)], derived=True), Verdict.NO_TRUTH,
+                                      NoTruthReason.LEDGER_DERIVED),
+    "failed_call_is_not_path2": (ex([], [failed()]), Verdict.NO_TRUTH, NoTruthReason.LEDGER_MISSING),
+    "failed_call_then_retry_adds_zero": (ex([entry(100, 50)], [failed(0), resp(100, 50, seq=1)]), Verdict.AGREE, None),
+    "failed_call_beside_bare_request_is_partial": (ex([entry(100, 50)], [failed(0), req(1)]), Verdict.NO_TRUTH,
+                                                   NoTruthReason.PARTIAL_RESPONSE),
     "truth_without_finish_reason_cannot_disprove": (ex([entry(100, 50, finish="stop")], [resp(100, 50, finish=None)]),
                                                     Verdict.AGREE, None),
 }
@@ -121,12 +131,43 @@ def test_alignment_compares_the_last_chat_response_of_each_invocation():
     assert reconcile_executor(ex(ledger, turns)).verdict is Verdict.AGREE
 
 
-def test_unaligned_fallback_compares_first_framework_reason_with_last_truth_reason():
+def test_unaligned_fallback_compares_the_last_framework_reason_with_the_last_truth_reason():
     ledger = [entry(50, 5, finish=None, seq=0), entry(50, 5, finish="stop", seq=1)]
     turns = [resp(50, 5, finish="length", seq=0), resp(50, 5, finish="stop", seq=1)]
     v = reconcile_executor(ex(ledger, turns))
     assert not v.evidence.aligned
     assert v.verdict is Verdict.AGREE
+
+
+def test_suppressed_final_finish_is_not_masked_by_an_earlier_step():
+    # AgentEval's rule (DESIGN §1 r2): the framework reason is the last entry's, null included.
+    ledger = [entry(50, 5, finish="stop", seq=0), entry(50, 5, finish=None, seq=1)]
+    turns = [resp(50, 5, finish="stop", seq=0), resp(50, 5, finish="content_filter", seq=1)]
+    v = reconcile_executor(ex(ledger, turns))
+    assert v.verdict is Verdict.FINISH_MISMATCH
+    assert (v.evidence.framework_finish, v.evidence.truth_finish) == (None, "content_filter")
+
+
+def test_failed_turns_are_counted_in_the_evidence_and_add_nothing():
+    v = reconcile_executor(ex([entry(100, 50)], [resp(100, 50, seq=0), failed(1)]))
+    assert v.verdict is Verdict.AGREE
+    ev = v.evidence
+    assert (ev.truth_tokens, ev.failed_turns, ev.response_turns, ev.request_turns) == (150, 1, 1, 0)
+
+
+def test_an_invocation_that_failed_is_not_a_suppressed_finish():
+    # Invocation "a" raised after a tool_calls response, so the framework reported only "b".
+    ledger = [entry(100, 10, finish="stop", seq=2, inv="b")]
+    turns = [resp(50, 5, finish="tool_calls", seq=0, inv="a"), failed(1, inv="a"),
+             resp(100, 10, finish="stop", seq=2, inv="b")]
+    v = reconcile_executor(ex(ledger, turns))
+    assert not v.finish_diverged and v.token_diverged  # 55 tokens of "a" were never reported
+
+
+def test_unit_names_are_case_insensitive_and_keep_the_first_spelling():
+    run = reconcile(RunInput((ex([entry(100, 0)], [], "Writer"), ex([], [resp(100, 0)], "writer"))))
+    (unit,) = run.executors
+    assert unit.executor_id == "Writer" and unit.verdict is Verdict.AGREE and run.status is Status.PASS
 
 
 def test_unaligned_all_null_framework_reasons_diverge():

@@ -31,7 +31,7 @@ def _num(value: Any) -> str:
 def executor_table(run: dict[str, Any]) -> Table:
     table = Table(title=f"run {run.get('run_id', '')}  trace {run.get('trace_id') or '-'}", title_justify="left")
     for col, justify in [
-        ("executor", "left"), ("verdict", "left"), ("score", "right"), ("framework tok", "right"),
+        ("unit", "left"), ("verdict", "left"), ("score", "right"), ("framework tok", "right"),
         ("truth tok", "right"), ("delta", "right"), ("finish fw / truth", "left"), ("ledger", "left"),
         ("no-truth reason", "left"),
     ]:
@@ -60,10 +60,10 @@ def status_line(run: dict[str, Any]) -> str:
     if run["incomplete"]:
         tags += ", incomplete trace"
     if status == "PENDING":
-        return f"{head}  nothing was checked: no executor has usable chat truth ({tags})"
+        return f"{head}  nothing was checked: no agent unit could be checked honestly ({tags})"
     return (
         f"{head}  score {fmt_score(run['score'])}  checked {run['checked']}/"
-        f"{run['checked'] + run['unchecked']} executors ({tags})"
+        f"{run['checked'] + run['unchecked']} agent units ({tags})"
     )
 
 
@@ -74,11 +74,19 @@ def print_run(console: Console, run: dict[str, Any]) -> None:
         console.print(executor_table(run))
     for e in run["executors"]:
         if e["no_truth_reason"]:
-            console.print(f"  [magenta]{e['executor_id']}[/]: {e['no_truth_reason']} - {e['no_truth_explanation']}")
+            failed = e["evidence"].get("failed_turns")
+            extra = f" ({failed} chat call(s) failed)" if failed else ""
+            console.print(f"  [magenta]{e['executor_id']}[/]: {e['no_truth_reason']} - {e['no_truth_explanation']}{extra}")
+            if e.get("no_truth_fix"):
+                console.print(f"    fix: {e['no_truth_fix']}")
     if not run["executors"]:
-        console.print("  no executor, agent or chat span was found in this trace")
+        console.print("  no agent ran in this run")
+    if run.get("non_agent_executors"):
+        console.print(f"  not reconciled (no agent ran): {', '.join(run['non_agent_executors'])}")
     if run.get("unattributed_chat_spans"):
-        console.print(f"  {run['unattributed_chat_spans']} chat span(s) could not be attributed to an executor")
+        console.print(f"  {run['unattributed_chat_spans']} chat span(s) had no executor or agent")
+    for error in run.get("workflow_errors") or ():
+        console.print(f"  [red]workflow error[/] (not scored): {error}")
     console.print(status_line(run))
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import enum
 from typing import Any
 
-from collector.model import NO_TRUTH_EXPLANATIONS, ExecutorVerdict, RunVerdict
+from collector.model import NO_TRUTH_EXPLANATIONS, NO_TRUTH_FIXES, ExecutorVerdict, RunVerdict
 
 
 _SCALARS = (str, int, float, bool, type(None))
@@ -27,8 +27,9 @@ def _plain(value: Any) -> Any:
 def executor_to_dict(verdict: ExecutorVerdict) -> dict[str, Any]:
     out = _plain(verdict)
     out["checked"] = verdict.checked
-    out["no_truth_explanation"] = (NO_TRUTH_EXPLANATIONS[verdict.no_truth_reason]
-                                   if verdict.no_truth_reason is not None else None)
+    reason = verdict.no_truth_reason
+    out["no_truth_explanation"] = NO_TRUTH_EXPLANATIONS[reason] if reason is not None else None
+    out["no_truth_fix"] = NO_TRUTH_FIXES[reason] if reason is not None else None
     return out
 
 

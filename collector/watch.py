@@ -71,6 +71,8 @@ def run_line(doc: dict[str, Any]) -> str:
              f"subject={doc['subject'] or '-'}"]
     if reasons := no_truth_summary(doc):
         parts.append(f"no_truth={reasons.replace(' ', '')}")
+    if doc.get("workflow_errors"):
+        parts.append(f"workflow_errors={len(doc['workflow_errors'])}")
     return "  ".join(parts)
 
 
@@ -90,7 +92,7 @@ class Board:
 
     def render(self) -> Group:
         table = Table(title="agenteval watch: run verdicts, newest first", title_justify="left", expand=True)
-        for col, justify in [("time", "left"), ("status", "left"), ("score", "right"), ("checked", "right"),
+        for col, justify in [("time", "left"), ("status", "left"), ("score", "right"), ("units checked", "right"),
                              ("subject", "left"), ("run", "left"), ("rev", "right"), ("NoTruth reasons", "left")]:
             table.add_column(col, justify=justify)  # type: ignore[arg-type]
         for doc in reversed(self.runs.values()):

@@ -180,7 +180,7 @@ class CollectorProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             doc = self.store().get_run(trace_id)
-            if doc is not None and doc["run_id"] == trace_id and doc["revision"] >= revision:
+            if doc is not None and doc["run_id"].startswith(trace_id) and doc["revision"] >= revision:
                 doc.pop("created_at"), doc.pop("updated_at")
                 return doc
             time.sleep(0.05)

@@ -1,7 +1,13 @@
 """Spans shaped like MAF Python 1.23 and MAF .NET emit them, made with the real OpenTelemetry SDK.
 
 A scenario is declarative: per executor, its invocations; per invocation, the chat calls that crossed
-the boundary and what the framework reported. ``emit`` replays it through a real tracer.
+the boundary and what the framework reported. ``emit`` replays it through a real tracer:
+
+- MAF Python: ``invoke_agent`` carries the usage it re-sums from its chat spans (never a ledger); the
+  framework's report is an ``agent_response`` span under it, as our instrumentation writes it
+  (``ledger="instrumentation"``), or absent (``ledger="invoke_agent"``: the unit is ledger_derived).
+- MAF .NET: ``invoke_agent`` carries the AgentResponse's own usage (an independent ledger), and the
+  resource says ``telemetry.sdk.language = dotnet``.
 """
 
 from __future__ import annotations
@@ -46,7 +52,8 @@ class Scenario:
     executors: dict[str, list[Invocation]]
     name: str = "wf"
     chat_instrumented: set[str] | None = None  # None: all executors' chat clients are instrumented
-    bridge: bool = False
+    #: MAF Python's ledger: "instrumentation" (agent_response spans) or "invoke_agent" (derived only).
+    ledger: str = "instrumentation"
     dotnet: bool = False
     sensitive: bool = True
     extra_root_attrs: dict = field(default_factory=dict)
@@ -72,7 +79,6 @@ def emit(tracer: trace.Tracer, sc: Scenario) -> str:
     root_name = "workflow_invoke" if sc.dotnet else "workflow.run"
     with tracer.start_as_current_span(root_name, attributes={"workflow.name": sc.name, "workflow.id": sc.name,
                                                              **sc.extra_root_attrs}) as root:
-        ordinals: dict[str, int] = {}
         for executor_id, invocations in sc.executors.items():
             for inv in invocations:
                 with tracer.start_as_current_span(
@@ -83,8 +89,8 @@ def emit(tracer: trace.Tracer, sc: Scenario) -> str:
                     agent_name = f"invoke_agent {executor_id}({executor_id}-id)" if sc.dotnet else f"invoke_agent {executor_id}"
                     agent_attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": executor_id,
                                    "gen_ai.agent.id": f"{executor_id}-id"}
-                    if not sc.bridge:
-                        agent_attrs.update(_usage_attrs(*reported))
+                    # .NET: the AgentResponse's own usage; Python: re-summed from the chat spans.
+                    agent_attrs.update(_usage_attrs(*(reported if sc.dotnet else inv.honest())))
                     with tracer.start_as_current_span(agent_name, attributes=agent_attrs):
                         if sc.chat_instrumented is None or executor_id in sc.chat_instrumented:
                             for call in inv.calls:
@@ -96,22 +102,23 @@ def emit(tracer: trace.Tracer, sc: Scenario) -> str:
                                         attrs["gen_ai.output.messages"] = json.dumps([{"role": "assistant", "parts": [{"content": "SECRET-ANSWER"}]}])
                                 with tracer.start_as_current_span("chat fake-model", attributes=attrs):
                                     pass
-                if sc.bridge:
-                    n = ordinals.get(executor_id, 0)
-                    ordinals[executor_id] = n + 1
-                    with tracer.start_as_current_span(
-                        f"agent_response {executor_id}",
-                        attributes={"fidelity.ledger.source": "AgentResponseEvent", "executor.id": executor_id,
-                                    "fidelity.invocation": n, **_usage_attrs(*reported)},
-                    ):
-                        pass
+                        if not sc.dotnet and sc.ledger == "instrumentation":
+                            with tracer.start_as_current_span(
+                                f"agent_response {executor_id}",
+                                attributes={"fidelity.ledger.source": "AgentResponseEvent",
+                                            "gen_ai.agent.name": executor_id, **_usage_attrs(*reported)},
+                            ):
+                                pass
         return format(root.get_span_context().trace_id, "032x")
 
 
 def record(scenarios: list[Scenario], service: str = "maf-app") -> tuple[list, list[str]]:
     """Run scenarios through a real SDK tracer; returns finished ReadableSpans and trace ids."""
     exporter = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    resource = {"service.name": service}
+    if any(sc.dotnet for sc in scenarios):
+        resource["telemetry.sdk.language"] = "dotnet"
+    provider = TracerProvider(resource=Resource.create(resource))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("agent_framework")
     ids = [emit(tracer, sc) for sc in scenarios]

@@ -141,13 +141,16 @@ def test_dotnet_shaped_workflow(collector):
     assert verdicts(run) == {"planner": "Agree", "coder": "FinishMismatch"}
 
 
-def test_direct_agent_trace_without_executor_spans_is_reconciled(collector):
+def _direct_agent_call(language: str) -> tuple[list, str]:
+    """An agent called outside any workflow (.NET orchestration builders emit no workflow spans):
+    the agent reports 15 tokens, its chat call used 150."""
+    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
+    provider = TracerProvider(resource=Resource.create({"telemetry.sdk.language": language}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("agent_framework")
     with tracer.start_as_current_span("invoke_agent helper", attributes={
@@ -158,10 +161,29 @@ def test_direct_agent_trace_without_executor_spans_is_reconciled(collector):
                 "gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 100, "gen_ai.usage.output_tokens": 50,
                 "gen_ai.response.finish_reasons": '["stop"]'}):
             pass
-    trace_id = format(root.get_span_context().trace_id, "032x")
-    export_spans(collector, list(exporter.get_finished_spans()))
+    return list(exporter.get_finished_spans()), format(root.get_span_context().trace_id, "032x")
+
+
+def test_direct_dotnet_agent_call_is_one_run_and_its_under_report_is_caught(collector):
+    spans, trace_id = _direct_agent_call("dotnet")
+    export_spans(collector, spans)
     run = collector.run(trace_id)
-    assert verdicts(run) == {"helper": "TokenMismatch"}
+    assert run["run_id"] == trace_id  # no workflow-run span: the run is the trace
+    (helper,) = run["executors"]
+    assert helper["executor_id"] == "helper" and helper["verdict"] == "TokenMismatch"
+    assert (helper["evidence"]["framework_tokens"], helper["evidence"]["truth_tokens"]) == (15, 150)
+    assert helper["evidence"]["ledger_source"] == "invoke_agent" and run["status"] == "FAIL"
+
+
+def test_python_invoke_agent_usage_is_never_taken_as_the_ledger(collector):
+    # MAF Python re-sums invoke_agent's usage from its chat spans: comparing them proves nothing.
+    spans, trace_id = _direct_agent_call("python")
+    export_spans(collector, spans)
+    run = collector.run(trace_id)
+    (helper,) = run["executors"]
+    assert (helper["verdict"], helper["no_truth_reason"]) == ("NoTruth", "ledger_derived")
+    assert run["status"] == "PENDING" and run["score"] is None
+    assert "MafFidelityInstrumentor" in helper["no_truth_fix"]
 
 
 def test_invalid_spans_are_rejected_in_partial_success_and_the_rest_kept(collector):

@@ -118,13 +118,16 @@ def test_bridge_does_not_change_what_the_caller_receives():
 
 
 def test_bridge_with_the_callers_own_tracer_provider(collector):
+    # The parent span goes to the bridge's provider; ledger spans to the provider the (process-wide)
+    # instrumentation was given; all share the run's trace.
     own = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(own))
     wf = chain("own-provider", [AgentSpec("solo", [Turn(50, 5)])])
     _, maf_spans, trace_id = run_workflow(wf, bridge=FidelityBridge(tracer_provider=provider))
     bridge_spans = list(own.get_finished_spans())
-    assert {s.name for s in bridge_spans} == {"workflow.fidelity own-provider", "agent_response solo"}
+    assert "workflow.fidelity own-provider" in [s.name for s in bridge_spans]
+    assert [s.name for s in maf_spans + bridge_spans].count("agent_response solo") == 1
     assert all(format(s.context.trace_id, "032x") == trace_id for s in maf_spans if s.name != "workflow.build")
     export_spans(collector, maf_spans + bridge_spans)
     assert verdicts(collector.run(trace_id)) == {"solo": "Agree"}

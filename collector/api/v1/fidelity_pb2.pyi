@@ -33,6 +33,8 @@ class NoTruthReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NO_TRUTH_REASON_NO_CHAT_TRACE: _ClassVar[NoTruthReason]
     NO_TRUTH_REASON_RESPONSE_MISSING: _ClassVar[NoTruthReason]
     NO_TRUTH_REASON_PARTIAL_RESPONSE: _ClassVar[NoTruthReason]
+    NO_TRUTH_REASON_LEDGER_MISSING: _ClassVar[NoTruthReason]
+    NO_TRUTH_REASON_LEDGER_DERIVED: _ClassVar[NoTruthReason]
 STATUS_UNSPECIFIED: Status
 STATUS_PASS: Status
 STATUS_WARN: Status
@@ -48,6 +50,8 @@ NO_TRUTH_REASON_UNSPECIFIED: NoTruthReason
 NO_TRUTH_REASON_NO_CHAT_TRACE: NoTruthReason
 NO_TRUTH_REASON_RESPONSE_MISSING: NoTruthReason
 NO_TRUTH_REASON_PARTIAL_RESPONSE: NoTruthReason
+NO_TRUTH_REASON_LEDGER_MISSING: NoTruthReason
+NO_TRUTH_REASON_LEDGER_DERIVED: NoTruthReason
 
 class FinishComparison(_message.Message):
     __slots__ = ("invocation", "framework", "truth", "diverged")
@@ -62,7 +66,7 @@ class FinishComparison(_message.Message):
     def __init__(self, invocation: _Optional[str] = ..., framework: _Optional[str] = ..., truth: _Optional[str] = ..., diverged: _Optional[bool] = ...) -> None: ...
 
 class Evidence(_message.Message):
-    __slots__ = ("framework_tokens", "truth_tokens", "delta", "direction", "tolerance", "framework_finish", "truth_finish", "finish_comparisons", "aligned", "ledger_source", "ledger_missing", "ledger_entries", "response_turns", "request_turns", "ledger_span_ids", "chat_span_ids", "executor_span_ids")
+    __slots__ = ("framework_tokens", "truth_tokens", "delta", "direction", "tolerance", "framework_finish", "truth_finish", "finish_comparisons", "aligned", "ledger_source", "ledger_missing", "ledger_entries", "response_turns", "request_turns", "ledger_span_ids", "chat_span_ids", "executor_span_ids", "failed_turns")
     FRAMEWORK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRUTH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +84,7 @@ class Evidence(_message.Message):
     LEDGER_SPAN_IDS_FIELD_NUMBER: _ClassVar[int]
     CHAT_SPAN_IDS_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_SPAN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_TURNS_FIELD_NUMBER: _ClassVar[int]
     framework_tokens: int
     truth_tokens: int
     delta: int
@@ -97,10 +102,11 @@ class Evidence(_message.Message):
     ledger_span_ids: _containers.RepeatedScalarFieldContainer[str]
     chat_span_ids: _containers.RepeatedScalarFieldContainer[str]
     executor_span_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, framework_tokens: _Optional[int] = ..., truth_tokens: _Optional[int] = ..., delta: _Optional[int] = ..., direction: _Optional[str] = ..., tolerance: _Optional[float] = ..., framework_finish: _Optional[str] = ..., truth_finish: _Optional[str] = ..., finish_comparisons: _Optional[_Iterable[_Union[FinishComparison, _Mapping]]] = ..., aligned: _Optional[bool] = ..., ledger_source: _Optional[str] = ..., ledger_missing: _Optional[bool] = ..., ledger_entries: _Optional[int] = ..., response_turns: _Optional[int] = ..., request_turns: _Optional[int] = ..., ledger_span_ids: _Optional[_Iterable[str]] = ..., chat_span_ids: _Optional[_Iterable[str]] = ..., executor_span_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    failed_turns: int
+    def __init__(self, framework_tokens: _Optional[int] = ..., truth_tokens: _Optional[int] = ..., delta: _Optional[int] = ..., direction: _Optional[str] = ..., tolerance: _Optional[float] = ..., framework_finish: _Optional[str] = ..., truth_finish: _Optional[str] = ..., finish_comparisons: _Optional[_Iterable[_Union[FinishComparison, _Mapping]]] = ..., aligned: _Optional[bool] = ..., ledger_source: _Optional[str] = ..., ledger_missing: _Optional[bool] = ..., ledger_entries: _Optional[int] = ..., response_turns: _Optional[int] = ..., request_turns: _Optional[int] = ..., ledger_span_ids: _Optional[_Iterable[str]] = ..., chat_span_ids: _Optional[_Iterable[str]] = ..., executor_span_ids: _Optional[_Iterable[str]] = ..., failed_turns: _Optional[int] = ...) -> None: ...
 
 class ExecutorVerdict(_message.Message):
-    __slots__ = ("executor_id", "verdict", "score", "token_diverged", "finish_diverged", "no_truth_reason", "no_truth_explanation", "evidence", "checked")
+    __slots__ = ("executor_id", "verdict", "score", "token_diverged", "finish_diverged", "no_truth_reason", "no_truth_explanation", "evidence", "checked", "no_truth_fix")
     EXECUTOR_ID_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +116,7 @@ class ExecutorVerdict(_message.Message):
     NO_TRUTH_EXPLANATION_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     CHECKED_FIELD_NUMBER: _ClassVar[int]
+    NO_TRUTH_FIX_FIELD_NUMBER: _ClassVar[int]
     executor_id: str
     verdict: Verdict
     score: float
@@ -119,10 +126,11 @@ class ExecutorVerdict(_message.Message):
     no_truth_explanation: str
     evidence: Evidence
     checked: bool
-    def __init__(self, executor_id: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., score: _Optional[float] = ..., token_diverged: _Optional[bool] = ..., finish_diverged: _Optional[bool] = ..., no_truth_reason: _Optional[_Union[NoTruthReason, str]] = ..., no_truth_explanation: _Optional[str] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., checked: _Optional[bool] = ...) -> None: ...
+    no_truth_fix: str
+    def __init__(self, executor_id: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., score: _Optional[float] = ..., token_diverged: _Optional[bool] = ..., finish_diverged: _Optional[bool] = ..., no_truth_reason: _Optional[_Union[NoTruthReason, str]] = ..., no_truth_explanation: _Optional[str] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., checked: _Optional[bool] = ..., no_truth_fix: _Optional[str] = ...) -> None: ...
 
 class RunVerdict(_message.Message):
-    __slots__ = ("run_id", "trace_id", "subject", "status", "score", "preset", "source", "revision", "incomplete", "checked", "unchecked", "unattributed_chat_spans", "notes", "exit_code", "root_span_id", "updated_at", "executors", "cost_tier", "created_at", "finalized_by")
+    __slots__ = ("run_id", "trace_id", "subject", "status", "score", "preset", "source", "revision", "incomplete", "checked", "unchecked", "unattributed_chat_spans", "notes", "exit_code", "root_span_id", "updated_at", "executors", "cost_tier", "created_at", "finalized_by", "non_agent_executors", "workflow_errors")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +151,8 @@ class RunVerdict(_message.Message):
     COST_TIER_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     FINALIZED_BY_FIELD_NUMBER: _ClassVar[int]
+    NON_AGENT_EXECUTORS_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_ERRORS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     trace_id: str
     subject: str
@@ -163,7 +173,9 @@ class RunVerdict(_message.Message):
     cost_tier: str
     created_at: _timestamp_pb2.Timestamp
     finalized_by: str
-    def __init__(self, run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., subject: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., score: _Optional[float] = ..., preset: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[int] = ..., incomplete: _Optional[bool] = ..., checked: _Optional[int] = ..., unchecked: _Optional[int] = ..., unattributed_chat_spans: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., root_span_id: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., executors: _Optional[_Iterable[_Union[ExecutorVerdict, _Mapping]]] = ..., cost_tier: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finalized_by: _Optional[str] = ...) -> None: ...
+    non_agent_executors: _containers.RepeatedScalarFieldContainer[str]
+    workflow_errors: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., subject: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., score: _Optional[float] = ..., preset: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[int] = ..., incomplete: _Optional[bool] = ..., checked: _Optional[int] = ..., unchecked: _Optional[int] = ..., unattributed_chat_spans: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., root_span_id: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., executors: _Optional[_Iterable[_Union[ExecutorVerdict, _Mapping]]] = ..., cost_tier: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finalized_by: _Optional[str] = ..., non_agent_executors: _Optional[_Iterable[str]] = ..., workflow_errors: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("subject", "statuses", "replay")

@@ -310,13 +310,15 @@ class TraceState:
                 self._pending[parent_id] = keep
             else:
                 self._pending.pop(parent_id, None)
-        if everything:
-            while self._pending:  # parent cycles: nothing outside them will ever resolve them
-                parent_id, children = self._pending.popitem()
-                for child in children:
-                    self._pending_ids.discard(child.span_id)
-                    if child.span_id not in self._context:
-                        self._resolve(child, _NO_CONTEXT)
+        while everything and self._pending:
+            # Parent cycles: nothing outside them will ever resolve them. Break each at one span,
+            # classified as if parentless; the rest of the cycle resolves beneath it.
+            parent_id, children = next(iter(self._pending.items()))
+            child = children.pop()
+            if not children:
+                del self._pending[parent_id]
+            self._pending_ids.discard(child.span_id)
+            self._resolve(child, _NO_CONTEXT)
 
     @property
     def pending_runs(self) -> bool:

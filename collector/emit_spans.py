@@ -38,6 +38,10 @@ def run_attributes(run: RunVerdict, run_id: str) -> dict:
     }
     if run.score is not None:  # PENDING has no score, not a zero
         attrs["fidelity.score"] = run.score
+    if run.non_agent_executors:
+        attrs["fidelity.non_agent_executors"] = list(run.non_agent_executors)
+    if run.workflow_errors:
+        attrs["fidelity.workflow_errors"] = list(run.workflow_errors)
     if run.subject:
         attrs["fidelity.subject"] = run.subject
     return attrs
@@ -53,6 +57,7 @@ def executor_attributes(e: ExecutorVerdict, run: RunVerdict) -> dict:
         "fidelity.evidence.ledger_missing": ev.ledger_missing,
         "fidelity.evidence.response_turns": ev.response_turns,
         "fidelity.evidence.request_turns": ev.request_turns,
+        "fidelity.evidence.failed_turns": ev.failed_turns,
         "fidelity.revision": run.revision,
         "fidelity.incomplete": run.incomplete,
     }

@@ -1,0 +1,198 @@
+"""Runs are workflow-run spans (DESIGN §3 Runs): several per trace, nested ones belong to the outer
+run, parents that are never exported are not waited for. Spans are made by the real SDK, encoded
+to real OTLP protobuf and decoded as the receivers do; the assembler runs on a controlled clock."""
+
+from __future__ import annotations
+
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Status, StatusCode
+
+from collector.assembler import Assembler
+from collector.config import CollectorConfig
+from collector.decode import decode_request
+from collector.reconcile import reconcile
+
+CONFIG = CollectorConfig()
+MATCHER = CONFIG.matcher()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Recorder:
+    """A real SDK tracer whose finished spans are handed over in export order."""
+
+    def __init__(self, language: str = "python") -> None:
+        self.exporter = InMemorySpanExporter()
+        provider = TracerProvider(resource=Resource.create({"service.name": "app", "telemetry.sdk.language": language}))
+        provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.tracer = provider.get_tracer("agent_framework")
+
+    def take(self, drop: set[str] = frozenset()) -> list:
+        spans = [s for s in self.exporter.get_finished_spans() if s.name not in drop]
+        self.exporter.clear()
+        return spans
+
+    def agent(self, executor: str, agent: str, calls: list[tuple[int, int]], reported: tuple[int, int] | None,
+              agent_type: str = "AgentExecutor", ledger: bool = True, span_name: str | None = None) -> None:
+        """One executor invocation running one agent: its chat calls and the response it reported."""
+        t = self.tracer
+        with t.start_as_current_span(f"executor.process {executor}",
+                                     attributes={"executor.id": executor, "executor.type": agent_type}):
+            self.agent_only(agent, calls, reported, ledger, span_name)
+
+    def agent_only(self, agent: str, calls: list[tuple[int, int]], reported: tuple[int, int] | None,
+                   ledger: bool = True, span_name: str | None = None) -> None:
+        t = self.tracer
+        with t.start_as_current_span(span_name or f"invoke_agent {agent}",
+                                     attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent,
+                                                 **(_usage(*reported) if reported and not ledger else {})}):
+            for i, o in calls:
+                with t.start_as_current_span("chat m", attributes={"gen_ai.operation.name": "chat", **_usage(i, o)}):
+                    pass
+            if ledger and reported:
+                with t.start_as_current_span(f"agent_response {agent}", attributes={
+                        "fidelity.ledger.source": "AgentResponseEvent", "gen_ai.agent.name": agent,
+                        **_usage(*reported)}):
+                    pass
+
+
+def _usage(i: int, o: int, finish: str = "stop") -> dict:
+    return {"gen_ai.usage.input_tokens": i, "gen_ai.usage.output_tokens": o,
+            "gen_ai.response.finish_reasons": f'["{finish}"]'}
+
+
+def offer(assembler: Assembler, spans: list) -> None:
+    decoded = decode_request(encode_spans(spans), MATCHER.wanted_keys)
+    assembler.offer(decoded.spans)
+
+
+def verdicts(finalized) -> dict[str, dict[str, str]]:
+    """run id -> {unit: verdict}"""
+    out = {}
+    for item in finalized:
+        v = reconcile(item.run)
+        out[item.run.run_id] = {e.executor_id: e.verdict.value for e in v.executors}
+    return out
+
+
+def test_each_human_in_the_loop_turn_under_one_caller_span_is_its_own_run():
+    clock, rec = Clock(), Recorder()
+    assembler = Assembler(CONFIG.assembly, MATCHER, clock)
+    with rec.tracer.start_as_current_span("chat session") as session:
+        with rec.tracer.start_as_current_span("workflow.run", attributes={"workflow.name": "review"}) as turn1:
+            rec.agent("drafter", "drafter", [(400, 100)], (400, 100))
+        offer(assembler, rec.take())
+        clock.now += CONFIG.assembly.quiet_period  # the human takes their time: turn 1 is final
+        first = assembler.sweep()
+        with rec.tracer.start_as_current_span("workflow.run", attributes={"workflow.name": "review"}) as turn2:
+            rec.agent("drafter", "drafter", [(500, 50)], (100, 50))  # under-reported this time
+        with rec.tracer.start_as_current_span("workflow.run", attributes={"workflow.name": "review"}):
+            pass  # a turn in which no agent ran: not a run
+    offer(assembler, rec.take())
+    clock.now += CONFIG.assembly.quiet_period
+    later = assembler.sweep()
+    trace_id = format(session.get_span_context().trace_id, "032x")
+    run1 = f"{trace_id}-{turn1.get_span_context().span_id:016x}"
+    run2 = f"{trace_id}-{turn2.get_span_context().span_id:016x}"
+    assert verdicts(first) == {run1: {"drafter": "Agree"}}
+    assert verdicts(later) == {run2: {"drafter": "TokenMismatch"}}  # turn 1 is not re-published
+    assert [f.revision for f in first + later] == [1, 1]
+
+
+def test_dotnet_runs_complete_without_the_session_span_that_is_never_exported():
+    clock, rec = Clock(), Recorder("dotnet")
+    assembler = Assembler(CONFIG.assembly, MATCHER, clock)
+    with rec.tracer.start_as_current_span("workflow.session") as session:
+        for _ in range(2):
+            with rec.tracer.start_as_current_span("workflow_invoke", attributes={"workflow.id": "planner_1"}):
+                rec.agent("planner_1", "planner", [(100, 20)], (100, 20), ledger=False,
+                          agent_type="Microsoft.Agents.AI.Workflows.Specialized.AIAgentHostExecutor",
+                          span_name="invoke_agent planner(1)")
+    offer(assembler, rec.take(drop={"workflow.session"}))
+    clock.now += CONFIG.assembly.quiet_period  # long before max_trace_wait
+    finalized = assembler.sweep()
+    assert len(finalized) == 2
+    for item in finalized:
+        assert not item.run.incomplete and item.run.subject == "planner_1"
+        (unit,) = reconcile(item.run).executors
+        # an agent executor's own agent is named by the executor id; .NET's agent span is its ledger
+        assert (unit.executor_id, unit.verdict.value, unit.evidence.ledger_source) == ("planner_1", "Agree", "invoke_agent")
+    assert format(session.get_span_context().trace_id, "032x") == finalized[0].run.trace_id
+
+
+def test_a_run_still_in_progress_during_a_quiet_gap_is_not_split():
+    clock, rec = Clock(), Recorder()
+    assembler = Assembler(CONFIG.assembly, MATCHER, clock)
+    with rec.tracer.start_as_current_span("caller"):
+        with rec.tracer.start_as_current_span("workflow.run") as run1:
+            rec.agent("a", "a", [(10, 1)], (10, 1))
+        with rec.tracer.start_as_current_span("workflow.run") as run2:
+            with rec.tracer.start_as_current_span("executor.process b", attributes={"executor.id": "b"}):
+                with rec.tracer.start_as_current_span("invoke_agent b", attributes={"gen_ai.agent.name": "b"}):
+                    with rec.tracer.start_as_current_span("chat m", attributes={"gen_ai.operation.name": "chat",
+                                                                                **_usage(30, 3)}):
+                        pass
+                    offer(assembler, rec.take())  # run 2's first call is exported; its agent is still running
+                    clock.now += CONFIG.assembly.quiet_period  # a slow model call: the trace is quiet
+                    first = assembler.sweep()
+                    with rec.tracer.start_as_current_span("chat m", attributes={"gen_ai.operation.name": "chat",
+                                                                                **_usage(40, 4)}):
+                        pass
+                    with rec.tracer.start_as_current_span("agent_response b", attributes={
+                            "fidelity.ledger.source": "AgentResponseEvent", "gen_ai.agent.name": "b", **_usage(70, 7)}):
+                        pass
+    offer(assembler, rec.take())
+    clock.now += CONFIG.assembly.quiet_period
+    later = assembler.sweep()
+    trace_id = format(run1.get_span_context().trace_id, "032x")
+    assert verdicts(first) == {f"{trace_id}-{run1.get_span_context().span_id:016x}": {"a": "Agree"}}
+    (item,) = later
+    assert item.run.run_id == f"{trace_id}-{run2.get_span_context().span_id:016x}"
+    (b,) = reconcile(item.run).executors
+    assert (b.executor_id, b.verdict.value, b.evidence.truth_tokens, b.evidence.response_turns) == ("b", "Agree", 77, 2)
+
+
+def test_a_sub_workflow_run_span_belongs_to_its_outer_run():
+    clock, rec = Clock(), Recorder()
+    assembler = Assembler(CONFIG.assembly, MATCHER, clock)
+    with rec.tracer.start_as_current_span("workflow.run", attributes={"workflow.name": "outer"}):
+        rec.agent("intake", "intake", [(10, 1)], (10, 1))
+        with rec.tracer.start_as_current_span("executor.process inner", attributes={"executor.id": "inner",
+                                                                                    "executor.type": "WorkflowExecutor"}):
+            with rec.tracer.start_as_current_span("workflow.run", attributes={"workflow.name": "inner-wf"}):
+                rec.agent("drafter", "drafter", [(20, 2)], (20, 2))
+                rec.agent("checker", "checker", [(30, 3)], (30, 3))
+    offer(assembler, list(reversed(rec.take())))  # parents first this time
+    clock.now += CONFIG.assembly.quiet_period
+    (item,) = assembler.sweep()
+    assert item.run.subject == "outer" and item.run.non_agent_executors == ("inner",)
+    assert {e.executor_id: e.verdict.value for e in reconcile(item.run).executors} == {
+        "intake": "Agree", "drafter": "Agree", "checker": "Agree"}
+
+
+def test_spans_in_a_parent_cycle_are_reconciled_not_dropped():
+    from collector.classify import SpanRecord, TraceState
+
+    tid = bytes(range(1, 17))
+    state = TraceState(MATCHER, tid)
+    a, b, c = (bytes([9] * 7 + [n]) for n in (1, 2, 3))
+    state.add(SpanRecord(tid, a, b, "invoke_agent x", 1, {"gen_ai.agent.name": "x"}))
+    state.add(SpanRecord(tid, b, a, "executor.process e", 2, {"executor.id": "e"}))
+    state.add(SpanRecord(tid, c, a, "chat m", 3, {"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 5,
+                                                    "gen_ai.usage.output_tokens": 1}))
+    state.add(SpanRecord(tid, c[:7] + b"\x04", c[:7] + b"\x04", "chat m", 4, {"gen_ai.operation.name": "chat"}))
+    (run, _), = state.run_inputs(everything=True)
+    (x,) = run.executors
+    assert (x.executor_id, len(x.turns), x.turns[0].usage.total) == ("x", 1, 6)  # the cycle's chat call
+    assert run.unattributed_chat_spans == 1  # the self-parented chat span: counted, not dropped

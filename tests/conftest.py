@@ -312,3 +312,31 @@ def postgres():
     server = PostgresServer(bindir)
     yield server
     server.destroy()
+
+
+#: Every span MAF and the instrumentation finish in this test process (one global TracerProvider:
+#: MAF instruments the global provider, which can be set only once per process).
+MAF_SPANS = None
+
+
+@pytest.fixture(scope="session")
+def maf_spans():
+    """MAF's telemetry on the global provider, plus the fidelity instrumentation; the exporter."""
+    global MAF_SPANS
+    from agent_framework.observability import enable_instrumentation
+    from opentelemetry import trace
+    from opentelemetry.instrumentation.maf_fidelity import MafFidelityInstrumentor
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    if MAF_SPANS is None:
+        MAF_SPANS = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(MAF_SPANS))
+        trace.set_tracer_provider(provider)
+        enable_instrumentation(enable_sensitive_data=True)  # prompts go out; the collector must drop them
+    instrumentor = MafFidelityInstrumentor()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument()
+    return MAF_SPANS

@@ -109,7 +109,17 @@ def emit(tracer: trace.Tracer, sc: Scenario) -> str:
                                             "gen_ai.agent.name": executor_id, **_usage_attrs(*reported)},
                             ):
                                 pass
-        return format(root.get_span_context().trace_id, "032x")
+        trace_id = format(root.get_span_context().trace_id, "032x")
+        RUN_IDS[trace_id] = f"{trace_id}-{root.get_span_context().span_id:016x}"
+        return trace_id
+
+
+#: trace id -> the run id the collector gives that trace's workflow run.
+RUN_IDS: dict[str, str] = {}
+
+
+def run_id(trace_id: str) -> str:
+    return RUN_IDS[trace_id]
 
 
 def record(scenarios: list[Scenario], service: str = "maf-app") -> tuple[list, list[str]]:

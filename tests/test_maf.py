@@ -7,28 +7,21 @@ import asyncio
 import subprocess
 
 import pytest
-from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from agent_framework.observability import enable_instrumentation
 from collector.bridge import FidelityBridge
 from collector.maf_fakes import AgentSpec, Turn, chain, demo_workflows
 from conftest import AGENTEVAL, export_spans, verdicts
 
 WORKFLOWS = {w.name: w for w in demo_workflows()}
-MAF_SPANS = InMemorySpanExporter()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def maf_telemetry():
-    """MAF instruments the global TracerProvider; set it once for this process."""
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(MAF_SPANS))
-    trace.set_tracer_provider(provider)
-    enable_instrumentation(enable_sensitive_data=True)
-    yield
+@pytest.fixture(autouse=True)
+def _telemetry(maf_spans):
+    global MAF_SPANS
+    MAF_SPANS = maf_spans
 
 
 def run_workflow(workflow, stream: bool = False, bridge: FidelityBridge | None = None):

@@ -15,7 +15,7 @@ import pytest
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
 from conftest import AGENTEVAL, PG_PASSWORD_USER, CollectorProcess, export_spans, post
-from mafshape import SCENARIOS, export_request, record
+from mafshape import SCENARIOS, export_request, record, run_id
 from test_stream import Follower, _wait_watchers
 
 
@@ -34,8 +34,9 @@ def test_two_replicas_share_one_history_stream_and_run_page(replicas):
     stub_a = FidelityServiceStub(grpc.insecure_channel(a.grpc))
     watcher_on_a = Follower(stub_a, pb.WatchRequest())
     _wait_watchers(a, 1)
-    spans_a, (on_a,) = record([SCENARIOS["pass"][0]])
-    spans_b, (on_b,) = record([SCENARIOS["path2_pending"][0]])
+    spans_a, (trace_a,) = record([SCENARIOS["pass"][0]])
+    spans_b, (trace_b,) = record([SCENARIOS["path2_pending"][0]])
+    on_a, on_b = run_id(trace_a), run_id(trace_b)
     export_spans(a, spans_a)
     export_spans(b, spans_b)
     assert a.run(on_b)["status"] == "PENDING" and b.run(on_a)["status"] == "PASS"
@@ -68,7 +69,7 @@ def test_a_late_span_revision_supersedes_for_every_reader(replicas):
     while not any(m.revision == 2 for m in watcher_on_b.got) and time.monotonic() < deadline:
         time.sleep(0.05)
     # Revision 1 may still be in flight to B's listener when the watcher attaches; revision 2 follows.
-    assert [m.revision for m in watcher_on_b.got if m.run_id == trace_id][-1] == 2
+    assert [m.revision for m in watcher_on_b.got if m.run_id == run_id(trace_id)][-1] == 2
     watcher_on_b.call.cancel()
 
 

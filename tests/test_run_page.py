@@ -113,14 +113,14 @@ def test_pending_run_page_says_why_each_executor_has_no_truth(site, page, tmp_pa
     run = runs["path2_pending"]
     page.goto(f"{proc.http}/runs/{run['run_id'][:10]}")  # a unique prefix is enough
     assert page.locator("#status").inner_text() == "PENDING"
-    assert "nothing could be checked" in page.locator("#summary").inner_text()
+    assert "none of the 2 agent unit(s) could be checked" in page.locator("#summary").inner_text()
     assert "This is not a pass" in page.locator("#summary").inner_text()
     for executor in ("researcher", "writer"):
         card = page.locator(f'[data-no-truth="{executor}"]')
         assert "response_missing" in card.inner_text()
         assert "Path-2 gap" in card.locator(".explanation").inner_text()
         assert "InProcessExecution" in card.locator(".fix").inner_text()
-    assert page.locator('#executors tr[data-executor="writer"] td').nth(9).inner_text() == "0 / 2"
+    assert page.locator('#executors tr[data-executor="writer"] td').nth(9).inner_text() == "0 / 0 / 2"
     _screenshot(page, "run-page-pending.png", tmp_path)
 
 

@@ -24,7 +24,7 @@ from collector.stream import RunFilter, VerdictHub, WatcherClosed, WatcherLagged
 from collector.watch import Board
 from collector.wire import run_message, to_doc
 from conftest import AGENTEVAL, CollectorProcess, export_spans, free_port
-from mafshape import SCENARIOS, record
+from mafshape import SCENARIOS, record, run_id
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -136,15 +136,16 @@ def test_watch_verdicts_streams_stored_runs_with_status_and_subject_filters(serv
     _wait_watchers(proc, 3)
     ids = {}
     for name in ("pass", "fail_under_report", "path2_pending", "loop"):
-        spans, (ids[name],) = record([SCENARIOS[name][0]])
+        spans, (trace_id,) = record([SCENARIOS[name][0]])
+        ids[name] = run_id(trace_id)
         export_spans(proc, spans)
     got = {m.run_id: m for m in everything.wait(4)}
     assert set(got) == set(ids.values())
-    for name, trace_id in ids.items():
-        doc = to_doc(got[trace_id])
+    for name, rid in ids.items():
+        doc = to_doc(got[rid])
         assert doc["status"] == SCENARIOS[name][1]
         assert {e["executor_id"]: e["verdict"] for e in doc["executors"]} == SCENARIOS[name][2]
-        assert doc == {**proc.run(trace_id), "created_at": None, "updated_at": doc["updated_at"]}
+        assert doc == {**proc.run(rid), "created_at": None, "updated_at": doc["updated_at"]}
     assert {m.run_id for m in failing.wait(2)} == {ids["fail_under_report"], ids["path2_pending"]}
     pending = next(m for m in failing.got if m.status == pb.STATUS_PENDING)
     assert {e.no_truth_reason for e in pending.executors} == {pb.NO_TRUTH_REASON_RESPONSE_MISSING}
@@ -172,10 +173,10 @@ def test_get_run_and_list_runs(served):
     assert to_doc(run) | {"created_at": None, "updated_at": None} == stored | {"created_at": None, "updated_at": None}
     assert run.created_at.seconds > 0
     listed = stub.ListRuns(pb.ListRunsRequest(statuses=[pb.STATUS_WARN], limit=5))
-    assert trace_id in [r.run_id for r in listed.runs]
+    assert run_id(trace_id) in [r.run_id for r in listed.runs]
     assert all(r.status == pb.STATUS_WARN and not r.executors for r in listed.runs)
     full = stub.ListRuns(pb.ListRunsRequest(subject="partial", include_executors=True))
-    assert full.runs[0].run_id == trace_id and len(full.runs[0].executors) == 2
+    assert full.runs[0].run_id == run_id(trace_id) and len(full.runs[0].executors) == 2
     with pytest.raises(grpc.RpcError) as missing:
         stub.GetRun(pb.GetRunRequest(run_id="ffffffffffff"))
     assert missing.value.code() is grpc.StatusCode.NOT_FOUND

@@ -177,7 +177,9 @@ class MafFidelityInstrumentor(BaseInstrumentor):
                     _CURRENT.reset(token)
 
             def on_result(response: Any) -> None:
-                self._record(invocation, response, stream=True)
+                # MAF's own telemetry finalizes a stream the consumer closed early, so the final
+                # response may be built from the updates received so far.
+                self._record(invocation, response, stream=True, closed_early=not exhausted)
 
             def on_cleanup() -> None:
                 if not exhausted and not invocation.recorded:  # the consumer stopped early

@@ -1,0 +1,160 @@
+"""The MAF Python instrumentation (DESIGN §3b): every agent invocation's AgentResponse becomes an
+``agent_response`` span where that agent ran, with no call-site change, on real agent-framework-core
+agents and workflows."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from agent_framework import Agent, AgentResponse, BaseAgent
+from opentelemetry.instrumentation.maf_fidelity import MafFidelityInstrumentor
+
+from collector.maf_fakes import AgentSpec, InstrumentedChatClient, Turn, chain, keep_last_call_usage, lookup, make_agent
+from conftest import verdicts
+
+TASK = "Write a short report."
+
+
+def ledger_spans(spans) -> list:
+    return [s for s in spans if s.attributes.get("fidelity.ledger.source") == "AgentResponseEvent"]
+
+
+def run(maf_spans, coro) -> list:
+    maf_spans.clear()
+    asyncio.run(coro)
+    return list(maf_spans.get_finished_spans())
+
+
+def test_a_direct_agent_run_records_what_the_caller_received_under_its_agent_span(maf_spans):
+    agent = make_agent(AgentSpec("writer", [Turn(300, 40, "tool_calls", tool_call="lookup"), Turn(420, 180)],
+                                 tools=[lookup], middleware=[keep_last_call_usage()]))
+    received: list[AgentResponse] = []
+
+    async def go():
+        received.append(await agent.run(TASK))
+
+    spans = run(maf_spans, go())
+    (ledger,) = ledger_spans(spans)
+    (agent_span,) = [s for s in spans if s.name == "invoke_agent writer"]
+    usage = received[0].usage_details
+    # what the caller got (the middleware kept only the last call), not what invoke_agent re-summed
+    assert (ledger.attributes["gen_ai.usage.input_tokens"], ledger.attributes["gen_ai.usage.output_tokens"]) == (
+        usage["input_token_count"], usage["output_token_count"]) == (420, 180)
+    assert agent_span.attributes["gen_ai.usage.input_tokens"] == 720  # MAF's re-sum
+    assert ledger.parent.span_id == agent_span.context.span_id  # structural: where the agent ran
+    assert ledger.context.trace_id == agent_span.context.trace_id
+    assert tuple(ledger.attributes["gen_ai.response.finish_reasons"]) == ("stop",)
+    assert ledger.attributes["gen_ai.agent.name"] == "writer" and ledger.attributes["fidelity.stream"] is False
+    assert not any("message" in k or "instruction" in k for k in ledger.attributes)  # never prompt text
+
+
+def test_layered_run_calls_record_once_per_invocation_plain_and_streamed(maf_spans):
+    agent = make_agent(AgentSpec("solo", [Turn(50, 5), Turn(60, 6)]))
+
+    async def go():
+        await agent.run(TASK)
+        async for _ in agent.run(TASK, stream=True):
+            pass
+
+    spans = run(maf_spans, go())
+    recorded = [(s.attributes["fidelity.stream"], s.attributes["gen_ai.usage.input_tokens"]) for s in ledger_spans(spans)]
+    assert recorded == [(False, 50), (True, 60)]
+    assert not any(s.attributes.get("fidelity.stream.closed_early") for s in ledger_spans(spans))
+
+
+def test_a_stream_the_caller_stops_reading_records_what_it_received(maf_spans):
+    agent = make_agent(AgentSpec("streamer", [Turn(70, 7)]))
+
+    async def go():
+        stream = agent.run(TASK, stream=True)
+        async for _ in stream:
+            break
+        await stream.close()
+
+    (ledger,) = ledger_spans(run(maf_spans, go()))
+    assert ledger.attributes["fidelity.stream.closed_early"] is True
+    assert "gen_ai.usage.input_tokens" not in ledger.attributes  # usage had not arrived yet
+
+
+def test_an_agent_that_raises_records_nothing(maf_spans):
+    agent = make_agent(AgentSpec("flaky", [Turn(1, 1, error="429 Too Many Requests")]))
+
+    async def go():
+        with pytest.raises(Exception, match="429"):
+            await agent.run(TASK)
+
+    assert ledger_spans(run(maf_spans, go())) == []
+
+
+def test_agent_classes_defined_after_instrument_are_covered(maf_spans):
+    class EchoAgent(BaseAgent):
+        """A custom agent with its own run, defined after instrument()."""
+
+        def run(self, messages=None, *, stream=False, **kwargs):
+            async def respond():
+                return AgentResponse(messages=[], usage_details={"input_token_count": 3, "output_token_count": 2})
+            return respond()
+
+    class Subclassed(Agent):
+        pass
+
+    async def go():
+        await EchoAgent(name="echo").run(TASK)
+        await Subclassed(InstrumentedChatClient(turns=[Turn(8, 1)]), name="sub").run(TASK)
+
+    names = [s.attributes["gen_ai.agent.name"] for s in ledger_spans(run(maf_spans, go()))]
+    assert names == ["echo", "sub"]
+
+
+def test_uninstrument_restores_the_framework_and_instrument_brings_it_back(maf_spans):
+    instrumentor = MafFidelityInstrumentor()
+    agent = make_agent(AgentSpec("plain", [Turn(5, 5)]))
+    instrumentor.uninstrument()
+    try:
+        assert ledger_spans(run(maf_spans, agent.run(TASK))) == []
+        assert not hasattr(Agent.run, "__wrapped__")
+    finally:
+        instrumentor.instrument()
+    assert len(ledger_spans(run(maf_spans, agent.run(TASK)))) == 1
+
+
+def test_opentelemetry_instrument_activates_it_with_no_code_change(collector, tmp_path):
+    app = tmp_path / "app.py"
+    app.write_text(textwrap.dedent('''
+        import asyncio
+        from opentelemetry import trace
+        from agent_framework.observability import enable_instrumentation
+        from collector.maf_fakes import AgentSpec, Turn, chain, keep_last_call_usage, lookup
+
+        enable_instrumentation()
+
+        async def main():
+            workflow = chain("auto-instrumented", [
+                AgentSpec("researcher", [Turn(420, 180)]),
+                AgentSpec("writer", [Turn(300, 40, "tool_calls", tool_call="lookup"), Turn(420, 180)],
+                          tools=[lookup], middleware=[keep_last_call_usage()])])
+            with trace.get_tracer("app").start_as_current_span("request") as span:
+                await workflow.run("Write a short report.")
+            print(format(span.get_span_context().trace_id, "032x"))
+
+        asyncio.run(main())
+    '''))
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none",
+           "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.grpc}",
+           "OTEL_SERVICE_NAME": "auto-app", "PYTHONPATH": str(Path(__file__).parent.parent)}
+    bin_dir = Path(sys.executable).parent
+    proc = subprocess.run([str(bin_dir / "opentelemetry-instrument"), sys.executable, str(app)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    trace_id = proc.stdout.strip().splitlines()[-1]
+    run_doc = collector.run(trace_id)
+    assert verdicts(run_doc) == {"researcher": "Agree", "writer": "TokenMismatch"}
+    writer = next(e for e in run_doc["executors"] if e["executor_id"] == "writer")
+    assert (writer["evidence"]["framework_tokens"], writer["evidence"]["truth_tokens"]) == (600, 940)
+    assert writer["evidence"]["ledger_source"] == "AgentResponseEvent" and run_doc["status"] == "FAIL"

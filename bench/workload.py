@@ -67,6 +67,11 @@ def trace_spans(rng: random.Random, executors: int | None = None, chats: int | N
             "gen_ai.request.model": "gpt-4o", "gen_ai.provider.name": "microsoft.agent_framework",
             "gen_ai.usage.input_tokens": total_in, "gen_ai.usage.output_tokens": total_out,
             "gen_ai.response.finish_reasons": '["stop"]', "gen_ai.request.choice.count": 1}.items()])
+        # The framework's own report, as the MAF instrumentation records it under the agent span.
+        out.append(_span(rng, tid, agent.span_id, f"agent_response {eid}", t + e * 10 + 9, {
+            "fidelity.ledger.source": "AgentResponseEvent", "gen_ai.agent.name": eid, "gen_ai.agent.id": f"id-{eid}",
+            "fidelity.stream": False, "gen_ai.usage.input_tokens": total_in, "gen_ai.usage.output_tokens": total_out,
+            "gen_ai.response.finish_reasons": ["stop"]}))
         out += [agent, ex]
     out.append(root)
     return out
@@ -114,7 +119,9 @@ def walk_limit(bodies: list[bytes]) -> int:
 class Collector:
     """The collector as a subprocess on ports chosen at run time."""
 
-    def __init__(self, assembly: dict | None = None) -> None:
+    def __init__(self, assembly: dict | None = None, code: str | None = None) -> None:
+        """``code``: run the collector package from that source tree (e.g. a worktree of another
+        commit) instead of the installed one, to compare commits side by side on one payload."""
         self.dir = Path(tempfile.mkdtemp(prefix="agenteval-bench-"))
         self.store = self.dir / "runs.db"
         cfg = {"receivers": {"grpc": {"endpoint": "127.0.0.1:0", "max_message_bytes": 64 << 20},
@@ -126,7 +133,8 @@ class Collector:
         (self.dir / "c.yaml").write_text(yaml.safe_dump(cfg))
         self.log = (self.dir / "log").open("w+")
         self.proc = subprocess.Popen([AGENTEVAL, "collector", "serve", "--config", str(self.dir / "c.yaml")],
-                                     stdout=subprocess.DEVNULL, stderr=self.log, env={**os.environ})
+                                     stdout=subprocess.DEVNULL, stderr=self.log,
+                                     env={**os.environ, **({"PYTHONPATH": code} if code else {})})
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             for line in (self.dir / "log").read_text().splitlines():

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from collector.classify import SpanRecord, TraceState
 from collector.config import Assembly
 from collector.model import RunInput
-from collector.profiles import Matcher
+from collector.profiles import RUN, Matcher
 
 
 class Backpressure(Exception):
@@ -108,7 +108,7 @@ class Assembler:
             if not trace.state.add(span):
                 result.duplicates += 1
                 continue
-            if trace.root_arrived is None and (not span.parent_id or self.matcher.is_run(span.name)):
+            if trace.root_arrived is None and (not span.parent_id or self.matcher.kind(span.name) == RUN):
                 trace.root_arrived = now
             trace.spans += 1
             trace.last_seen = now

@@ -25,7 +25,10 @@ from typing import Any
 
 from collector.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
 from collector.profiles import (
+    AGENT,
     BRIDGE_EXECUTOR_ATTRIBUTE,
+    EXECUTOR,
+    RUN,
     LEDGER_SOURCE_ATTRIBUTE,
     LEDGER_SOURCE_BRIDGE,
     Matcher,
@@ -60,8 +63,10 @@ _NO_CONTEXT: Context = (None, None, None, None)
 @dataclass(slots=True)
 class _Unit:
     ledger: list[LedgerEntry] = field(default_factory=list)
+    #: Agent spans of a runtime whose agent span is an independent ledger (.NET).
     agent_spans: list[LedgerEntry] = field(default_factory=list)
-    agent_spans_independent: bool = False
+    #: Agent spans that only re-sum the chat spans (MAF Python): never a ledger, only counted.
+    derived_agent_spans: int = 0
     turns: list[ChatTurn] = field(default_factory=list)
     #: The agent ran directly in its executor (no other agent between): a candidate for "own agent".
     top_level: bool = False
@@ -215,7 +220,8 @@ class TraceState:
         if attrs.get(LEDGER_SOURCE_ATTRIBUTE) == LEDGER_SOURCE_BRIDGE:
             self._ledger_span(s, parent)
             return parent
-        if m.is_run(s.name):
+        kind = m.kind(s.name)
+        if kind == RUN:
             if run_key is None:  # an outermost workflow run; a nested one (sub-workflow) is its outer run's
                 run = self._run(s.span_id.hex())
                 run.seen = True
@@ -226,7 +232,7 @@ class TraceState:
             if error := self._error(s):
                 self._run(run_key).errors.append(f"sub-workflow: {error}")
             return parent
-        if m.is_executor(s.name):
+        if kind == EXECUTOR:
             name = _text(_first(attrs, m.executor_id_keys)) or _suffix(s.name, m.executor_prefixes)
             if not name:
                 return parent
@@ -238,7 +244,7 @@ class TraceState:
             if error := self._error(s):
                 run.errors.append(f"{name}: {error}")
             return (run_key, key, None, None)
-        if m.is_agent(s.name):
+        if kind == AGENT:
             name = _text(_first(attrs, m.agent_id_keys)) or _suffix(s.name, m.agent_prefixes)
             if not name:
                 return parent
@@ -246,9 +252,11 @@ class TraceState:
             unit = self._run(run_key).units[(executor, key)]
             unit.top_level = unit.top_level or agent is None
             if self._error(s) is None:  # an agent that raised reported nothing
-                entry = LedgerEntry(self._usage(attrs), self._finish(attrs), s.start_ns, s.span_id.hex(), s.span_id.hex())
-                unit.agent_spans.append(entry)
-                unit.agent_spans_independent = m.agent_span_is_ledger(s.sdk_language)
+                if m.agent_span_is_ledger(s.sdk_language):
+                    sid = s.span_id.hex()
+                    unit.agent_spans.append(LedgerEntry(self._usage(attrs), self._finish(attrs), s.start_ns, sid, sid))
+                else:
+                    unit.derived_agent_spans += 1
             return (run_key, executor, key, s.span_id.hex())
         if m.is_chat(s.name, attrs):
             run = self._run(run_key)
@@ -353,10 +361,10 @@ class TraceState:
         for (executor, agent), unit in run.units.items():
             if unit.ledger:
                 ledger, source, derived = tuple(unit.ledger), LEDGER_SOURCE_BRIDGE, False
-            elif unit.agent_spans and unit.agent_spans_independent:
+            elif unit.agent_spans:
                 ledger, source, derived = tuple(unit.agent_spans), LEDGER_SOURCE_AGENT_SPAN, False
             else:
-                ledger, source, derived = (), "none", bool(unit.agent_spans)
+                ledger, source, derived = (), "none", unit.derived_agent_spans > 0
             spans = run.executors[executor].spans if executor in run.executors else []
             records.append(ExecutorRecord(
                 executor_id=self._unit_name(run, executor, agent, unit, units_by_executor[executor]),

@@ -92,8 +92,9 @@ def decode_request(request: ExportTraceServiceRequest, wanted: frozenset[str]) -
                     key = kv.key
                     if key in wanted:
                         attrs[key] = any_value(kv.value)
-                status = span.status
-                error = (status.message[:MAX_ERROR_CHARS] or "error") if status.code == STATUS_ERROR else None
+                error = None
+                if span.HasField("status") and span.status.code == STATUS_ERROR:
+                    error = span.status.message[:MAX_ERROR_CHARS] or "error"
                 out.spans.append(
                     SpanRecord(tid, sid, pid if pid != _ZERO_SPAN else b"", span.name,
                                span.start_time_unix_nano, attrs, subject, error, language)

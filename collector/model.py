@@ -164,11 +164,6 @@ class ChatTurn:
     def failed(self) -> bool:
         return self.error is not None and not self.usage.known
 
-    @property
-    def answered(self) -> bool:
-        """A response or a failure: either way the call is accounted for (not a bare request)."""
-        return self.is_response or self.failed
-
 
 @dataclass(frozen=True, slots=True)
 class ExecutorRecord:

@@ -52,7 +52,7 @@ class ProfileConfig(BaseModel):
 
 
 PYTHON_AGENT_EXECUTORS = ["AgentExecutor", "HandoffAgentExecutor"]
-DOTNET_AGENT_EXECUTORS = ["AIAgentHostExecutor", "ChatClientAgentExecutor"]
+DOTNET_AGENT_EXECUTORS = ["AIAgentHostExecutor", "HandoffAgentExecutor"]
 
 
 def default_profiles() -> dict[str, ProfileConfig]:
@@ -74,6 +74,10 @@ def default_profiles() -> dict[str, ProfileConfig]:
 LEDGER_SOURCE_ATTRIBUTE = "fidelity.ledger.source"
 LEDGER_SOURCE_BRIDGE = "AgentResponseEvent"
 BRIDGE_EXECUTOR_ATTRIBUTE = "executor.id"
+
+
+#: Span kinds by name (:meth:`Matcher.kind`).
+RUN, EXECUTOR, AGENT, OTHER = range(4)
 
 
 class Matcher:
@@ -98,6 +102,7 @@ class Matcher:
         self.error_keys = union("error_attributes")
         self.executor_type_keys = union("executor_type_attributes")
         self.run_names = frozenset(union("workflow_run_span_names"))
+        self._kinds: dict[str, int] = {}
         self.agent_executor_types = frozenset(t.casefold() for t in union("agent_executor_types"))
         #: telemetry.sdk.language -> the agent span is an independent ledger (unknown: it is not).
         self.independent_agent_span = {
@@ -118,20 +123,33 @@ class Matcher:
             + (LEDGER_SOURCE_ATTRIBUTE, BRIDGE_EXECUTOR_ATTRIBUTE)
         )
 
+    def kind(self, name: str) -> int:
+        """What a span of this name is, by name alone: RUN, EXECUTOR, AGENT or OTHER (chat spans are
+        told by their attributes). Names repeat, so this is cached (bounded: hostile name variety
+        cannot grow memory)."""
+        known = self._kinds.get(name)
+        if known is None:
+            if len(self._kinds) >= 4096:
+                self._kinds.clear()
+            if name in self.run_names or name.partition(" ")[0] in self.run_names:
+                known = RUN
+            elif name.startswith(self.executor_prefixes):
+                known = EXECUTOR
+            elif name.startswith(self.agent_prefixes):
+                known = AGENT
+            else:
+                known = OTHER
+            self._kinds[name] = known
+        return known
+
     def is_run(self, name: str) -> bool:
-        return name in self.run_names or name.partition(" ")[0] in self.run_names
+        return self.kind(name) == RUN
 
     def is_agent_executor_type(self, executor_type: object) -> bool:
         return isinstance(executor_type, str) and executor_type.rpartition(".")[2].casefold() in self.agent_executor_types
 
     def agent_span_is_ledger(self, sdk_language: str | None) -> bool:
         return bool(sdk_language) and self.independent_agent_span.get(sdk_language.casefold(), False)
-
-    def is_executor(self, name: str) -> bool:
-        return name.startswith(self.executor_prefixes)
-
-    def is_agent(self, name: str) -> bool:
-        return name.startswith(self.agent_prefixes)
 
     def is_chat(self, name: str, attrs: dict) -> bool:
         for key in self.operation_keys:

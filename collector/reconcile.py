@@ -52,6 +52,9 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
 
 def merge_units(records: Iterable[ExecutorRecord]) -> list[ExecutorRecord]:
     """Records whose unit names differ only in case are one unit, shown with the first spelling seen."""
+    records = list(records)
+    if len({r.executor_id.casefold() for r in records}) == len(records):
+        return records  # the common case (the live classifier already keys units this way)
     merged: dict[str, ExecutorRecord] = {}
     for r in records:
         key = r.executor_id.casefold()
@@ -90,11 +93,18 @@ def run_status(score: float | None, unchecked: int) -> Status:
 def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> ExecutorVerdict:
     ledger = sorted(record.ledger, key=lambda e: e.seq)
     turns = sorted(record.turns, key=lambda t: t.seq)
-    responses = [t for t in turns if t.is_response]
+    responses: list[ChatTurn] = []
+    failed = bare = 0
+    for t in turns:
+        if t.is_response:
+            responses.append(t)
+        elif t.failed:
+            failed += 1
+        else:
+            bare += 1
 
     framework_tokens = sum(e.usage.total or 0 for e in ledger)
     known = [t.usage.total for t in responses if t.usage.total is not None]
-    failed = sum(1 for t in turns if t.failed)
     # Failed calls add 0: a unit whose every answered call failed has a truth of 0 tokens.
     truth_tokens = sum(known) if known else 0 if failed and not responses else None
 
@@ -111,7 +121,7 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
     comparisons, aligned = _compare_finish(ledger, responses, lambda r: _normalize(r, aliases))
     finish_diverged = any(c.diverged for c in comparisons)
 
-    no_truth = _no_truth_reason(turns, responses, ledger, record.ledger_derived)
+    no_truth = _no_truth_reason(len(turns), bare, ledger, record.ledger_derived)
     if no_truth is not None:
         verdict = Verdict.NO_TRUTH
         token_diverged = finish_diverged = False
@@ -138,7 +148,7 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
         ledger_missing=not ledger,
         ledger_entries=len(ledger),
         response_turns=len(responses),
-        request_turns=sum(1 for t in turns if not t.answered),
+        request_turns=bare,
         failed_turns=failed,
         ledger_span_ids=tuple(e.span_id for e in ledger if e.span_id),
         chat_span_ids=tuple(t.span_id for t in turns if t.span_id),
@@ -161,19 +171,17 @@ def _exact(tolerance: float) -> Fraction:
     return Fraction(str(tolerance))
 
 
-def _no_truth_reason(turns: Sequence[ChatTurn], responses: Sequence[ChatTurn], ledger: Sequence[LedgerEntry],
-                     derived: bool) -> NoTruthReason | None:
+def _no_truth_reason(turns: int, bare: int, ledger: Sequence[LedgerEntry], derived: bool) -> NoTruthReason | None:
     """Why there is nothing honest to compare, first what the chat boundary lacks, then the ledger.
 
-    A failed call is accounted for (it adds 0 tokens), never a missing response: a failure is never
-    explained as the Path-2 gap.
+    ``bare``: turns with neither a response nor a failure. A failed call is accounted for (it adds 0
+    tokens), never a missing response: a failure is never explained as the Path-2 gap.
     """
     if not turns:
         return NoTruthReason.NO_CHAT_TRACE
-    answered = sum(1 for t in turns if t.answered)
-    if not answered:
+    if bare == turns:
         return NoTruthReason.RESPONSE_MISSING
-    if answered < len(turns):
+    if bare:
         return NoTruthReason.PARTIAL_RESPONSE
     if not ledger:
         return NoTruthReason.LEDGER_DERIVED if derived else NoTruthReason.LEDGER_MISSING

@@ -7,6 +7,7 @@ import subprocess
 import pytest
 import yaml
 
+from collector.profiles import EXECUTOR
 from collector.config import CollectorConfig, ConfigError, load_config
 from conftest import AGENTEVAL
 from test_cli import ROOT
@@ -54,5 +55,5 @@ def test_profiles_are_data_a_user_can_extend(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("profiles:\n  custom:\n    executor_span_prefixes: [step.run]\n    chat_span_prefixes: ['llm.call']\n")
     matcher = load_config(path).matcher()
-    assert matcher.is_executor("step.run planner") and matcher.is_chat("llm.call", {})
-    assert not matcher.is_executor("executor.process x")
+    assert matcher.kind("step.run planner") == EXECUTOR and matcher.is_chat("llm.call", {})
+    assert matcher.kind("executor.process x") != EXECUTOR

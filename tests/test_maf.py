@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from collector.bridge import FidelityBridge
-from collector.maf_fakes import AgentSpec, Turn, chain, demo_workflows
+from collector.maf_fakes import AgentSpec, Turn, chain, demo_workflows, under_report
 from conftest import AGENTEVAL, export_spans, verdicts
 
 WORKFLOWS = {w.name: w for w in demo_workflows()}
@@ -133,3 +133,39 @@ def test_agenteval_demo_shows_every_status(collector):
     for status in ("PASS", "FAIL", "WARN", "PENDING"):
         assert status in proc.stdout
     assert "response_missing" in proc.stdout and "no_chat_trace" in proc.stdout
+
+
+def test_breaking_out_of_a_bridged_stream_early_ends_its_span_so_the_verdict_is_prompt(collector):
+    bridge = FidelityBridge()
+    MAF_SPANS.clear()
+
+    async def go():
+        stream = bridge.run(WORKFLOWS["agree"].build(), "Write a short report.", stream=True)
+        async for event in stream:
+            if getattr(event, "type", None) == "output":
+                break  # the caller has what it wanted; it never closes the stream
+
+    asyncio.run(go())
+    import gc
+
+    gc.collect()
+    spans = list(MAF_SPANS.get_finished_spans())
+    assert any(s.name == "workflow.fidelity agree" for s in spans)  # ended although never closed
+    export_spans(collector, spans)
+    run = collector.run(bridge.last_trace_id, timeout=10)  # collector max_trace_wait is 2 s: well before
+    assert run["incomplete"] is False
+    assert verdicts(run)["researcher"] == "Agree"
+
+
+def test_bridge_runs_a_workflow_as_agent(collector):
+    bridge = FidelityBridge()
+    MAF_SPANS.clear()
+    wf = chain("as-agent", [AgentSpec("drafter", [Turn(120, 30)]),
+                            AgentSpec("editor", [Turn(200, 20)], middleware=[under_report(0.5)])])
+    response = asyncio.run(bridge.run(wf.as_agent(name="pipeline"), "Write a short report."))
+    assert response.messages  # what WorkflowAgent.run returns, untouched
+    export_spans(collector, list(MAF_SPANS.get_finished_spans()))
+    run = collector.run(bridge.last_trace_id)
+    assert verdicts(run) == {"drafter": "Agree", "editor": "TokenMismatch"}  # inner agents; the wrapper is no unit
+    editor = next(e for e in run["executors"] if e["executor_id"] == "editor")
+    assert (editor["evidence"]["framework_tokens"], editor["evidence"]["truth_tokens"]) == (110, 220)

@@ -48,7 +48,7 @@ class SpanRecord:
     start_ns: int
     attrs: dict[str, Any]
     resource_subject: str | None = None
-    #: The span's error status description ("error" when it has none); None when not an error.
+    #: The span's error status description ("" when it has none); None when the status is not ERROR.
     status_error: str | None = None
     #: The resource's ``telemetry.sdk.language`` (which runtime, hence which profile, wrote it).
     sdk_language: str | None = None
@@ -296,7 +296,12 @@ class TraceState:
         return finish_reason(_first(attrs, self.matcher.finish_keys))
 
     def _error(self, s: SpanRecord) -> str | None:
-        return s.status_error or _text(_first(s.attrs, self.matcher.error_keys))
+        """The span's error (its ``error.type``, its status description, or "error"), or None."""
+        kind = _text(_first(s.attrs, self.matcher.error_keys))
+        if s.status_error is None:
+            return kind
+        detail = " ".join(p for p in (kind, s.status_error) if p)
+        return detail or "error"
 
     def resolve_orphans(self, everything: bool) -> None:
         """Classify spans whose parent has not arrived as if they had none.

@@ -94,7 +94,7 @@ def decode_request(request: ExportTraceServiceRequest, wanted: frozenset[str]) -
                         attrs[key] = any_value(kv.value)
                 error = None
                 if span.HasField("status") and span.status.code == STATUS_ERROR:
-                    error = span.status.message[:MAX_ERROR_CHARS] or "error"
+                    error = span.status.message[:MAX_ERROR_CHARS]
                 out.spans.append(
                     SpanRecord(tid, sid, pid if pid != _ZERO_SPAN else b"", span.name,
                                span.start_time_unix_nano, attrs, subject, error, language)
@@ -242,4 +242,4 @@ def _json_status_error(status: Any) -> str | None:
     if not isinstance(status, dict) or status.get("code") not in (STATUS_ERROR, "STATUS_CODE_ERROR", "2"):
         return None
     message = status.get("message")
-    return (message[:MAX_ERROR_CHARS] if isinstance(message, str) else "") or "error"
+    return message[:MAX_ERROR_CHARS] if isinstance(message, str) else ""

@@ -82,12 +82,17 @@ def test_a_stream_the_caller_stops_reading_records_what_it_received(maf_spans):
     assert "gen_ai.usage.input_tokens" not in ledger.attributes  # usage had not arrived yet
 
 
-def test_an_agent_that_raises_records_nothing(maf_spans):
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_an_agent_that_raises_records_nothing(maf_spans, stream):
     agent = make_agent(AgentSpec("flaky", [Turn(1, 1, error="429 Too Many Requests")]))
 
     async def go():
         with pytest.raises(Exception, match="429"):
-            await agent.run(TASK)
+            if stream:
+                async for _ in agent.run(TASK, stream=True):
+                    pass
+            else:
+                await agent.run(TASK)
 
     assert ledger_spans(run(maf_spans, go())) == []
 

@@ -162,16 +162,19 @@ class MafFidelityInstrumentor(BaseInstrumentor):
         from agent_framework import AgentResponse, ResponseStream
 
         if isinstance(result, ResponseStream):
-            exhausted = False
+            exhausted = failed = False
 
             @contextlib.contextmanager
             def pull() -> Iterator[None]:
-                nonlocal exhausted
+                nonlocal exhausted, failed
                 token = _CURRENT.set(invocation)
                 try:
                     yield
                 except StopAsyncIteration:
                     exhausted = True
+                    raise
+                except BaseException:
+                    failed = True  # the run raised: its caller received no response
                     raise
                 finally:
                     _CURRENT.reset(token)
@@ -179,10 +182,11 @@ class MafFidelityInstrumentor(BaseInstrumentor):
             def on_result(response: Any) -> None:
                 # MAF's own telemetry finalizes a stream the consumer closed early, so the final
                 # response may be built from the updates received so far.
-                self._record(invocation, response, stream=True, closed_early=not exhausted)
+                if not failed:
+                    self._record(invocation, response, stream=True, closed_early=not exhausted)
 
             def on_cleanup() -> None:
-                if not exhausted and not invocation.recorded:  # the consumer stopped early
+                if not exhausted and not failed and not invocation.recorded:  # the consumer stopped early
                     self._record(invocation, AgentResponse.from_updates(list(result.updates)), stream=True,
                                  closed_early=True)
 

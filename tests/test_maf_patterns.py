@@ -152,3 +152,42 @@ def test_a_suppressed_finish_inside_a_sub_workflow_names_the_inner_units(maf_spa
     editor = unit(run, "editor")["evidence"]
     assert (editor["framework_finish"], editor["truth_finish"]) == (None, "stop")
     assert run["status"] == "FAIL" and run["non_agent_executors"] == ["drafting", "publish"]
+
+
+def test_without_the_instrumentation_a_real_under_report_is_never_a_pass(maf_spans, collector):
+    # MAF Python's invoke_agent re-sums its chat spans: on that ledger alone this run would PASS.
+    from opentelemetry.instrumentation.maf_fidelity import MafFidelityInstrumentor
+
+    instrumentor = MafFidelityInstrumentor()
+    instrumentor.uninstrument()
+    try:
+        (run,) = run_pattern(maf_spans, collector, PATTERNS["sequential"], False,
+                             {"writer": {"middleware": [under_report(0.5)]}})
+    finally:
+        instrumentor.instrument()
+    assert run["status"] == "PENDING" and run["score"] is None
+    assert {e["executor_id"]: e["no_truth_reason"] for e in run["executors"]} == {
+        "researcher": "ledger_derived", "writer": "ledger_derived", "reviewer": "ledger_derived"}
+    assert "MafFidelityInstrumentor" in unit(run, "writer")["no_truth_fix"]
+
+
+def test_run_page_and_runs_show_explain_units_non_agent_executors_and_workflow_errors(maf_spans, collector):
+    import subprocess
+    import urllib.request
+
+    from conftest import AGENTEVAL
+
+    (run,) = run_pattern(maf_spans, collector, PATTERNS["failing_call"], False)
+    page = urllib.request.urlopen(f"{collector.http}/runs/{run['run_id']}", timeout=10).read().decode()
+    assert "Agent units" in page and "executor/agent" in page
+    assert 'id="non-agent">input-conversation' in page and "no agent ran" in page
+    assert "The workflow itself raised errors" in page and "ChatClientException" in page
+    assert "ledger_missing" in page and "1 of its chat call(s) failed" in page
+    shown = subprocess.run([AGENTEVAL, "runs", "show", run["run_id"], "--store", str(collector.store_path)],
+                           capture_output=True, text=True, timeout=60)
+    assert "not reconciled (no agent ran): input-conversation" in shown.stdout
+    assert "workflow error (not scored): writer: ChatClientException" in shown.stdout
+    assert "(1 chat call(s) failed)" in shown.stdout and "checked 1/2 agent units" in shown.stdout
+    (tool,) = run_pattern(maf_spans, collector, PATTERNS["agent_as_tool"], False)
+    page = urllib.request.urlopen(f"{collector.http}/runs/{tool['run_id']}", timeout=10).read().decode()
+    assert 'data-executor="assistant/calculator"' in page

@@ -45,6 +45,15 @@ class Offer:
     expired: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A trace or run that could not be finalized or stored: counted, logged, shown on the run page."""
+
+    id: str
+    stage: str
+    error: str
+
+
 @dataclass(slots=True)
 class Finalized:
     run: RunInput
@@ -75,6 +84,8 @@ class Assembler:
         self._expired: OrderedDict[bytes, None] = OrderedDict()  # bounded memory of closed trace ids
         self._last_timeout_scan = 0.0
         self.spans_in_flight = 0
+        #: Traces that could not be finalized since the last look (the pipeline drains and reports them).
+        self.failures: list[Failure] = []
 
     @property
     def traces_in_flight(self) -> int:
@@ -162,10 +173,19 @@ class Assembler:
             quiet = now - trace.last_seen >= cfg.quiet_period
             complete = quiet and trace.state.root_span_id is not None
             timed_out = trace.root_arrived is None and now - trace.first_seen >= cfg.max_trace_wait
-            out.extend(self._finalize(tid, now, incomplete=force and not complete,
-                                      everything=force or complete or timed_out))
+            try:
+                out.extend(self._finalize(tid, now, incomplete=force and not complete,
+                                          everything=force or complete or timed_out))
+            except Exception as exc:  # noqa: BLE001 - one trace that cannot be finalized costs no other
+                self._drop(tid, trace)
+                self.failures.append(Failure(tid.hex(), "finalize", f"{type(exc).__name__}: {exc}"[:200]))
         self._expire(now)
         return out
+
+    def _drop(self, tid: bytes, trace: _Trace) -> None:
+        self._open.pop(tid, None)
+        self.spans_in_flight -= trace.spans
+        self._remember_expired(tid)
 
     def _finalize(self, tid: bytes, now: float, incomplete: bool, everything: bool) -> list[Finalized]:
         """The runs of a trace that changed, as new revisions; without ``everything`` only runs whose

@@ -117,16 +117,23 @@ def finish_reason(value: Any) -> str | None:
     return None
 
 
+#: Largest token count kept for one span: more is absurd, and clamping keeps every sum far inside
+#: int64 (the store, the proto and the metrics hold int64) while still showing an absurd value.
+MAX_TOKENS = 10**12
+
+
 def _int(value: Any) -> int | None:
+    """A token count: a non-negative integer (or integral double, or ASCII digits), clamped."""
     if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, int):
-        return value if value >= 0 else None
-    if isinstance(value, float) and value.is_integer() and value >= 0:
-        return int(value)
-    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
-        return int(value)
-    return None
+    if isinstance(value, float):
+        value = int(value) if value.is_integer() else None  # nan and inf are not integers
+    elif isinstance(value, str):
+        text = value.strip()
+        value = int(text) if text.isascii() and text.isdigit() and len(text) <= 32 else None
+    if not isinstance(value, int) or value < 0:
+        return None
+    return min(value, MAX_TOKENS)
 
 
 def _first(attrs: dict[str, Any], keys: tuple[str, ...]) -> Any:
@@ -149,7 +156,7 @@ class TraceState:
     """Everything known about one trace, updated span batch by span batch."""
 
     __slots__ = ("matcher", "trace_id", "root_span_id", "subject", "_context", "_pending", "_pending_ids",
-                 "_runs", "_names", "_fallback_subject", "run_spans_seen")
+                 "_runs", "_names", "_fallback_subject", "run_spans_seen", "unusable")
 
     def __init__(self, matcher: Matcher, trace_id: bytes) -> None:
         self.matcher = matcher
@@ -164,6 +171,8 @@ class TraceState:
         self._names: dict[str, str] = {}  # case-folded key -> first spelling
         #: Workflow-run spans received (a trace holding one is ready once quiet, root or not).
         self.run_spans_seen = 0
+        #: Spans whose classification failed: ignored on their own (their children inherit around them).
+        self.unusable = 0
 
     def add(self, span: SpanRecord) -> bool:
         """Classify one span now if its parent is known (or it has none), else park it.
@@ -196,7 +205,11 @@ class TraceState:
         stack = [(span, inherited)]
         while stack:
             s, parent = stack.pop()
-            context = self._classify(s, parent)
+            try:
+                context = self._classify(s, parent)
+            except Exception:  # noqa: BLE001 - one span that cannot be classified is ignored on its own
+                self.unusable += 1
+                context = parent
             self._context[s.span_id] = context
             for child in self._pending.pop(s.span_id, ()):
                 self._pending_ids.discard(child.span_id)

@@ -8,7 +8,6 @@ integers may be strings), and routing it through ``json_format`` into protobuf o
 
 from __future__ import annotations
 
-import base64
 import binascii
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -55,16 +54,29 @@ class Decoded:
             self.reasons.append(reason)
 
 
-def any_value(value: AnyValue) -> Any:
+#: Nesting kept in array / kvlist attribute values; deeper values are dropped (None).
+MAX_VALUE_DEPTH = 8
+
+
+def clean_text(text: str) -> str:
+    """``text`` capped, with anything UTF-8 cannot hold (JSON's lone surrogates) replaced: every
+    sink downstream (store, proto, OTLP export) must be able to encode it."""
+    text = text[:MAX_ATTR_CHARS]
+    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
+
+
+def any_value(value: AnyValue, depth: int = 0) -> Any:
     kind = value.WhichOneof("value")
-    if kind is None:
+    if kind is None or depth > MAX_VALUE_DEPTH:
         return None
     if kind == "array_value":
-        return [any_value(v) for v in value.array_value.values]
+        return [any_value(v, depth + 1) for v in value.array_value.values]
     if kind == "kvlist_value":
-        return {kv.key: any_value(kv.value) for kv in value.kvlist_value.values}
+        return {kv.key: any_value(kv.value, depth + 1) for kv in value.kvlist_value.values}
     if kind == "string_value":
         return value.string_value[:MAX_ATTR_CHARS]
+    if kind == "bytes_value":
+        return None  # nothing the classifier reads is bytes
     return getattr(value, kind)
 
 
@@ -84,7 +96,10 @@ def decode_request(request: ExportTraceServiceRequest, wanted: frozenset[str]) -
                 continue
             for span in ss.spans:
                 tid, sid, pid = span.trace_id, span.span_id, span.parent_span_id
-                if problem := _id_problem(span.name, tid, sid, pid):
+                name = span.name
+                if len(name) > MAX_ATTR_CHARS:
+                    name = name[:MAX_ATTR_CHARS]
+                if problem := _id_problem(name, tid, sid, pid):
                     out.reject(problem)
                     continue
                 attrs = {}
@@ -96,7 +111,7 @@ def decode_request(request: ExportTraceServiceRequest, wanted: frozenset[str]) -
                 if span.HasField("status") and span.status.code == STATUS_ERROR:
                     error = span.status.message[:MAX_ERROR_CHARS]
                 out.spans.append(
-                    SpanRecord(tid, sid, pid if pid != _ZERO_SPAN else b"", span.name,
+                    SpanRecord(tid, sid, pid if pid != _ZERO_SPAN else b"", name,
                                span.start_time_unix_nano, attrs, subject, error, language)
                 )
     return out
@@ -104,6 +119,8 @@ def decode_request(request: ExportTraceServiceRequest, wanted: frozenset[str]) -
 
 def _id_problem(name: str, tid: bytes, sid: bytes, pid: bytes) -> str | None:
     """Why a span's ids are unusable (it is then rejected in partial_success), or None."""
+    if len(name) > 64:
+        name = name[:64] + "…"  # echoed to the client and the log: never whole
     if len(tid) != 16 or tid == _ZERO_TRACE:
         return f"span {name!r}: trace_id must be 16 non-zero bytes, got {len(tid)}"
     if len(sid) != 8 or sid == _ZERO_SPAN:
@@ -140,24 +157,46 @@ def _hex_ids(obj: dict, path: str) -> list[bytes]:
     return out
 
 
-def json_any_value(value: Any, path: str) -> Any:
-    """An OTLP/JSON ``AnyValue`` object as a plain value (strings capped like protobuf ones)."""
-    if not isinstance(value, dict) or not value:
+def json_any_value(value: Any, depth: int = 0) -> Any:
+    """An OTLP/JSON ``AnyValue`` object as a plain value (strings cleaned and capped like protobuf
+    ones). A value of the wrong type or an unknown kind is dropped (None): one bad value never
+    fails its span, let alone the request."""
+    if not isinstance(value, dict) or not value or depth > MAX_VALUE_DEPTH:
         return None
     kind, inner = next(iter(value.items()))
     if kind == "stringValue":
-        return str(inner)[:MAX_ATTR_CHARS]
+        return clean_text(inner) if isinstance(inner, str) else None
     if kind == "intValue":
-        return int(inner)
-    if kind in ("boolValue", "doubleValue"):
-        return inner
-    if kind == "arrayValue":
-        return [json_any_value(v, path) for v in _list(inner, "values", path)]
-    if kind == "kvlistValue":
-        return {kv.get("key"): json_any_value(kv.get("value"), path) for kv in _list(inner, "values", path)}
-    if kind == "bytesValue":
-        return base64.b64decode(inner)
-    raise DecodeError(f"unknown AnyValue kind {kind!r}", path)
+        return _json_int(inner)
+    if kind == "boolValue":
+        return inner if isinstance(inner, bool) else None
+    if kind == "doubleValue":
+        return float(inner) if isinstance(inner, (int, float)) and not isinstance(inner, bool) else None
+    if kind in ("arrayValue", "kvlistValue"):
+        items = inner.get("values") if isinstance(inner, dict) else None
+        if not isinstance(items, list):
+            return None
+        if kind == "arrayValue":
+            return [json_any_value(v, depth + 1) for v in items]
+        return {kv["key"]: json_any_value(kv.get("value"), depth + 1) for kv in items
+                if isinstance(kv, dict) and isinstance(kv.get("key"), str)}
+    return None  # bytesValue (nothing the classifier reads) or a kind this version does not know
+
+
+def _json_int(value: Any) -> int | None:
+    """OTLP/JSON int64: a number or a decimal string; anything else (1e400, "abc") is no value."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None  # inf and nan are not integers
+    if isinstance(value, str) and len(value) <= 32:
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
 
 
 def _scopes(doc: Any) -> Iterator[tuple[dict, dict, str]]:
@@ -197,7 +236,7 @@ def decode_otlp_json(doc: Any, wanted: frozenset[str], location: str = "", stric
                 key = kv.get("key") if isinstance(kv, dict) else None
                 value = kv.get("value") if key in found else None
                 if isinstance(value, dict) and isinstance(value.get("stringValue"), str):
-                    found[key] = value["stringValue"][:MAX_ATTR_CHARS] or None
+                    found[key] = clean_text(value["stringValue"]) or None
             resources[id(rs)] = (found[SERVICE_NAME], found[SDK_LANGUAGE])
         subject, language = resources[id(rs)]
         spans = _list(ss, "spans", path)
@@ -216,14 +255,15 @@ def decode_otlp_json(doc: Any, wanted: frozenset[str], location: str = "", stric
                 name = span.get("name") or ""
                 if not isinstance(name, str):
                     raise TypeError(f"name must be a string, got {type(name).__name__}")
+                name = clean_text(name)
                 if problem := _id_problem(name, tid, sid, pid):
                     raise _BadId(f"{span_path}: {problem}")
                 attrs = {}
                 for kv in span.get("attributes") or ():
-                    key = kv.get("key")
+                    key = kv.get("key") if isinstance(kv, dict) else None
                     if key in wanted:
-                        attrs[key] = json_any_value(kv.get("value"), span_path)
-                start = int(span.get("startTimeUnixNano") or 0)
+                        attrs[key] = json_any_value(kv.get("value"))
+                start = _json_int(span.get("startTimeUnixNano") or 0) or 0
                 error = _json_status_error(span.get("status"))
             except _BadId as exc:
                 if strict:
@@ -242,4 +282,4 @@ def _json_status_error(status: Any) -> str | None:
     if not isinstance(status, dict) or status.get("code") not in (STATUS_ERROR, "STATUS_CODE_ERROR", "2"):
         return None
     message = status.get("message")
-    return message[:MAX_ERROR_CHARS] if isinstance(message, str) else ""
+    return clean_text(message)[:MAX_ERROR_CHARS] if isinstance(message, str) else ""

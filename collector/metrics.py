@@ -69,6 +69,9 @@ class Metrics:
         self.own = meter.create_counter("collector.spans.own",
                                         description="Our own verdict spans received back and ignored")
         self.store_errors = meter.create_counter("collector.store.errors", description="Failed store writes")
+        self.failed = meter.create_counter("collector.runs.failed",
+                                           description="Traces or runs that could not be finalized, published or "
+                                                       "stored, by stage (each also logged and shown on /runs)")
 
         def observe(name: str):
             def callback(_: CallbackOptions):

@@ -7,6 +7,7 @@ receive (``receivers``) -> decode -> assemble + classify (``assembler``) -> reco
 from __future__ import annotations
 
 import queue
+from collections import deque
 import socket
 import threading
 import time
@@ -16,7 +17,7 @@ from dataclasses import dataclass, replace
 import structlog
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector.assembler import Assembler, Backpressure, Finalized
+from collector.assembler import Assembler, Backpressure, Failure, Finalized
 from collector.config import CollectorConfig
 from collector.decode import Decoded, decode_request
 from collector.emit_spans import VerdictSpans
@@ -38,14 +39,18 @@ class IngestResult:
 class StoreWriter:
     """Writes verdicts on a thread of its own, in batches, so the event loop never waits on SQLite.
 
-    A failed batch is retried (with backoff) until it lands or the writer is closed.
+    A batch the database refuses (StoreError: down, locked) is retried with backoff until it lands
+    or the writer is closed. Any other failure is about the data: the batch is then written run by
+    run and a run the store cannot take is reported to ``on_failed``, so it never stops the others.
     """
 
     def __init__(self, store: RunStore, on_stored: Callable[[list[tuple[StoredRun, float | None]]], None],
-                 on_error: Callable[[], None] = lambda: None) -> None:
+                 on_error: Callable[[], None] = lambda: None,
+                 on_failed: Callable[[StoredRun, str], None] = lambda run, error: None) -> None:
         self.store = store
         self._on_stored = on_stored
         self._on_error = on_error
+        self._on_failed = on_failed
         self._queue: queue.Queue[tuple[StoredRun, float | None] | None] = queue.Queue()
         self._in_batch = 0
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
@@ -79,15 +84,28 @@ class StoreWriter:
             while batch:
                 try:
                     self.store.save_many(run for run, _ in batch)
+                    self._on_stored(batch)
+                    batch = []
                 except StoreError as exc:
                     log.error("store_write_failed", error=str(exc), runs=len(batch), retry_in=delay)
                     self._on_error()
                     time.sleep(delay)
                     delay = min(delay * 2, 5.0)
-                    continue
-                self._on_stored(batch)
-                batch = []
-                self._in_batch = 0
+                except Exception:  # noqa: BLE001 - a run the store cannot take: find it, keep the rest
+                    batch = self._one_by_one(batch)
+            self._in_batch = 0
+
+    def _one_by_one(self, batch: list[tuple[StoredRun, float | None]]) -> list[tuple[StoredRun, float | None]]:
+        """Write runs singly; returns what is left to retry when the database itself fails."""
+        for index, item in enumerate(batch):
+            try:
+                self.store.save_many([item[0]])
+                self._on_stored([item])
+            except StoreError:
+                return batch[index:]
+            except Exception as exc:  # noqa: BLE001
+                self._on_failed(item[0], f"{type(exc).__name__}: {exc}"[:200])
+        return []
 
     def close(self, timeout: float = 30.0) -> None:
         """Flush everything queued, then stop."""
@@ -106,7 +124,10 @@ class Pipeline:
         self.metrics = metrics
         self.spans = spans
         self.writer = StoreWriter(store, self._stored,
-                                  (lambda: metrics.store_errors.add(1)) if metrics else (lambda: None))
+                                  (lambda: metrics.store_errors.add(1)) if metrics else (lambda: None),
+                                  lambda run, error: self._failed(Failure(run.run_id, "store", error)))
+        #: The most recent traces or runs that could not be finalized, published or stored (run page).
+        self.failures: deque[Failure] = deque(maxlen=100)
 
     def gauges(self) -> dict[str, int]:
         a = self.assembler
@@ -150,9 +171,23 @@ class Pipeline:
 
     def sweep(self, force: bool = False) -> int:
         finalized = self.assembler.sweep(force)
+        for failure in self.assembler.failures:
+            self._failed(failure)
+        self.assembler.failures.clear()
         for item in finalized:
-            self._publish(item)
+            try:
+                self._publish(item)
+            except Exception as exc:  # noqa: BLE001 - one run that cannot be published costs no other
+                self._failed(Failure(item.run.run_id or item.run.trace_id or "", "publish",
+                                     f"{type(exc).__name__}: {exc}"[:200]))
         return len(finalized)
+
+    def _failed(self, failure: Failure) -> None:
+        """Counted, logged and kept for the run page; never raised into a stage."""
+        self.failures.append(failure)
+        if self.metrics is not None:
+            self.metrics.failed.add(1, {"stage": failure.stage})
+        log.error("run_failed", id=failure.id, stage=failure.stage, error=failure.error)
 
     def _publish(self, item: Finalized) -> None:
         if not item.run.is_workflow:

@@ -154,7 +154,7 @@ class Matcher:
     def is_chat(self, name: str, attrs: dict) -> bool:
         for key in self.operation_keys:
             op = attrs.get(key)
-            if op is not None:
+            if isinstance(op, str):  # an operation that is no string is no operation
                 return op in self.chat_operations
         return name.startswith(self.chat_prefixes)
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jinja2
 from aiohttp import web
 
+from collector.assembler import Failure
 from collector.model import NO_TRUTH_FIXES, NoTruthReason, Status
 from collector.security import BearerAuth
 from collector.store import RunStore
@@ -29,10 +31,13 @@ _env.globals["statuses"] = [s.value for s in Status]
 
 
 class RunPage:
-    def __init__(self, store: RunStore, auth: BearerAuth, trace_link: str | None) -> None:
+    def __init__(self, store: RunStore, auth: BearerAuth, trace_link: str | None,
+                 failures: Callable[[], Iterable[Failure]] = tuple) -> None:
         self.store = store
         self.auth = auth
         self.trace_link = trace_link
+        #: This collector's recent traces and runs that could not be finalized, published or stored.
+        self.failures = failures
 
     def register(self, app: web.Application) -> None:
         app.router.add_get("/", lambda _: web.HTTPFound("/runs"))
@@ -63,7 +68,8 @@ class RunPage:
         except ValueError:
             return self._page("error.html", 400, message="limit must be a number")
         rows = await asyncio.to_thread(self.store.list_runs, [status] if status else (), subject, limit)
-        return self._page("runs.html", rows=rows, status=status, subject=subject or "", limit=limit)
+        return self._page("runs.html", rows=rows, status=status, subject=subject or "", limit=limit,
+                          failures=list(self.failures())[::-1])
 
     async def run(self, request: web.Request) -> web.Response:
         if denied := self._denied(request):

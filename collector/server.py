@@ -81,7 +81,7 @@ class Collector:
             receiver = HttpTraceReceiver(self.pipeline, cfg.receivers.http.max_body_bytes, auth)
             app = receiver.app()
             if cfg.receivers.http.run_page:
-                RunPage(self.store, auth, cfg.receivers.http.trace_link).register(app)
+                RunPage(self.store, auth, cfg.receivers.http.trace_link, lambda: self.pipeline.failures).register(app)
             self._http = web.AppRunner(app, access_log=None, auto_decompress=False)
             await self._http.setup()
             host, port = split_endpoint(cfg.receivers.http.endpoint)

@@ -67,16 +67,20 @@ VALUES (:run_id, :trace_id, :subject, :status, :score, :preset, :source, :revisi
         :checked, :unchecked, :now, :now, :doc, :finalized_by)
 ON CONFLICT (run_id) DO UPDATE SET
     subject = excluded.subject, status = excluded.status, score = excluded.score,
-    preset = excluded.preset, revision = excluded.revision, incomplete = excluded.incomplete,
+    preset = excluded.preset, incomplete = excluded.incomplete,
+    revision = CASE WHEN excluded.revision > runs.revision THEN excluded.revision ELSE runs.revision + 1 END,
     checked = excluded.checked, unchecked = excluded.unchecked, updated_at = excluded.updated_at,
     doc = excluded.doc, finalized_by = excluded.finalized_by
-WHERE excluded.revision > runs.revision
+WHERE excluded.revision > runs.revision OR (runs.incomplete = 1 AND excluded.incomplete = 0)
 """
+#: A workflow run's verdict supersedes the incomplete verdict its trace got when it was cut short
+#: before its workflow-run span arrived (e.g. by a restart): that one was stored under the trace id.
+_SUPERSEDE = "DELETE FROM runs WHERE run_id = :trace_id AND incomplete = 1"
 _INSERT_EXECUTOR = ("INSERT INTO executor_verdicts (run_id, executor_id, verdict, score, no_truth_reason, evidence) "
                     "VALUES (:run_id, :executor_id, :verdict, :score, :no_truth_reason, :evidence)")
 _SUMMARY = ("run_id, trace_id, subject, status, score, preset, source, revision, incomplete, checked, "
             "unchecked, created_at, updated_at, finalized_by")
-_DOC = "doc, created_at, updated_at, finalized_by"
+_DOC = "doc, revision, created_at, updated_at, finalized_by"
 
 
 class StoreError(Exception):
@@ -117,7 +121,8 @@ def open_store(url: str | Path | None = None, password: str | None = None, pool_
 
 def _doc(row: dict[str, Any]) -> dict[str, Any]:
     doc = json.loads(row["doc"])
-    doc.update(created_at=row["created_at"], updated_at=row["updated_at"], finalized_by=row["finalized_by"])
+    doc.update(created_at=row["created_at"], updated_at=row["updated_at"], finalized_by=row["finalized_by"],
+               revision=row["revision"])  # the store may have raised it past the verdict's own
     return doc
 
 
@@ -193,6 +198,8 @@ class RunStore(ABC):
         })
         if not changed:  # an equal or newer revision is already stored
             return False
+        if run.trace_id and item.run_id != run.trace_id and not run.incomplete:
+            execute(_SUPERSEDE, {"trace_id": run.trace_id})
         execute("DELETE FROM executor_verdicts WHERE run_id = :run_id", {"run_id": item.run_id})
         for e in doc["executors"]:
             execute(_INSERT_EXECUTOR, {"run_id": item.run_id, "executor_id": e["executor_id"],
@@ -245,6 +252,9 @@ class SqliteRunStore(RunStore):
         self.path = Path(path)
         self.display = str(self.path)
         self._lock = threading.Lock()
+        self._open()
+
+    def _open(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -252,8 +262,22 @@ class SqliteRunStore(RunStore):
             for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=5000"):
                 self._db.execute(f"PRAGMA {pragma}")
             self._migrate()
+            self._inode = os.stat(self.path).st_ino
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"{self.path}: {exc}") from exc
+
+    def _still_there(self) -> None:
+        """A store file deleted or replaced under a running collector would swallow every later write
+        unseen: reopen the path (a new, migrated store), and say so."""
+        try:
+            same = os.stat(self.path).st_ino == self._inode
+        except OSError:
+            same = False
+        if not same:
+            log.error("store_replaced", store=self.display,
+                      detail="the store file was deleted or replaced while in use; reopened at the same path")
+            self._db.close()
+            self._open()
 
     def _migrate(self) -> None:
         self._db.execute("BEGIN IMMEDIATE")
@@ -275,6 +299,7 @@ class SqliteRunStore(RunStore):
     @contextmanager
     def _transaction(self) -> Iterator[Callable[[str, dict[str, Any]], int]]:
         with self._lock:
+            self._still_there()
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 yield lambda sql, params: self._db.execute(sql, params).rowcount

@@ -1,0 +1,220 @@
+"""One bad span, one bad run or one bad value never costs anyone else anything (DESIGN §3 r2, §5):
+regression tests for the adversarial report of issue 14, against a running collector."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import grpc
+import pytest
+
+from collector.api.v1 import fidelity_pb2 as pb
+from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
+from collector.store import open_store
+from conftest import AGENTEVAL, JSON, CollectorProcess, post
+from mafshape import SCENARIOS, export_request, record, run_id, to_otlp_json
+
+
+def good_and(mutate, scenario: str = "pass") -> tuple[dict, str, str]:
+    """An OTLP/JSON request holding a good trace (``scenario``) and a second copy that ``mutate``
+    poisons in place; returns (document, good trace id, poisoned trace id)."""
+    spans, (good, bad) = record([SCENARIOS[scenario][0], SCENARIOS["pass"][0]])
+    doc = to_otlp_json(export_request(spans))
+    for rs in doc["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for span in ss["spans"]:
+                if span["traceId"] == bad:
+                    mutate(rs, span)
+    return doc, good, bad
+
+
+def set_attr(span: dict, key: str, value: dict) -> None:
+    span["attributes"] = [kv for kv in span.get("attributes", []) if kv["key"] != key] + [{"key": key, "value": value}]
+
+
+def in_flight(collector) -> float:
+    return collector.metrics()[("collector_spans_in_flight", ())]
+
+
+POISONS = {
+    # issue 14 item 1: values the store could not encode or type
+    "lone_surrogate_subject": lambda rs, s: s["name"] == "workflow.run" and set_attr(
+        s, "workflow.name", {"stringValue": "\ud800"}),
+    "service_name_kvlist": lambda rs, s: rs["resource"].update(attributes=[
+        {"key": "service.name", "value": {"kvlistValue": {"values": [{"key": "a", "value": {"intValue": "1"}}]}}}]),
+    # item 2: values that raised in the middle of a request
+    "superscript_digit_tokens": lambda rs, s: s["name"].startswith("chat") and set_attr(
+        s, "gen_ai.usage.input_tokens", {"stringValue": "²"}),
+    "operation_name_array": lambda rs, s: s["name"].startswith("chat") and set_attr(
+        s, "gen_ai.operation.name", {"arrayValue": {"values": [{"stringValue": "chat"}]}}),
+    "finish_reason_deep_brackets": lambda rs, s: s["name"].startswith("chat") and set_attr(
+        s, "gen_ai.response.finish_reasons", {"stringValue": "[" * 1024}),
+    # item 3: token counts beyond int64
+    "int64_max_tokens": lambda rs, s: s["name"].startswith("chat") and set_attr(
+        s, "gen_ai.usage.input_tokens", {"intValue": str(2**63 - 1)}),
+    "double_1e300_tokens": lambda rs, s: s["name"].startswith("chat") and set_attr(
+        s, "gen_ai.usage.output_tokens", {"doubleValue": 1e300}),
+}
+
+
+@pytest.mark.parametrize("poison", POISONS)
+def test_a_poisoned_trace_never_fails_the_request_or_costs_another_trace(collector, poison):
+    doc, good, bad = good_and(POISONS[poison], "fail_under_report")
+    status, body, _ = post(collector.http, json.dumps(doc).encode(), JSON)
+    assert status == 200, body
+    run = collector.run(good)
+    assert run["status"] == "FAIL" and {e["executor_id"]: e["verdict"] for e in run["executors"]} == \
+        SCENARIOS["fail_under_report"][2]
+    poisoned = collector.run(bad)  # stored too: its bad value is clamped, dropped or replaced, not fatal
+    for e in poisoned["executors"]:
+        for key in ("framework_tokens", "truth_tokens", "delta"):
+            value = e["evidence"][key]
+            assert value is None or abs(value) < 2**63
+    assert in_flight(collector) >= 0
+
+
+def test_json_int_value_1e400_is_not_a_server_error(collector):
+    doc, good, _ = good_and(lambda rs, s: s["name"].startswith("chat") and set_attr(
+        s, "gen_ai.usage.input_tokens", {"intValue": 0}))
+    text = json.dumps(doc).replace('"intValue": 0}', '"intValue": 1e400}')
+    status, body, _ = post(collector.http, text.encode(), JSON)
+    assert status in (200, 400), body
+    assert collector.run(good)["status"] == "PASS"
+
+
+def test_huge_token_counts_are_clamped_so_every_reader_still_works(collector):
+    doc, good, bad = good_and(lambda rs, s: s["name"].startswith("chat") and set_attr(
+        s, "gen_ai.usage.input_tokens", {"intValue": str(2**63 - 1)}))
+    assert post(collector.http, json.dumps(doc).encode(), JSON)[0] == 200
+    stored = collector.run(bad)
+    stub = FidelityServiceStub(grpc.insecure_channel(collector.grpc))
+    got = stub.GetRun(pb.GetRunRequest(run_id=stored["run_id"]))  # once "Value out of range"
+    assert got.run_id == stored["run_id"]
+    assert any(r.run_id == stored["run_id"] for r in stub.ListRuns(pb.ListRunsRequest(limit=50)).runs)
+    replay = stub.WatchVerdicts(pb.WatchRequest(replay=5), timeout=5)
+    assert next(iter(replay)).run_id  # the stream serves stored runs instead of cutting the watcher off
+    replay.cancel()
+    truth = max(e["evidence"]["truth_tokens"] or 0 for e in stored["executors"])
+    assert 10**12 <= truth < 2**63  # clamped, still visibly absurd
+
+
+def test_a_parent_cycle_and_a_self_parented_span_are_reconciled_not_dropped(collector):
+    def cycle(rs, span):
+        if span["name"] == "workflow.run":
+            span["parentSpanId"] = span["spanId"]  # self-parented root
+        elif span["name"].startswith("executor.process researcher"):
+            span["parentSpanId"] = next(  # executor under its own agent: a cycle
+                s["spanId"] for s in rs["scopeSpans"][0]["spans"] if s["name"] == "invoke_agent researcher")
+
+    doc, good, bad = good_and(cycle)
+    assert post(collector.http, json.dumps(doc).encode(), JSON)[0] == 200
+    assert collector.run(good)["status"] == "PASS"
+    collector.run(bad)
+    runs = [collector.store().get_run(r["run_id"]) for r in collector.store().list_runs(limit=100)
+            if r["trace_id"] == bad]
+    # The cycle cuts the researcher's spans off the workflow run: they are the trace's own run.
+    units = {e["executor_id"]: e["verdict"] for r in runs for e in r["executors"]}
+    assert units == {"researcher": "Agree", "writer": "Agree"}
+    assert sum(e["evidence"]["response_turns"] for r in runs for e in r["executors"]) == 3  # every chat call
+
+
+def _cut_then_complete(tmp_path, spans, missing) -> tuple[CollectorProcess, dict]:
+    """Send a trace without ``missing`` to one collector and SIGTERM it (the run is finalized
+    incomplete), then the whole trace to a new collector on the same store."""
+    first = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 60}})
+    post(first.http, export_request([s for s in spans if s is not missing]).SerializeToString())
+    time.sleep(0.3)
+    assert first.stop() == 0
+    cut = open_store(first.store_url)
+    stored = cut.list_runs(limit=10)
+    cut.close()
+    second = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 60}})
+    post(second.http, export_request(spans).SerializeToString())  # the exporter re-sends it whole
+    return second, stored[0]
+
+
+def _wait_complete(proc: CollectorProcess, run_id_: str) -> dict:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        doc = proc.store().get_run(run_id_)
+        if doc is not None and not doc["incomplete"]:
+            return doc
+        time.sleep(0.1)
+    raise AssertionError(f"{run_id_} never stored complete: {doc}")
+
+
+def test_a_run_cut_by_a_restart_is_superseded_by_its_complete_verdict(tmp_path):
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    root = next(s for s in spans if s.name == "workflow.run")
+    second, cut = _cut_then_complete(tmp_path, spans, root)
+    try:
+        assert cut["incomplete"] and cut["run_id"] == trace_id  # no workflow-run span yet: the trace's run
+        doc = _wait_complete(second, run_id(trace_id))
+        assert doc["status"] == "PASS"
+        runs = [r["run_id"] for r in second.store().list_runs(limit=50) if r["trace_id"] == trace_id]
+        assert runs == [run_id(trace_id)]  # the stale incomplete verdict is gone, not shown beside it
+    finally:
+        second.stop()
+
+
+def test_a_direct_agent_run_cut_by_a_restart_gets_its_complete_verdict_under_the_same_id(tmp_path):
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"telemetry.sdk.language": "dotnet"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("Experimental.Microsoft.Agents.AI")
+    usage = {"gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 5, "gen_ai.response.finish_reasons": '["stop"]'}
+    with tracer.start_as_current_span("POST /ask") as root:  # the caller's span: the trace root
+        with tracer.start_as_current_span("invoke_agent helper(1)", attributes={"gen_ai.agent.name": "helper", **usage}):
+            with tracer.start_as_current_span("chat m", attributes={"gen_ai.operation.name": "chat", **usage}):
+                pass
+    spans = list(exporter.get_finished_spans())
+    trace_id = format(root.get_span_context().trace_id, "032x")
+    second, cut = _cut_then_complete(tmp_path, spans, next(s for s in spans if s.name == "POST /ask"))
+    try:
+        assert cut["incomplete"] and cut["run_id"] == trace_id
+        doc = _wait_complete(second, trace_id)
+        assert doc["status"] == "PASS" and doc["revision"] > cut["revision"]  # revisions keep increasing
+    finally:
+        second.stop()
+
+
+def test_deleting_the_store_file_while_running_is_reported_and_later_runs_are_kept(tmp_path):
+    proc = CollectorProcess(tmp_path)
+    try:
+        spans, (first,) = record([SCENARIOS["pass"][0]])
+        post(proc.http, export_request(spans).SerializeToString())
+        proc.run(first)
+        proc.store().close()
+        proc._store = None
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(f"{proc.store_path}{suffix}"):
+                os.remove(f"{proc.store_path}{suffix}")
+        spans, (second,) = record([SCENARIOS["loop"][0]])
+        post(proc.http, export_request(spans).SerializeToString())
+        assert proc.run(second, timeout=20)["status"] == "PASS"  # written to a store a reader can see
+        assert any(e.get("event") == "store_replaced" for e in proc.log_events())
+    finally:
+        assert proc.stop() == 0
+
+
+def test_sigterm_after_poison_exits_0_and_keeps_every_run(tmp_path):
+    proc = CollectorProcess(tmp_path, overrides={"assembly": {"quiet_period": 30}})
+    ids = []
+    for poison in ("lone_surrogate_subject", "operation_name_array", "finish_reason_deep_brackets"):
+        doc, good, bad = good_and(POISONS[poison])
+        assert post(proc.http, json.dumps(doc).encode(), JSON)[0] == 200
+        ids += [good, bad]
+    assert proc.stop(signal.SIGTERM) == 0  # in-flight traces finalized at shutdown, none lost
+    shown = subprocess.run([AGENTEVAL, "runs", "list", "--json", "--limit", "100", "--store", str(proc.store_path)],
+                           capture_output=True, text=True, timeout=60)
+    stored = {r["trace_id"] for r in json.loads(shown.stdout)}
+    assert set(ids) <= stored

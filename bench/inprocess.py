@@ -35,7 +35,7 @@ def main() -> None:
     payload = [trace_spans(rng) for _ in range(args.traces)]
     n = sum(len(t) for t in payload)
     bodies = encode(payload)
-    cfg = CollectorConfig(assembly={"quiet_period": 0.0001})
+    cfg = CollectorConfig(assembly={"quiet_period": 0.0001}, journal={"enabled": False})
     pipeline = Pipeline(cfg, open_store(Path(tempfile.mkdtemp()) / "runs.db"), None, None)
     wanted = cfg.matcher().wanted_keys
 

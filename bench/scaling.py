@@ -32,7 +32,7 @@ SHAPES = {10: (3, 1), 1_000: (111, 7), 10_000: (1_111, 7), 100_000: (11_111, 7)}
 def run(bodies: list[bytes], traces: int) -> float:
     """Seconds to ingest every body and finalize every trace, store writes included."""
     cfg = CollectorConfig(assembly={"quiet_period": 3600, "max_spans_in_flight": 10_000_000,
-                                    "max_traces_in_flight": 1_000_000})
+                                    "max_traces_in_flight": 1_000_000}, journal={"enabled": False})
     pipeline = Pipeline(cfg, open_store(Path(tempfile.mkdtemp()) / "runs.db"), None, None)
     start = time.perf_counter()
     for body in bodies:

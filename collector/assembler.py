@@ -86,6 +86,9 @@ class Assembler:
         self.spans_in_flight = 0
         #: Traces that could not be finalized since the last look (the pipeline drains and reports them).
         self.failures: list[Failure] = []
+        #: Traces finalized with nothing left waiting since the last look (the pipeline drains them:
+        #: once their runs are stored, the journal may let their spans go).
+        self.settled: list[bytes] = []
 
     @property
     def traces_in_flight(self) -> int:
@@ -179,13 +182,14 @@ class Assembler:
             except Exception as exc:  # noqa: BLE001 - one trace that cannot be finalized costs no other
                 self._drop(tid, trace)
                 self.failures.append(Failure(tid.hex(), "finalize", f"{type(exc).__name__}: {exc}"[:200]))
-        self._expire(now)
+        out.extend(self._expire(now))
         return out
 
     def _drop(self, tid: bytes, trace: _Trace) -> None:
         self._open.pop(tid, None)
         self.spans_in_flight -= trace.spans
         self._remember_expired(tid)
+        self.settled.append(tid)
 
     def _finalize(self, tid: bytes, now: float, incomplete: bool, everything: bool) -> list[Finalized]:
         """The runs of a trace that changed, as new revisions; without ``everything`` only runs whose
@@ -201,16 +205,26 @@ class Assembler:
             self._late[tid] = trace
         else:
             self._remember_expired(tid)
+        if not trace.state.waiting:
+            self.settled.append(tid)
         return [Finalized(run, revision, trace.root_arrived if revision == 1 else None) for run, revision in runs]
 
-    def _expire(self, now: float) -> None:
+    def _expire(self, now: float) -> list[Finalized]:
+        """Traces leaving the late window; spans of theirs still waiting for a parent that never came
+        are reconciled now (flagged incomplete) rather than forgotten."""
         cfg = self.config
+        out: list[Finalized] = []
         while self._late:
             tid, trace = next(iter(self._late.items()))
             if now - trace.finalized_at < cfg.late_window and len(self._late) <= cfg.max_late_traces:
                 break
             del self._late[tid]
             self._remember_expired(tid)
+            if trace.state.waiting:
+                out.extend(Finalized(run, revision, None)
+                           for run, revision in trace.state.run_inputs(incomplete=True, everything=True))
+                self.settled.append(tid)
+        return out
 
     def _remember_expired(self, tid: bytes) -> None:
         self._expired[tid] = None

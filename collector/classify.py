@@ -347,9 +347,9 @@ class TraceState:
             self._resolve(child, _NO_CONTEXT)
 
     @property
-    def pending_runs(self) -> bool:
-        """A run has new spans not yet reconciled."""
-        return any(r.dirty for r in self._runs.values())
+    def waiting(self) -> bool:
+        """Spans still wait for a parent (a run not yet finalized may need them)."""
+        return bool(self._pending)
 
     def run_inputs(self, incomplete: bool = False, everything: bool = True) -> list[tuple[RunInput, int]]:
         """Reconciler inputs for every run that changed since the last call, with its revision.

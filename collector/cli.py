@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from collector.config import CollectorConfig, ConfigError, load_config
+from collector.journal import JournalError
 from collector.loader import TRACE_WINDOW, TraceFileError, iter_runs
 from collector.model import EXIT_ERROR, STATUS_EXIT_CODES, Preset, Status
 from collector.reconcile import reconcile
@@ -210,7 +211,7 @@ def collector_serve(config: ConfigOpt = None, store: StoreOpt = None) -> None:
     configure(cfg.logging.level)
     try:
         asyncio.run(serve(cfg))
-    except (StoreError, ConfigError, OSError) as exc:
+    except (StoreError, ConfigError, JournalError, OSError) as exc:
         raise _Fatal(str(exc)) from exc
 
 

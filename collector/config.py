@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
+import platformdirs
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -185,6 +186,25 @@ class Stream(_Section):
     buffer: int = Field(1000, gt=0)
 
 
+class Journal(_Section):
+    enabled: bool = True
+    path: str | None = None
+    segment_bytes: int = Field(16 * 1024 * 1024, gt=0)
+    max_bytes: int = Field(1024 * 1024 * 1024, gt=0)
+
+    def directory(self, store_url: str) -> Path:
+        """``path``, else beside a SQLite store (``runs.db.journal``), else in the user data dir."""
+        from collector.store import default_store_url, is_postgres
+
+        if self.path:
+            return Path(self.path)
+        url = store_url or default_store_url()
+        if is_postgres(url):
+            return Path(platformdirs.user_data_dir("agenteval")) / "journal"
+        db = Path(url.removeprefix("sqlite:///"))
+        return db.with_name(db.name + ".journal")
+
+
 class Logging(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -195,6 +215,7 @@ class CollectorConfig(_Section):
     scoring: Scoring = Scoring()
     profiles: dict[str, ProfileConfig] = Field(default_factory=default_profiles)
     store: Store = Store()
+    journal: Journal = Journal()
     exporters: Exporters = Exporters()
     stream: Stream = Stream()
     logging: Logging = Logging()

@@ -6,6 +6,7 @@ receive (``receivers``) -> decode -> assemble + classify (``assembler``) -> reco
 
 from __future__ import annotations
 
+import asyncio
 import queue
 from collections import deque
 import socket
@@ -21,6 +22,7 @@ from collector.assembler import Assembler, Backpressure, Failure, Finalized
 from collector.config import CollectorConfig
 from collector.decode import Decoded, decode_request
 from collector.emit_spans import VerdictSpans
+from collector.journal import Journal
 from collector.metrics import Metrics
 from collector.reconcile import reconcile
 from collector.store import RunStore, StoredRun, StoreError
@@ -34,6 +36,8 @@ SOURCE_LIVE = "live"
 class IngestResult:
     rejected: int
     message: str
+    #: Resolves once the accepted spans are journaled (None without a journal): answer only then.
+    durable: asyncio.Future | None = None
 
 
 class StoreWriter:
@@ -115,7 +119,7 @@ class StoreWriter:
 
 class Pipeline:
     def __init__(self, config: CollectorConfig, store: RunStore, metrics: Metrics | None,
-                 spans: VerdictSpans | None) -> None:
+                 spans: VerdictSpans | None, store_url: str = "") -> None:
         self.config = config
         self.instance = socket.gethostname()
         self.matcher = config.matcher()
@@ -125,9 +129,14 @@ class Pipeline:
         self.spans = spans
         self.writer = StoreWriter(store, self._stored,
                                   (lambda: metrics.store_errors.add(1)) if metrics else (lambda: None),
-                                  lambda run, error: self._failed(Failure(run.run_id, "store", error)))
+                                  self._store_failed)
         #: The most recent traces or runs that could not be finalized, published or stored (run page).
         self.failures: deque[Failure] = deque(maxlen=100)
+        self.journal = (Journal(config.journal.directory(store_url), config.journal.segment_bytes,
+                                config.journal.max_bytes) if config.journal.enabled else None)
+        #: Settled trace -> its runs not yet stored; at 0 the journal lets the trace's spans go.
+        self._unstored: dict[str, int] = {}
+        self._unstored_lock = threading.Lock()
 
     def gauges(self) -> dict[str, int]:
         a = self.assembler
@@ -141,17 +150,22 @@ class Pipeline:
     def ingest_decoded(self, decoded: Decoded, transport: str) -> IngestResult:
         """Accept decoded span records, or raise :class:`Backpressure` having accepted none of them."""
         try:
+            if self.journal is not None and self.journal.full():
+                raise Backpressure(f"journal.max_bytes ({self.config.journal.max_bytes}) of spans are waiting for "
+                                   "their traces to complete", self.config.assembly.retry_after)
             if self.writer.backlog >= self.config.store.max_queued_runs:
                 raise Backpressure(f"store.max_queued_runs ({self.config.store.max_queued_runs}) verdicts are "
                                    "waiting for the run store", self.config.assembly.retry_after)
             self.assembler.check_capacity(len(decoded.spans), (s.trace_id for s in decoded.spans))
         except Backpressure as exc:
             if self.metrics:
-                reason = "store_backlog" if exc.reason.startswith("store.") else "capacity"
+                reason = exc.reason.partition(".")[0] if exc.reason.startswith(("store.", "journal.")) else "capacity"
+                reason = {"store": "store_backlog"}.get(reason, reason)
                 self.metrics.refused.add(len(decoded.spans), {"reason": reason, "transport": transport})
             log.warning("request_refused", transport=transport, spans=len(decoded.spans), reason=exc.reason)
             raise
         offer = self.assembler.offer(decoded.spans)
+        durable = self.journal.append(decoded.spans) if self.journal is not None and offer.accepted else None
         rejected = decoded.rejected + offer.expired
         messages = list(decoded.reasons)
         if offer.expired:
@@ -167,20 +181,65 @@ class Pipeline:
                 m.rejected.add(rejected, {"transport": transport})
         if rejected:
             log.warning("spans_rejected", transport=transport, rejected=rejected, reasons=messages[:5])
-        return IngestResult(rejected, "; ".join(messages[:5]))
+        return IngestResult(rejected, "; ".join(messages[:5]), durable)
+
+    def replay(self) -> int:
+        """Re-accept the spans of an earlier run's journal (before the receivers open); their traces
+        then complete as usual. Returns the number of spans replayed."""
+        if self.journal is None:
+            return 0
+        spans = 0
+        for batch in self.journal.replay():
+            spans += self.assembler.offer(batch).accepted
+        return spans
 
     def sweep(self, force: bool = False) -> int:
         finalized = self.assembler.sweep(force)
         for failure in self.assembler.failures:
             self._failed(failure)
         self.assembler.failures.clear()
+        if self.journal is not None:
+            self._settle(finalized)
         for item in finalized:
             try:
                 self._publish(item)
             except Exception as exc:  # noqa: BLE001 - one run that cannot be published costs no other
                 self._failed(Failure(item.run.run_id or item.run.trace_id or "", "publish",
                                      f"{type(exc).__name__}: {exc}"[:200]))
+                self._done(item.run.trace_id)
         return len(finalized)
+
+    def _settle(self, finalized: list[Finalized]) -> None:
+        """Settled traces wait for their runs to be stored before the journal lets them go."""
+        settled = {tid.hex(): tid for tid in self.assembler.settled}
+        self.assembler.settled.clear()
+        counts: dict[str, int] = {}
+        for item in finalized:
+            if item.run.trace_id in settled:
+                counts[item.run.trace_id] = counts.get(item.run.trace_id, 0) + 1
+        with self._unstored_lock:
+            for hex_id in settled:
+                if hex_id in counts:
+                    self._unstored[hex_id] = self._unstored.get(hex_id, 0) + counts[hex_id]
+        self.journal.release([tid for hex_id, tid in settled.items() if hex_id not in counts])
+
+    def _done(self, trace_id: str | None) -> None:
+        """One run of a settled trace is stored (or failed for good)."""
+        if self.journal is None or trace_id is None:
+            return
+        with self._unstored_lock:
+            left = self._unstored.get(trace_id)
+            if left is None:
+                return
+            if left > 1:
+                self._unstored[trace_id] = left - 1
+                return
+            del self._unstored[trace_id]
+        self.journal.release([bytes.fromhex(trace_id)])
+
+    def _store_failed(self, run: StoredRun, error: str) -> None:
+        self._failed(Failure(run.run_id, "store", error))
+        self._done(run.verdict.trace_id)
 
     def _failed(self, failure: Failure) -> None:
         """Counted, logged and kept for the run page; never raised into a stage."""
@@ -214,6 +273,8 @@ class Pipeline:
         self.writer.put(stored, item.root_arrived)  # last: a stored run implies every other sink saw it
 
     def _stored(self, batch: list[tuple[StoredRun, float | None]]) -> None:
+        for run, _ in batch:
+            self._done(run.verdict.trace_id)
         if self.metrics is not None:
             now = time.monotonic()
             for _, arrived in batch:
@@ -222,6 +283,9 @@ class Pipeline:
 
 
     def close(self) -> None:
-        """Finalize every in-flight trace (flagged incomplete where it was), then flush the store."""
+        """Finalize every in-flight trace (flagged incomplete where it was), flush the store, and
+        close the journal (empty now, unless a write failed: then it replays on the next start)."""
         self.sweep(force=True)
         self.writer.close()
+        if self.journal is not None:
+            self.journal.close()

@@ -28,6 +28,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from collector.assembler import Backpressure
 from collector.decode import DecodeError, decode_otlp_json, decode_request
+from collector.journal import JournalError
 from collector.pipeline import IngestResult, Pipeline
 from collector.security import BearerAuth, grpc_authorization
 
@@ -44,6 +45,17 @@ def _response(result: IngestResult) -> ExportTraceServiceResponse:
     return ExportTraceServiceResponse(
         partial_success=ExportTracePartialSuccess(rejected_spans=result.rejected, error_message=result.message)
     )
+
+
+async def _durable(result: IngestResult) -> None:
+    """Answer only once the accepted spans are journaled; a failed journal write is retryable (the
+    spans are in memory and will be reconciled; a retry is deduplicated)."""
+    if result.durable is None:
+        return
+    try:
+        await result.durable
+    except JournalError as exc:
+        raise Backpressure(str(exc), 1.0) from exc
 
 
 def _retry_info(seconds: float) -> error_details_pb2.RetryInfo:
@@ -73,6 +85,7 @@ class GrpcTraceService:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot decode ExportTraceServiceRequest: {exc}")
         try:
             result = self.pipeline.ingest(request, "grpc")
+            await _durable(result)
         except Backpressure as exc:
             retry = _retry_info(exc.retry_after)
             status = status_pb2.Status(code=code_pb2.UNAVAILABLE, message=exc.reason)
@@ -153,6 +166,7 @@ class HttpTraceReceiver:
             return self._error(400, f"cannot decode ExportTraceServiceRequest: {exc}", ctype)
         try:
             result = self.pipeline.ingest_decoded(decoded, "http")
+            await _durable(result)
         except Backpressure as exc:
             resp = self._error(503, f"collector over capacity: {exc.reason}; retry later", ctype)
             resp.headers["Retry-After"] = str(max(1, round(exc.retry_after)))

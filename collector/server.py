@@ -62,7 +62,9 @@ class Collector:
         cfg = self.config
         self.hub = VerdictHub(asyncio.get_running_loop(), cfg.stream.max_watchers, cfg.stream.buffer)
         self.metrics = Metrics(cfg, self.resource, self._gauges)
-        self.pipeline = Pipeline(cfg, self.store, self.metrics, self.spans)
+        self.pipeline = Pipeline(cfg, self.store, self.metrics, self.spans, cfg.store.url or "")
+        if replayed := self.pipeline.replay():  # before any receiver opens: journaled spans first
+            log.info("journal_replayed", spans=replayed, journal=str(self.pipeline.journal.directory))
         self.store.subscribe(self.hub.publish_threadsafe)
         grpc_addr = http_addr = None
         tls = cfg.receivers.tls

@@ -131,6 +131,7 @@ def free_port() -> int:
 class CollectorProcess:
     def __init__(self, tmp: Path, overrides: dict | None = None, otlp_out: str | None = None,
                  env: dict | None = None, store_url: str | None = None) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
         self.store_path = tmp / "runs.db"
         self.store_url = store_url or str(self.store_path)
         self._store: RunStore | None = None
@@ -138,6 +139,8 @@ class CollectorProcess:
             "receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},
             "assembly": {"quiet_period": 0.3, "max_trace_wait": 2.0, "late_window": 60.0, "sweep_interval": 0.02},
             "store": {"url": self.store_url},
+            # replicas sharing a PostgreSQL store each keep their own journal
+            "journal": {"path": str(tmp / "runs.db.journal")},
             "exporters": {"prometheus": {"endpoint": "127.0.0.1:0"},
                           "otlp": {"endpoint": otlp_out, "metrics_interval": 0.5} if otlp_out else {}},
         }

@@ -262,7 +262,8 @@ def test_prompt_and_response_text_is_never_stored_logged_or_exported(collector, 
     export_spans(collector, spans, "http")
     collector.run(trace_id)
     capture.wait_spans(trace_id, "fidelity.executor", 2)
-    stored = b"".join(p.read_bytes() for p in collector.store_path.parent.glob("runs.db*"))
+    stored = b"".join(p.read_bytes() for p in collector.store_path.parent.rglob("runs.db*")
+                      if p.is_file())  # the store, its WAL and the crash journal's segments
     logged = collector.stderr_path.read_text()
     exported = b"".join(req.SerializeToString() for req in list(capture.requests))
     for secret in ("SECRET-PROMPT", "SECRET-ANSWER"):

@@ -1,0 +1,219 @@
+"""The crash journal (DESIGN §3 Durability): accepted span records are on disk before the receiver
+answers, and replayed on start, so a kill -9 loses no acknowledged span.
+
+- What is written is the classifier's compact span record (ids, name, start, the few attributes it
+  reads), never the request: prompt and response text never reach the disk.
+- Group commit: requests append to a shared buffer; one writer thread writes whatever accumulated
+  while the previous fsync ran, fsyncs once, and then releases every request of that group.
+- Segments: files of about ``segment_bytes``; a segment is deleted once every trace with spans in it
+  has been finalized and its runs stored. ``max_bytes`` bounds the whole journal: past it the
+  pipeline refuses new spans with a retryable status until traces complete.
+- One collector per journal directory (an exclusive lock); replicas on one machine need their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import structlog
+
+from collector.classify import SpanRecord
+
+log = structlog.get_logger("agenteval.collector")
+
+
+class JournalError(Exception):
+    """The journal cannot be opened (in use, unwritable) or a write failed."""
+
+
+def _encode(spans: list[SpanRecord]) -> bytes:
+    rows = [[s.trace_id.hex(), s.span_id.hex(), s.parent_id.hex(), s.name, s.start_ns, s.attrs, s.resource_subject,
+             s.status_error, s.sdk_language] for s in spans]
+    return json.dumps(rows, separators=(",", ":")).encode() + b"\n"
+
+
+def _decode(line: bytes) -> list[SpanRecord]:
+    return [SpanRecord(bytes.fromhex(t), bytes.fromhex(s), bytes.fromhex(p), name, start, attrs, subject, error, lang)
+            for t, s, p, name, start, attrs, subject, error, lang in json.loads(line)]
+
+
+class Journal:
+    def __init__(self, directory: Path, segment_bytes: int, max_bytes: int) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.max_bytes = max_bytes
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            self._lock_file = open(directory / "LOCK", "w")  # noqa: SIM115 - held for the journal's life
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise JournalError(f"{directory}: journal in use by another collector (give each its own journal.path)") from None
+        except OSError as exc:
+            raise JournalError(f"{directory}: {exc.strerror or exc}") from exc
+        self._mutex = threading.Lock()
+        self._wakeup = threading.Condition(self._mutex)
+        #: (encoded lines, trace ids, future) waiting for the next group commit
+        self._buffer: list[tuple[bytes, set[bytes], asyncio.Future, asyncio.AbstractEventLoop]] = []
+        #: segment number -> trace ids with spans in it that are not yet done
+        self._open: dict[int, set[bytes]] = {}
+        self._sizes: dict[int, int] = {}
+        self._trace_segments: dict[bytes, set[int]] = {}
+        existing = self._segments()
+        self._number = (existing[-1] + 1) if existing else 0
+        self._file: IO[bytes] = self._start_segment()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
+        self._thread.start()
+
+    # --- files ---------------------------------------------------------------------------------
+    def _path(self, number: int) -> Path:
+        return self.directory / f"{number:012d}.jsonl"
+
+    def _segments(self) -> list[int]:
+        return sorted(int(p.stem) for p in self.directory.glob("*.jsonl") if p.stem.isdigit())
+
+    def _start_segment(self) -> IO[bytes]:
+        self._open[self._number] = set()
+        self._sizes[self._number] = 0
+        handle = open(self._path(self._number), "ab")  # noqa: SIM115
+        _fsync_dir(self.directory)
+        return handle
+
+    @property
+    def size(self) -> int:
+        return sum(self._sizes.values())
+
+    def full(self) -> bool:
+        return self.size >= self.max_bytes
+
+    # --- replay ---------------------------------------------------------------------------------
+    def replay(self) -> Iterator[list[SpanRecord]]:
+        """The span records of every earlier segment, oldest first; they stay journaled (and counted)
+        until their traces are done again. A torn last line (a crash mid-write) is skipped."""
+        for number in self._segments():
+            if number == self._number:
+                continue
+            path = self._path(number)
+            self._open.setdefault(number, set())
+            self._sizes[number] = path.stat().st_size
+            with path.open("rb") as fh:
+                for line in fh:
+                    try:
+                        spans = _decode(line)
+                    except (ValueError, TypeError):
+                        log.warning("journal_record_skipped", segment=path.name, reason="torn or unreadable line")
+                        continue
+                    self._track(number, {s.trace_id for s in spans})
+                    yield spans
+            self._collect(number)
+
+    # --- append / commit ------------------------------------------------------------------------
+    def append(self, spans: list[SpanRecord]) -> asyncio.Future:
+        """Queue ``spans`` for the next group commit; the future resolves once they are on disk (or
+        fails with :class:`JournalError`). Call from the event loop."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        line = _encode(spans)
+        with self._wakeup:
+            self._buffer.append((line, {s.trace_id for s in spans}, future, loop))
+            self._wakeup.notify()
+        return future
+
+    def _run(self) -> None:
+        while True:
+            with self._wakeup:
+                while not self._buffer and not self._closing:
+                    self._wakeup.wait()
+                group, self._buffer = self._buffer, []
+                if not group and self._closing:
+                    return
+            error: Exception | None = None
+            try:
+                self._write(group)
+            except OSError as exc:
+                error = JournalError(f"{self.directory}: journal write failed: {exc.strerror or exc}")
+                log.error("journal_write_failed", error=str(error), requests=len(group))
+            for _, _, future, loop in group:
+                loop.call_soon_threadsafe(_settle, future, error)
+
+    def _write(self, group: list[tuple[bytes, set[bytes], asyncio.Future, asyncio.AbstractEventLoop]]) -> None:
+        data = b"".join(line for line, _, _, _ in group)
+        with self._mutex:
+            if self._sizes[self._number] and self._sizes[self._number] + len(data) > self.segment_bytes:
+                self._file.close()
+                previous = self._number
+                self._number += 1
+                self._file = self._start_segment()
+                self._collect(previous)
+            number = self._number
+            for _, traces, _, _ in group:
+                self._track(number, traces)
+            self._sizes[number] += len(data)
+        self._file.write(data)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def _track(self, number: int, traces: set[bytes]) -> None:
+        self._open[number].update(traces)
+        for tid in traces:
+            self._trace_segments.setdefault(tid, set()).add(number)
+
+    # --- release --------------------------------------------------------------------------------
+    def release(self, trace_ids: list[bytes]) -> None:
+        """These traces are finalized and their runs stored: segments holding only done traces go."""
+        with self._mutex:
+            touched = set()
+            for tid in trace_ids:
+                for number in self._trace_segments.pop(tid, ()):
+                    self._open[number].discard(tid)
+                    touched.add(number)
+            for number in touched:
+                self._collect(number)
+
+    def _collect(self, number: int) -> None:
+        """Delete a finished segment whose traces are all done (the mutex is held or not needed)."""
+        if number != self._number and not self._open.get(number):
+            self._open.pop(number, None)
+            self._sizes.pop(number, None)
+            try:
+                self._path(number).unlink()
+            except FileNotFoundError:
+                pass
+
+    def close(self) -> None:
+        with self._wakeup:
+            self._closing = True
+            self._wakeup.notify()
+        self._thread.join(30)
+        with self._mutex:
+            self._file.close()
+            if not self._open.get(self._number):  # nothing of the current segment is still needed
+                self._path(self._number).unlink(missing_ok=True)
+                self._sizes.pop(self._number, None)
+        self._lock_file.close()
+
+
+def _settle(future: asyncio.Future, error: Exception | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a new segment's directory entry durable too."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+

@@ -62,12 +62,18 @@ class Finalized:
     root_arrived: float | None
 
 
+#: Memory a finalized trace keeps per span it received (its compact state for late spans), as
+#: measured by bench/late_memory.py (286-425 B); the late-window byte bound counts with this.
+LATE_BYTES_PER_SPAN = 450
+
+
 @dataclass(slots=True)
 class _Trace:
     state: TraceState
     first_seen: float
     last_seen: float
-    spans: int = 0
+    spans: int = 0  # accepted and not yet finalized
+    held: int = 0  # accepted in all (what its compact state grows with)
     root_arrived: float | None = None
     revision: int = 0
     finalized_at: float = 0.0
@@ -81,6 +87,7 @@ class Assembler:
         # Open traces, least recently updated first, so a sweep stops at the first non-quiet one.
         self._open: OrderedDict[bytes, _Trace] = OrderedDict()
         self._late: OrderedDict[bytes, _Trace] = OrderedDict()  # by first finalization time
+        self._late_spans = 0  # spans held by late traces (their estimated memory bounds the window)
         self._expired: OrderedDict[bytes, None] = OrderedDict()  # bounded memory of closed trace ids
         self._last_timeout_scan = 0.0
         self.spans_in_flight = 0
@@ -125,6 +132,7 @@ class Assembler:
             if trace.root_arrived is None and (not span.parent_id or self.matcher.kind(span.name) == RUN):
                 trace.root_arrived = now
             trace.spans += 1
+            trace.held += 1
             trace.last_seen = now
             result.accepted += 1
         self.spans_in_flight += result.accepted
@@ -138,7 +146,9 @@ class Assembler:
             self._open.move_to_end(tid)
             return trace
         trace = self._late.pop(tid, None)
-        if trace is None:
+        if trace is not None:
+            self._late_spans -= trace.held
+        else:
             if tid in self._expired:
                 return None
             trace = _Trace(TraceState(self.matcher, tid), now, now)
@@ -171,7 +181,7 @@ class Assembler:
         for tid in ready:
             trace = self._open[tid]
             if trace.revision and not trace.spans:  # re-opened by duplicates only: nothing new
-                self._late[tid] = self._open.pop(tid)
+                self._to_late(tid, self._open.pop(tid))
                 continue
             quiet = now - trace.last_seen >= cfg.quiet_period
             complete = quiet and trace.state.root_span_id is not None
@@ -202,23 +212,34 @@ class Assembler:
             trace.finalized_at = now
         runs = trace.state.run_inputs(incomplete=incomplete, everything=everything)
         if self.config.late_window > 0 and self.config.max_late_traces > 0:
-            self._late[tid] = trace
+            self._to_late(tid, trace)
         else:
             self._remember_expired(tid)
         if not trace.state.waiting:
             self.settled.append(tid)
         return [Finalized(run, revision, trace.root_arrived if revision == 1 else None) for run, revision in runs]
 
+    def _to_late(self, tid: bytes, trace: _Trace) -> None:
+        self._late[tid] = trace
+        self._late_spans += trace.held
+
+    @property
+    def late_bytes(self) -> int:
+        """Estimated memory of the late window's state."""
+        return self._late_spans * LATE_BYTES_PER_SPAN
+
     def _expire(self, now: float) -> list[Finalized]:
-        """Traces leaving the late window; spans of theirs still waiting for a parent that never came
-        are reconciled now (flagged incomplete) rather than forgotten."""
+        """Traces leaving the late window (by age, count or estimated bytes, oldest first); spans of
+        theirs still waiting for a parent that never came are reconciled now (flagged incomplete)."""
         cfg = self.config
         out: list[Finalized] = []
         while self._late:
             tid, trace = next(iter(self._late.items()))
-            if now - trace.finalized_at < cfg.late_window and len(self._late) <= cfg.max_late_traces:
+            if (now - trace.finalized_at < cfg.late_window and len(self._late) <= cfg.max_late_traces
+                    and self.late_bytes <= cfg.max_late_bytes):
                 break
             del self._late[tid]
+            self._late_spans -= trace.held
             self._remember_expired(tid)
             if trace.state.waiting:
                 out.extend(Finalized(run, revision, None)

@@ -81,6 +81,8 @@ class Metrics:
         for name, desc in [("traces_in_flight", "Traces being assembled"),
                            ("spans_in_flight", "Spans of traces being assembled"),
                            ("late_traces", "Finalized traces still accepting late spans"),
+                           ("late_bytes", "Estimated memory of the late window's state (bounded by max_late_bytes)"),
+                           ("journal_bytes", "Size of the crash journal (bounded by journal.max_bytes)"),
                            ("watchers", "WatchVerdicts streams attached"),
                            ("store_queued_runs", "Verdicts waiting for the run store (e.g. during an outage)")]:
             meter.create_observable_gauge(f"collector.{name}", [observe(name)], description=desc)

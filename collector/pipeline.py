@@ -141,7 +141,8 @@ class Pipeline:
     def gauges(self) -> dict[str, int]:
         a = self.assembler
         return {"traces_in_flight": a.traces_in_flight, "spans_in_flight": a.spans_in_flight,
-                "late_traces": a.late_traces, "store_queued_runs": self.writer.backlog}
+                "late_traces": a.late_traces, "late_bytes": a.late_bytes, "store_queued_runs": self.writer.backlog,
+                "journal_bytes": self.journal.size if self.journal is not None else 0}
 
     def ingest(self, request: ExportTraceServiceRequest, transport: str) -> IngestResult:
         """Accept a protobuf request, or raise :class:`Backpressure` having accepted none of it."""

@@ -196,3 +196,19 @@ def test_spans_in_a_parent_cycle_are_reconciled_not_dropped():
     (x,) = run.executors
     assert (x.executor_id, len(x.turns), x.turns[0].usage.total) == ("x", 1, 6)  # the cycle's chat call
     assert run.unattributed_chat_spans == 1  # the self-parented chat span: counted, not dropped
+
+
+def test_the_late_window_is_bounded_in_bytes_not_only_in_traces():
+    from collector.assembler import LATE_BYTES_PER_SPAN
+
+    clock, rec = Clock(), Recorder()
+    config = CONFIG.assembly.model_copy(update={"max_late_bytes": 300 * LATE_BYTES_PER_SPAN})
+    assembler = Assembler(config, MATCHER, clock)
+    for _ in range(4):  # four finalized traces of ~130 spans each: more than 300 spans' worth
+        with rec.tracer.start_as_current_span("workflow.run"):
+            for i in range(8):
+                rec.agent(f"agent-{i}", f"agent-{i}", [(10, 1)] * 12, (120, 12))
+        offer(assembler, rec.take())
+        clock.now += CONFIG.assembly.quiet_period
+        assembler.sweep()
+    assert assembler.late_traces == 2 and assembler.late_bytes <= config.max_late_bytes  # oldest left first

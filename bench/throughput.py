@@ -4,6 +4,7 @@ requests, so the client is not the bottleneck.
 
     .venv/bin/python bench/throughput.py [--traces 2000] [--transport grpc http]
     .venv/bin/python bench/throughput.py --code . /tmp/base --rounds 3   # this tree vs a worktree of another commit
+    .venv/bin/python bench/throughput.py --journal on off --rounds 3      # the crash journal's cost
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def send(transport: str, target: str, path: str, started, done) -> None:
     channel.close()
 
 
-def run(transport: str, traces: int, seed: int, spans_per_request: int, code: str | None = None) -> dict:
+def run(transport: str, traces: int, seed: int, spans_per_request: int, code: str | None = None,
+        journal: bool = True) -> dict:
     rng = random.Random(seed)
     payload = [trace_spans(rng) for _ in range(traces)]
     n_spans = sum(len(t) for t in payload)
@@ -64,7 +66,7 @@ def run(transport: str, traces: int, seed: int, spans_per_request: int, code: st
     t0 = time.perf_counter()
     walked = walk_limit(bodies)
     limit = walked / (time.perf_counter() - t0)
-    collector = Collector(code=code)
+    collector = Collector(code=code, journal=journal)
     path = collector.dir / "bodies.pickle"
     path.write_bytes(pickle.dumps(bodies))
     started, done = mp.Value("d", 0.0), mp.Value("i", -1)
@@ -91,26 +93,31 @@ def main() -> None:
     ap.add_argument("--code", nargs="+", default=[None],
                     help="source trees whose collector to run (default: the installed one); compared side by side")
     ap.add_argument("--rounds", type=int, default=1, help="alternating rounds per tree; medians are reported")
+    ap.add_argument("--journal", nargs="+", default=["on"], choices=["on", "off"],
+                    help="run with the crash journal on, off, or both side by side")
     args = ap.parse_args()
-    results: dict[tuple[str, str | None], list[dict]] = {}
+    variants = [(code, journal) for code in args.code for journal in args.journal]
+    results: dict[tuple[str, str | None, str], list[dict]] = {}
     for _ in range(args.rounds):
         for transport in args.transport:
-            for code in args.code:
-                r = run(transport, args.traces, args.seed, args.spans_per_request, code)
-                results.setdefault((transport, code), []).append(r)
-    print(f"{'transport':9} {'code':24} {'spans':>8} {'e2e spans/s':>12} {'limit spans/s':>14} {'ratio':>6} "
-          f"{'refused':>8} {'peak RSS MiB':>12}")
-    for (transport, code), rs in results.items():
+            for code, journal in variants:
+                r = run(transport, args.traces, args.seed, args.spans_per_request, code, journal == "on")
+                results.setdefault((transport, code, journal), []).append(r)
+    print(f"{'transport':9} {'code':24} {'journal':7} {'spans':>8} {'e2e spans/s':>12} {'limit spans/s':>14} "
+          f"{'ratio':>6} {'refused':>8} {'peak RSS MiB':>12}")
+    median = {}
+    for (transport, code, journal), rs in results.items():
         r = sorted(rs, key=lambda x: x["end_to_end_spans_per_s"])[len(rs) // 2]  # the median round
-        print(f"{transport:9} {str(code or 'installed'):24} {r['spans']:8d} {r['end_to_end_spans_per_s']:12.0f} "
-              f"{r['limit_spans_per_s']:14.0f} {r['ratio_to_limit']:6.2f} {r['refused_retries']:8d} "
-              f"{r['peak_rss_mib']:12.1f}")
-    if len(args.code) > 1:
-        for transport in args.transport:
-            base = sorted(r["end_to_end_spans_per_s"] for r in results[(transport, args.code[-1])])
-            for code in args.code[:-1]:
-                mine = sorted(r["end_to_end_spans_per_s"] for r in results[(transport, code)])
-                print(f"{transport}: {code or 'installed'} / {args.code[-1]} = {mine[len(mine) // 2] / base[len(base) // 2]:.2f}")
+        median[(transport, code, journal)] = r["end_to_end_spans_per_s"]
+        print(f"{transport:9} {str(code or 'installed'):24} {journal:7} {r['spans']:8d} "
+              f"{r['end_to_end_spans_per_s']:12.0f} {r['limit_spans_per_s']:14.0f} {r['ratio_to_limit']:6.2f} "
+              f"{r['refused_retries']:8d} {r['peak_rss_mib']:12.1f}")
+    base = variants[-1]
+    for transport in args.transport:
+        for code, journal in variants[:-1]:
+            ratio = median[(transport, code, journal)] / median[(transport, *base)]
+            print(f"{transport}: {code or 'installed'} journal {journal} / {base[0] or 'installed'} journal "
+                  f"{base[1]} = {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def walk_limit(bodies: list[bytes]) -> int:
 class Collector:
     """The collector as a subprocess on ports chosen at run time."""
 
-    def __init__(self, assembly: dict | None = None, code: str | None = None) -> None:
+    def __init__(self, assembly: dict | None = None, code: str | None = None, journal: bool = True) -> None:
         """``code``: run the collector package from that source tree (e.g. a worktree of another
         commit) instead of the installed one, to compare commits side by side on one payload."""
         self.dir = Path(tempfile.mkdtemp(prefix="agenteval-bench-"))
@@ -128,6 +128,7 @@ class Collector:
                              "http": {"endpoint": "127.0.0.1:0", "max_body_bytes": 64 << 20}},
                "assembly": {"quiet_period": 0.2, **(assembly or {})},
                "store": {"url": str(self.store)},
+               **({} if journal else {"journal": {"enabled": False}}),
                "exporters": {"prometheus": {"endpoint": "127.0.0.1:0"}},
                "logging": {"level": "info"}}
         (self.dir / "c.yaml").write_text(yaml.safe_dump(cfg))

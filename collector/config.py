@@ -41,6 +41,7 @@ class GrpcReceiver(_Section):
     enabled: bool = True
     endpoint: str = "127.0.0.1:4317"
     max_message_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    handshake_timeout: float = Field(10.0, gt=0)
 
     _endpoint = field_validator("endpoint")(_check_endpoint)
 
@@ -49,6 +50,7 @@ class HttpReceiver(_Section):
     enabled: bool = True
     endpoint: str = "127.0.0.1:4318"
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    read_timeout: float = Field(10.0, gt=0)
     run_page: bool = True
     trace_link: str | None = None
 
@@ -173,6 +175,7 @@ class OtlpExporter(_Section):
 class Prometheus(_Section):
     enabled: bool = True
     endpoint: str = "127.0.0.1:9464"
+    require_auth: bool = False
 
     _endpoint = field_validator("endpoint")(_check_endpoint)
 

@@ -150,7 +150,7 @@ def _hex_ids(obj: dict, path: str) -> list[bytes]:
         try:
             raw = binascii.unhexlify(value)
         except (binascii.Error, ValueError):
-            raise _BadId(f"{path}.{key}: {value!r} is not hex") from None
+            raise _BadId(f"{path}.{key}: {value[:64]!r} is not hex") from None
         if len(raw) != size:
             raise _BadId(f"{path}.{key}: expected {size * 2} hex digits, got {len(value)}")
         out.append(raw)

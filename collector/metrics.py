@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import errno
+import socket
+import sys
+import threading
+import time
 from collections.abc import Callable
-from wsgiref.simple_server import WSGIServer
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+import structlog
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from collector.config import CollectorConfig, split_endpoint
 from collector.model import RunVerdict
+from collector.security import BearerAuth
 
 SCORE_BUCKETS = (0.0, 0.25, 0.5, 0.75, 0.8, 0.9, 0.95, 0.99, 1.0)
 DELTA_BUCKETS = (0, 1, 10, 50, 100, 500, 1_000, 5_000, 10_000, 50_000)
@@ -25,7 +33,7 @@ class Metrics:
     """The collector's instruments; ``gauges`` supplies in-flight figures at collection time."""
 
     def __init__(self, config: CollectorConfig, resource: Resource,
-                 gauges: Callable[[], dict[str, int]]) -> None:
+                 gauges: Callable[[], dict[str, int]], scrape_auth: BearerAuth | None = None) -> None:
         readers: list[MetricReader] = []
         self.registry = CollectorRegistry()
         self._http: WSGIServer | None = None
@@ -34,7 +42,7 @@ class Metrics:
         if prom.enabled:
             readers.append(PrometheusMetricReader(registry=self.registry))
             host, port = split_endpoint(prom.endpoint)
-            self._http, _ = start_http_server(port, addr=host, registry=self.registry)
+            self._http = scrape_server(host, port, self.registry, scrape_auth, config.receivers.http.read_timeout)
             self.prometheus_port = self._http.server_port
         otlp = config.exporters.otlp
         if otlp.endpoint and otlp.push_metrics:
@@ -69,6 +77,9 @@ class Metrics:
         self.own = meter.create_counter("collector.spans.own",
                                         description="Our own verdict spans received back and ignored")
         self.store_errors = meter.create_counter("collector.store.errors", description="Failed store writes")
+        self.shed = meter.create_counter("collector.http.connections.shed",
+                                         description="Idle HTTP connections closed to make room when the process "
+                                                     "ran out of file descriptors")
         self.failed = meter.create_counter("collector.runs.failed",
                                            description="Traces or runs that could not be finalized, published or "
                                                        "stored, by stage (each also logged and shown on /runs)")
@@ -103,6 +114,54 @@ class Metrics:
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
+
+
+class _ScrapeHandler(WSGIRequestHandler):
+    """Quiet; a client that does not send its request within ``timeout`` is disconnected."""
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        pass
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (TimeoutError, ConnectionError):
+            self.close_connection = True
+
+
+class _ScrapeServer(ThreadingWSGIServer):
+    def get_request(self) -> tuple[socket.socket, object]:
+        try:
+            return super().get_request()
+        except OSError as exc:  # out of descriptors: the socket stays readable; don't spin on it
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                time.sleep(0.1)
+            raise
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """One short line, not socketserver's traceback on stderr."""
+        structlog.get_logger("agenteval.collector").warning("metrics_request_failed",
+                                                             error=repr(sys.exc_info()[1])[:200])
+
+
+def scrape_server(host: str, port: int, registry: CollectorRegistry, auth: BearerAuth | None,
+                  read_timeout: float) -> WSGIServer:
+    """The ``/metrics`` endpoint on a daemon thread (prometheus_client's app and server), with an
+    optional bearer token and a bound on how long a client may take to send its request."""
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict, start_response: Callable) -> list[bytes]:
+        if auth is not None and not auth.allows(environ.get("HTTP_AUTHORIZATION")):
+            start_response("401 Unauthorized", [("WWW-Authenticate", "Bearer"), ("Content-Type", "text/plain")])
+            return [b"missing or invalid bearer token\n"]
+        return metrics_app(environ, start_response)
+
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    server_class = type("ScrapeServer", (_ScrapeServer,), {"address_family": family})
+    handler_class = type("ScrapeHandler", (_ScrapeHandler,), {"timeout": read_timeout})
+    httpd = make_server(host, port, app, server_class, handler_class=handler_class)
+    threading.Thread(target=httpd.serve_forever, name="prometheus-scrape", daemon=True).start()
+    return httpd
 
 
 def _otlp_metric_exporter(endpoint: str, protocol: str, insecure: bool):

@@ -12,10 +12,14 @@ from collector.config import ConfigError, Tls
 
 
 class BearerAuth:
-    """Constant-time check of ``Authorization: Bearer <token>``; ``None`` token means auth is off."""
+    """Check of ``Authorization: Bearer <token>``; ``None`` token means auth is off.
+
+    The scheme is case-insensitive (RFC 7235 §2.1: ``bearer`` and ``BEARER`` too); the token is
+    compared in constant time.
+    """
 
     def __init__(self, token: str | None) -> None:
-        self._expected = f"Bearer {token}".encode() if token else None
+        self._expected = token.encode() if token else None
 
     @property
     def enabled(self) -> bool:
@@ -24,7 +28,12 @@ class BearerAuth:
     def allows(self, header: str | None) -> bool:
         if self._expected is None:
             return True
-        return header is not None and hmac.compare_digest(header.encode(), self._expected)
+        if header is None:
+            return False
+        scheme, _, credentials = header.strip().partition(" ")
+        # Always compare, so a wrong scheme takes as long as a wrong token.
+        matches = hmac.compare_digest(credentials.lstrip(" ").encode("utf-8", "surrogatepass"), self._expected)
+        return scheme.lower() == "bearer" and matches
 
 
 def grpc_authorization(context: grpc.aio.ServicerContext) -> str | None:

@@ -13,14 +13,14 @@ import structlog
 from aiohttp import web
 from opentelemetry.sdk.resources import Resource
 
-from collector.config import CollectorConfig, split_endpoint
+from collector.config import CollectorConfig, ConfigError, split_endpoint
 from collector.emit_spans import VerdictSpans, otlp_span_exporter
 from collector.api.v1.fidelity_pb2_grpc import add_FidelityServiceServicer_to_server
 from collector.export_queue import RetryingSpanExporter
 from collector.fidelity_service import FidelityService
 from collector.metrics import Metrics
 from collector.pipeline import Pipeline
-from collector.receivers import GrpcTraceService, HttpTraceReceiver, grpc_server
+from collector.receivers import GrpcTraceService, HttpListener, HttpTraceReceiver, grpc_server
 from collector.run_page import RunPage
 from collector.security import BearerAuth, grpc_credentials, ssl_context
 from collector.store import open_store
@@ -55,13 +55,21 @@ class Collector:
         self.metrics: Metrics | None = None
         self._grpc = None
         self._http: web.AppRunner | None = None
+        self._listener: HttpListener | None = None
         self._sweeper: asyncio.Task | None = None
         self.listening: Listening | None = None
 
     async def start(self) -> Listening:
         cfg = self.config
         self.hub = VerdictHub(asyncio.get_running_loop(), cfg.stream.max_watchers, cfg.stream.buffer)
-        self.metrics = Metrics(cfg, self.resource, self._gauges)
+        auth = BearerAuth(cfg.receivers.auth.token())
+        prometheus = cfg.exporters.prometheus
+        if prometheus.enabled and prometheus.require_auth and not auth.enabled:
+            raise ConfigError("exporters.prometheus.require_auth: set receivers.auth.bearer_token_file or "
+                              "bearer_token_env, whose token /metrics will then require")
+        files = raise_file_limit()
+        self.metrics = Metrics(cfg, self.resource, self._gauges,
+                               scrape_auth=auth if prometheus.require_auth else None)
         self.pipeline = Pipeline(cfg, self.store, self.metrics, self.spans, cfg.store.url or "")
         if replayed := self.pipeline.replay():  # before any receiver opens: journaled spans first
             log.info("journal_replayed", spans=replayed, journal=str(self.pipeline.journal.directory))
@@ -69,9 +77,8 @@ class Collector:
         grpc_addr = http_addr = None
         tls = cfg.receivers.tls
         scheme = "https" if tls.enabled else "http"
-        auth = BearerAuth(cfg.receivers.auth.token())
         if cfg.receivers.grpc.enabled:
-            self._grpc = grpc_server(cfg.receivers.grpc.max_message_bytes)
+            self._grpc = grpc_server(cfg.receivers.grpc.max_message_bytes, cfg.receivers.grpc.handshake_timeout)
             self._grpc.add_generic_rpc_handlers((GrpcTraceService(self.pipeline, auth).handler(),))
             add_FidelityServiceServicer_to_server(FidelityService(self.store, self.hub, auth), self._grpc)
             endpoint = cfg.receivers.grpc.endpoint
@@ -80,17 +87,17 @@ class Collector:
             await self._grpc.start()
             grpc_addr = f"{split_endpoint(endpoint)[0]}:{port}"
         if cfg.receivers.http.enabled:
-            receiver = HttpTraceReceiver(self.pipeline, cfg.receivers.http.max_body_bytes, auth)
+            http = cfg.receivers.http
+            receiver = HttpTraceReceiver(self.pipeline, http.max_body_bytes, auth, http.read_timeout)
             app = receiver.app()
-            if cfg.receivers.http.run_page:
-                RunPage(self.store, auth, cfg.receivers.http.trace_link, lambda: self.pipeline.failures).register(app)
-            self._http = web.AppRunner(app, access_log=None, auto_decompress=False)
+            if http.run_page:
+                RunPage(self.store, auth, http.trace_link, lambda: self.pipeline.failures).register(app)
+            self._http = receiver.runner(app)
             await self._http.setup()
-            host, port = split_endpoint(cfg.receivers.http.endpoint)
-            site = web.TCPSite(self._http, host, port,
-                               ssl_context=ssl_context(tls) if tls.enabled else None)
-            await site.start()
-            bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            host, port = split_endpoint(http.endpoint)
+            self._listener = HttpListener(self._http, receiver, (host, port),
+                                          ssl_context(tls) if tls.enabled else None)
+            bound = await self._listener.start()
             http_addr = f"{host}:{bound}"
         prom = None
         if self.metrics.prometheus_port is not None:
@@ -99,7 +106,8 @@ class Collector:
         self.listening = Listening(grpc_addr, http_addr and f"{scheme}://{http_addr}", prom, self.store.display)
         log.info("collector_listening", grpc=grpc_addr, http=self.listening.http, prometheus=prom,
                  store=self.store.display, otlp_out=cfg.exporters.otlp.endpoint, tls=tls.enabled,
-                 mtls=bool(tls.client_ca_file), auth=auth.enabled)
+                 mtls=bool(tls.client_ca_file), auth=auth.enabled, metrics_auth=prometheus.require_auth,
+                 open_files_limit=files)
         return self.listening
 
     def _gauges(self) -> dict[str, int]:
@@ -120,6 +128,8 @@ class Collector:
             self.hub.close()
         if self._grpc is not None:
             await self._grpc.stop(grace=2.0)
+        if self._listener is not None:
+            await self._listener.stop()
         if self._http is not None:
             await self._http.cleanup()
         if self._sweeper is not None:
@@ -134,6 +144,23 @@ class Collector:
         if self.metrics is not None:
             self.metrics.shutdown()
         self.store.close()
+
+
+def raise_file_limit() -> int | None:
+    """Raise the soft open-files limit to the hard one (as Go servers do): every connection costs a
+    descriptor, and a low soft limit (often 1024) is a cheap denial of service. Returns the limit."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # e.g. an unlimited hard limit above the kernel's nr_open
+            pass
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 async def serve(config: CollectorConfig, stop: asyncio.Event | None = None) -> None:

@@ -1,0 +1,330 @@
+"""Receiver hardening (adversarial report): slow clients, out of file descriptors, multi-member gzip,
+echoed names, auth scheme case, /metrics auth, early 413, and requests that can never fit."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import resource
+import select
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from urllib.parse import urlsplit
+
+import grpc
+import pytest
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from conftest import AGENTEVAL, JSON, PROTOBUF, CollectorProcess, post
+from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, to_otlp_json
+from test_reliability import EXPORT, grpc_raw, valid_request
+
+TOKEN = "hardening-token-value"
+#: Generous bound for "the server answered / closed": only there to turn a hang into a failure.
+HANG = 20.0
+
+
+def http_address(collector) -> tuple[str, int]:
+    url = urlsplit(collector.http)
+    return url.hostname, url.port
+
+
+def half_sent(collector, extra: bytes = b"") -> socket.socket:
+    """A connection that sent part of a request's headers (plus ``extra``) and then stopped."""
+    sock = socket.create_connection(http_address(collector), timeout=5)
+    sock.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\n" + extra)
+    return sock
+
+
+def closed_by_server(sock: socket.socket, deadline: float) -> bool:
+    """True once the server closed ``sock`` (EOF or reset; any response bytes before that are read)."""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([sock], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return False
+        try:
+            if not sock.recv(65536):
+                return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+    return False
+
+
+def response_status(sock: socket.socket, timeout: float = HANG) -> int | None:
+    """The status code of the response the server sends on ``sock`` (None: none within ``timeout``)."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while b"\r\n" not in data:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else None
+
+
+def scrape(collector, headers: dict | None = None) -> tuple[int, bytes, dict]:
+    req = urllib.request.Request(collector.prometheus, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=HANG) as resp:
+            return resp.status, resp.read(), dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), dict(exc.headers)
+
+
+def status_message(payload: bytes, headers: dict) -> str:
+    if headers.get("Content-Type", "").startswith(JSON):
+        return json.loads(payload)["message"]
+    return status_pb2.Status.FromString(payload).message
+
+
+@contextmanager
+def fd_limit(limit: int):
+    """Collectors started inside run with at most ``limit`` open files (soft and hard)."""
+    real = subprocess.Popen
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    subprocess.Popen = lambda *args, **kwargs: real(*args, preexec_fn=limited, **kwargs)
+    try:
+        yield
+    finally:
+        subprocess.Popen = real
+
+
+# --- 1. slow clients and file descriptors ---------------------------------------------------------
+
+def test_half_sent_headers_are_closed_and_never_block_other_clients(tmp_path):
+    """300 connections that stop mid-headers, on a collector allowed 300 files (the report's case):
+    exports on both ports and /metrics still work, the server closes those connections after
+    read_timeout, and the log stays small."""
+    with fd_limit(300):
+        proc = CollectorProcess(tmp_path, overrides={"receivers": {"http": {"read_timeout": 2.0}}})
+    socks = []
+    try:
+        for _ in range(300):
+            try:
+                socks.append(half_sent(proc))
+            except OSError:  # the listen queue is full while the collector is out of files
+                break
+        assert len(socks) >= 250
+        body, trace_id = valid_request()
+        assert post(proc.http, body)[0] == 200
+        assert proc.run(trace_id)["status"] == "PASS"
+        assert grpc_raw(proc.grpc, valid_request()[0])[0] is grpc.StatusCode.OK
+        assert scrape(proc)[0] == 200
+        deadline = time.monotonic() + HANG
+        still_open = [s for s in socks if not closed_by_server(s, deadline)]
+        assert not still_open, f"{len(still_open)} half-sent connections still open"
+        assert proc.proc.poll() is None
+        assert post(proc.http, valid_request()[0])[0] == 200
+    finally:
+        for s in socks:
+            s.close()
+        proc.stop()
+    log = proc.stderr_path.read_text()
+    assert "Traceback" not in log
+    assert len(log) < 64 * 1024, log[-3000:]
+
+
+def test_stalled_body_gets_408_and_is_closed(collector_slow):
+    head = f"Content-Type: {PROTOBUF}\r\nContent-Length: 1000\r\n\r\n".encode()
+    with half_sent(collector_slow, head + b"\x0a" * 10) as sock:
+        assert response_status(sock) == 408
+        assert closed_by_server(sock, time.monotonic() + HANG)
+    assert post(collector_slow.http, valid_request()[0])[0] == 200
+
+
+def test_half_sent_and_idle_connections_are_closed_after_read_timeout(collector_slow):
+    with half_sent(collector_slow) as partial, socket.create_connection(http_address(collector_slow)) as idle:
+        deadline = time.monotonic() + HANG
+        assert closed_by_server(partial, deadline) and closed_by_server(idle, deadline)
+    assert post(collector_slow.http, valid_request()[0])[0] == 200
+
+
+def test_half_sent_scrape_request_is_closed(collector_slow):
+    url = urlsplit(collector_slow.prometheus)
+    with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        assert closed_by_server(sock, time.monotonic() + HANG)
+    assert scrape(collector_slow)[0] == 200
+
+
+def test_unfinished_grpc_handshake_is_closed(collector_slow):
+    host, port = collector_slow.grpc.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"PRI * HTTP/2.0\r\n")  # half the HTTP/2 preface
+        assert closed_by_server(sock, time.monotonic() + HANG)
+    assert grpc_raw(collector_slow.grpc, valid_request()[0])[0] is grpc.StatusCode.OK
+
+
+@pytest.fixture(scope="module")
+def collector_slow(tmp_path_factory):
+    proc = CollectorProcess(tmp_path_factory.mktemp("slow"), overrides={"receivers": {
+        "http": {"read_timeout": 1.0}, "grpc": {"handshake_timeout": 1.0}}})
+    yield proc
+    proc.stop()
+
+
+# --- 2. gzip members ------------------------------------------------------------------------------
+
+def test_every_gzip_member_is_read(collector):
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    half = len(spans) // 2
+    first, second = export_request(spans[:half]), export_request(spans[half:])
+    body = gzip.compress(first.SerializeToString()) + gzip.compress(second.SerializeToString())  # cat a.gz b.gz
+    status, payload, _ = post(collector.http, body, headers={"Content-Encoding": "gzip"})
+    assert status == 200 and not ExportTraceServiceResponse.FromString(payload).partial_success.rejected_spans
+    run = collector.run(trace_id)
+    assert run["status"] == "PASS" and {e["executor_id"] for e in run["executors"]} == {"researcher", "writer"}
+
+
+def test_gzip_members_are_limited_together(collector):
+    member = gzip.compress(b"\x00" * (3 * 1024 * 1024))  # each under the 4 MiB limit, together over it
+    status, payload, headers = post(collector.http, member + member, headers={"Content-Encoding": "gzip"})
+    assert status == 413 and "limit" in status_message(payload, headers)
+
+
+def test_truncated_gzip_is_a_bad_request(collector):
+    body = gzip.compress(valid_request()[0])[:-12]
+    status, payload, headers = post(collector.http, body, headers={"Content-Encoding": "gzip"})
+    assert status == 400 and "gzip" in status_message(payload, headers)
+
+
+# --- 3. echoed names are capped -------------------------------------------------------------------
+
+def test_a_huge_rejected_span_name_is_not_echoed_whole(collector):
+    spans, _ = record([SCENARIOS["pass"][0]])
+    request = export_request(spans)
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    span.name, span.trace_id = "n" * 1_000_000, b"\x01" * 5
+    before = collector.stderr_path.stat().st_size
+    status, payload, _ = post(collector.http, request.SerializeToString())
+    partial = ExportTraceServiceResponse.FromString(payload).partial_success
+    assert status == 200 and partial.rejected_spans == 1
+    assert "trace_id must be 16" in partial.error_message and len(partial.error_message.encode()) <= 1024
+    code, response, _ = grpc_raw(collector.grpc, request.SerializeToString())
+    assert code is grpc.StatusCode.OK and len(response.partial_success.error_message.encode()) <= 1024
+    assert collector.stderr_path.stat().st_size - before < 16 * 1024
+
+
+def test_a_huge_bad_id_is_not_echoed_whole(collector):
+    doc = to_otlp_json(export_request(record([SCENARIOS["pass"][0]])[0]))
+    spans = doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    for span in spans[:7]:  # more reasons than are listed, each with a huge value
+        span["traceId"] = "z" * 200_000
+    before = collector.stderr_path.stat().st_size
+    status, payload, _ = post(collector.http, json.dumps(doc).encode(), JSON)
+    partial = json.loads(payload)["partialSuccess"]
+    assert status == 200 and int(partial["rejectedSpans"]) == 7
+    assert "not hex" in partial["errorMessage"] and len(partial["errorMessage"].encode()) <= 1024
+    assert collector.stderr_path.stat().st_size - before < 16 * 1024
+
+
+# --- 4. / 5. auth: scheme case, /metrics --------------------------------------------------------
+
+def authed_collector(tmp_path, **prometheus) -> CollectorProcess:
+    return CollectorProcess(tmp_path, overrides={"receivers": {"auth": {"bearer_token_env": "AGENTEVAL_TOKEN"}},
+                                                 "exporters": {"prometheus": prometheus}},
+                            env={"AGENTEVAL_TOKEN": TOKEN})
+
+
+@pytest.fixture(scope="module")
+def authed(tmp_path_factory):
+    proc = authed_collector(tmp_path_factory.mktemp("authed"))
+    yield proc
+    proc.stop()
+
+
+@pytest.mark.parametrize("scheme", ["bearer", "BEARER", "Bearer", "bEaReR"])
+def test_the_auth_scheme_is_case_insensitive(authed, scheme):
+    body, trace_id = valid_request()
+    assert post(authed.http, body, headers={"Authorization": f"{scheme} {TOKEN}"})[0] == 200
+    assert authed.run(trace_id)["status"] == "PASS"
+    with grpc.insecure_channel(authed.grpc) as channel:
+        channel.unary_unary(EXPORT)(valid_request()[0], timeout=10, metadata=(("authorization", f"{scheme} {TOKEN}"),))
+    assert post(authed.http, body, headers={"Authorization": f"{scheme} wrong"})[0] == 401
+    assert post(authed.http, body, headers={"Authorization": f"{scheme}{TOKEN}"})[0] == 401
+    with grpc.insecure_channel(authed.grpc) as channel, pytest.raises(grpc.RpcError) as denied:
+        channel.unary_unary(EXPORT)(valid_request()[0], timeout=10, metadata=(("authorization", f"{scheme} x"),))
+    assert denied.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_metrics_can_require_the_bearer_token(tmp_path):
+    proc = authed_collector(tmp_path, require_auth=True)
+    try:
+        status, _, headers = scrape(proc)
+        assert status == 401 and headers["WWW-Authenticate"] == "Bearer"
+        assert scrape(proc, {"Authorization": "Bearer wrong"})[0] == 401
+        status, text, _ = scrape(proc, {"Authorization": f"bearer {TOKEN}"})
+        assert status == 200 and b"collector_traces_in_flight" in text
+    finally:
+        proc.stop()
+    assert TOKEN not in proc.stderr_path.read_text()
+
+
+def test_metrics_stay_open_by_default_with_auth_on(authed):
+    assert scrape(authed)[0] == 200
+    assert post(authed.http, valid_request()[0])[0] == 401
+
+
+def test_metrics_auth_without_a_token_is_a_setup_error(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("exporters:\n  prometheus:\n    require_auth: true\n    endpoint: 127.0.0.1:0\n"
+                   "receivers:\n  grpc:\n    endpoint: 127.0.0.1:0\n  http:\n    endpoint: 127.0.0.1:0\n")
+    proc = subprocess.run([AGENTEVAL, "collector", "serve", "--config", str(cfg)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1 and "exporters.prometheus.require_auth" in proc.stderr
+
+
+# --- 6. Content-Length over the limit -------------------------------------------------------------
+
+def test_content_length_over_the_limit_is_refused_before_the_body(collector):
+    sock = half_sent(collector, f"Content-Type: {PROTOBUF}\r\nContent-Length: 104857600\r\n\r\n".encode())
+    with sock:
+        assert response_status(sock) == 413
+    assert post(collector.http, valid_request()[0])[0] == 200
+
+
+# --- requests that can never fit --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    proc = CollectorProcess(tmp_path_factory.mktemp("small"), overrides={"assembly": {
+        "max_spans_in_flight": 40, "max_traces_in_flight": 3}})
+    yield proc
+    proc.stop()
+
+
+def big_trace() -> bytes:
+    spans, _ = record([Scenario({"writer": [Invocation([ok(1, 1)]) for _ in range(12)]}, name="big")])
+    assert len(spans) > 40
+    return export_request(spans).SerializeToString()
+
+
+def four_traces() -> bytes:
+    spans, _ = record([SCENARIOS["pass"][0]] * 4)
+    assert len(spans) <= 40
+    return export_request(spans).SerializeToString()
+
+
+@pytest.mark.parametrize("make,limit", [(big_trace, "max_spans_in_flight"), (four_traces, "max_traces_in_flight")])
+def test_a_request_that_can_never_fit_is_not_retryable(small, make, limit):
+    body = make()
+    status, payload, headers = post(small.http, body)
+    assert status == 413 and "Retry-After" not in headers
+    assert limit in status_message(payload, headers)
+    code, detail, trailers = grpc_raw(small.grpc, body)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and limit in detail
+    assert "google.rpc.retryinfo-bin" not in dict(trailers)
+    body, trace_id = valid_request()  # what fits is still accepted
+    assert grpc_raw(small.grpc, body)[0] is grpc.StatusCode.OK
+    assert small.run(trace_id)["status"] == "PASS"

@@ -198,8 +198,12 @@ def scraped(tmp_path_factory) -> set[str]:
         export_spans(proc, spans)
         for trace_id in ids:
             proc.run(trace_id)
-        big, _ = record([SCENARIOS["loop"][0]] * 30)  # more spans than max_spans_in_flight: refused
-        assert post(proc.http, export_request(big).SerializeToString())[0] == 503
+        half = export_request(record([SCENARIOS["loop"][0]] * 8)[0]).SerializeToString()  # 168 spans
+        assert post(proc.http, half)[0] == 200  # fits max_spans_in_flight (200) alone...
+        again = export_request(record([SCENARIOS["loop"][0]] * 8)[0]).SerializeToString()
+        assert post(proc.http, again)[0] == 503  # ...not beside the first, still in flight: retry later
+        big, _ = record([SCENARIOS["loop"][0]] * 30)  # can never fit: not retryable
+        assert post(proc.http, export_request(big).SerializeToString())[0] == 413
         bad = export_request(record([SCENARIOS["pass"][0]])[0])
         bad.resource_spans[0].scope_spans[0].spans[0].trace_id = b"short"  # unusable: rejected
         assert post(proc.http, bad.SerializeToString())[0] == 200

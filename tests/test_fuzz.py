@@ -19,14 +19,14 @@ import sqlite3
 import time
 import urllib.request
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from google.protobuf import json_format
-from google.rpc import status_pb2
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -35,7 +35,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Status
 
 from collector.classify import SpanRecord, TraceState
 from collector.config import CollectorConfig
@@ -251,7 +251,8 @@ def shaped_trace(draw) -> list[HSpan]:
         ex = HSpan(tid, sid(), root.span_id, f"executor.process {name}",
                    [("executor.id", vary(("s", name))), ("executor.type", vary(("s", "AgentExecutor")))])
         agent = HSpan(tid, sid(), ex.span_id, f"invoke_agent {name}",
-                      [("gen_ai.operation.name", vary(("s", "invoke_agent"))), ("gen_ai.agent.name", vary(("s", name)))])
+                      [("gen_ai.operation.name", vary(("s", "invoke_agent"))),
+                       ("gen_ai.agent.name", vary(("s", name)))])
         spans += [ex, agent]
         for _ in range(draw(st.integers(1, 3))):
             status = draw(st.sampled_from([0, 0, 0, 0, 2]))
@@ -276,6 +277,23 @@ def shaped_trace(draw) -> list[HSpan]:
     return draw(st.permutations(spans))
 
 
+#: Placeholder for the good trace's id (known only when the example runs): intruders carry it.
+GOOD_TRACE = b"\xffGOOD-TRACE-ID!\xff"
+
+
+@st.composite
+def intruders(draw) -> list[HSpan]:
+    """Spans in the good trace whose own ids are unusable: they must be rejected, never change its verdict."""
+    out = []
+    for _ in range(draw(st.integers(0, 3))):
+        sid = draw(st.one_of(st.binary(max_size=7), st.binary(min_size=9, max_size=12), st.just(bytes(8))))
+        parent = draw(st.one_of(st.just(b""), st.binary(min_size=8, max_size=8)))
+        if draw(st.booleans()):  # or a good span id with a parent id of the wrong length
+            sid, parent = draw(st.binary(min_size=8, max_size=8).filter(any)), draw(st.binary(min_size=1, max_size=7))
+        out.append(HSpan(GOOD_TRACE, sid, parent, draw(names), draw(attributes()), draw(st.sampled_from([0, 2]))))
+    return out
+
+
 resource_attrs = st.lists(st.tuples(st.sampled_from([SERVICE_NAME, SDK_LANGUAGE]), any_value | st.sampled_from(
     [("s", "python"), ("s", "dotnet"), ("s", "DotNet"), ("s", "")])), max_size=3)
 scope_names = st.sampled_from(["agent_framework", "", OWN_SCOPE, "Microsoft.Agents.AI", "é\ud800"])
@@ -288,6 +306,8 @@ def cases(draw) -> Case:
                  for _ in range(draw(st.integers(1, 3)))]
     for _ in range(draw(st.integers(0, 2))):
         resources.append(HResource(draw(resource_attrs), [HScope("agent_framework", draw(shaped_trace()))]))
+    if bad := draw(intruders()):
+        resources.append(HResource([], [HScope("agent_framework", bad)]))
     if deep := draw(chain()):
         resources.append(HResource([], [HScope("agent_framework", deep)]))
     return Case(resources, draw(st.sampled_from(GOOD)), draw(st.integers(0, len(resources))), draw(st.booleans()),
@@ -337,8 +357,15 @@ def pb_resource(r: HResource) -> ResourceSpans:
     return out
 
 
+def bind(case: Case, good: ExportTraceServiceRequest) -> list[HResource]:
+    """The case's resources with the good trace's id in place of GOOD_TRACE."""
+    tid = good.resource_spans[0].scope_spans[0].spans[0].trace_id
+    return [HResource(r.attrs, [HScope(sc.name, [replace(sp, trace_id=tid) if sp.trace_id == GOOD_TRACE else sp
+                                                 for sp in sc.spans]) for sc in r.scopes]) for r in case.resources]
+
+
 def to_protobuf(case: Case, good: ExportTraceServiceRequest) -> ExportTraceServiceRequest:
-    parts = [pb_resource(r) for r in case.resources]
+    parts = [pb_resource(r) for r in bind(case, good)]
     parts[case.good_at:case.good_at] = list(good.resource_spans)
     return ExportTraceServiceRequest(resource_spans=parts)
 
@@ -356,7 +383,8 @@ def js_value(v: Value, case: Case) -> dict:
         return {"intValue": _RAW + v[1]}  # becomes a bare number token after json.dumps
     if tag == "d":
         d = v[1]
-        return {"doubleValue": d if math.isfinite(d) else "NaN" if math.isnan(d) else "Infinity" if d > 0 else "-Infinity"}
+        special = "NaN" if math.isnan(d) else "Infinity" if d > 0 else "-Infinity"
+        return {"doubleValue": d if math.isfinite(d) else special}  # proto3 JSON spells them as strings
     if tag == "b":
         return {"boolValue": v[1]}
     if tag == "bytes":
@@ -386,7 +414,7 @@ def js_resource(r: HResource, case: Case) -> dict:
 
 
 def to_json(case: Case, good: ExportTraceServiceRequest) -> bytes:
-    parts = [js_resource(r, case) for r in case.resources]
+    parts = [js_resource(r, case) for r in bind(case, good)]
     parts[case.good_at:case.good_at] = to_otlp_json(good)["resourceSpans"]
     text = json.dumps({"resourceSpans": parts})  # ASCII: lone surrogates travel as \ud800 escapes
     return re.sub(r'"\\u0000\\u0001RAW:([^"]*)"', r"\1", text).encode()
@@ -471,7 +499,7 @@ def expect_stored_once(store: Path, trace_id: str, run: str, scenario: str, time
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory) -> Live:
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     collector = Live(tmp_path_factory)
     yield collector
     collector.proc.stop()

@@ -25,7 +25,7 @@ from collector.reconcile import reconcile
 from collector.render import demo_table, print_run, runs_table
 from collector.store import RunStore, StoredRun, StoreError, open_store
 
-app = typer.Typer(help="Workflow fidelity: framework accounting vs the chat boundary, per executor.",
+app = typer.Typer(help="Workflow fidelity: framework accounting vs the chat boundary, per agent.",
                   no_args_is_help=True, add_completion=False)
 bench_app = typer.Typer(help="Offline reconciliation of recorded traces.", no_args_is_help=True)
 runs_app = typer.Typer(help="Stored runs.", no_args_is_help=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from collector.classify import SpanRecord, TraceState
 from collector.config import Assembly
 from collector.model import RunInput
-from collector.profiles import RUN, Matcher
+from collector.profiles import Matcher
 
 
 class Backpressure(Exception):
@@ -129,7 +129,7 @@ class Assembler:
             if not trace.state.add(span):
                 result.duplicates += 1
                 continue
-            if trace.root_arrived is None and (not span.parent_id or self.matcher.kind(span.name) == RUN):
+            if trace.root_arrived is None and (not span.parent_id or trace.state.run_spans_seen):
                 trace.root_arrived = now
             trace.spans += 1
             trace.held += 1

@@ -15,7 +15,7 @@ import pytest
 from agent_framework import Agent, AgentResponse, BaseAgent
 from opentelemetry.instrumentation.maf_fidelity import MafFidelityInstrumentor
 
-from collector.maf_fakes import AgentSpec, InstrumentedChatClient, Turn, chain, keep_last_call_usage, lookup, make_agent
+from collector.maf_fakes import AgentSpec, InstrumentedChatClient, Turn, keep_last_call_usage, lookup, make_agent
 from conftest import verdicts
 
 TASK = "Write a short report."

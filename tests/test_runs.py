@@ -4,13 +4,11 @@ to real OTLP protobuf and decoded as the receivers do; the assembler runs on a c
 
 from __future__ import annotations
 
-from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import Status, StatusCode
 
 from collector.assembler import Assembler
 from collector.config import CollectorConfig

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColu
 
 from collector.config import CollectorConfig, ConfigError, load_config
 from collector.journal import JournalError
-from collector.loader import TRACE_WINDOW, TraceFileError, iter_runs
+from collector.loader import TRACE_WINDOW, NoSteps, TraceFileError, iter_runs
 from collector.model import EXIT_ERROR, STATUS_EXIT_CODES, Preset, Status
 from collector.reconcile import reconcile
 from collector.render import demo_table, print_run, runs_table
@@ -95,7 +95,7 @@ STORE_BATCH = 500
 
 @bench_app.command("workflow-trace-fidelity")
 def bench_workflow_trace_fidelity(
-    workflow_trace: Annotated[Path, typer.Option("--workflow-trace", help="workflow-trace/v1 JSON, OTLP JSON or OTLP JSON Lines.")],
+    workflow_trace: Annotated[Path, typer.Option("--workflow-trace", help="AgentEval WorkflowTrace JSON, workflow-trace/v1 JSON, OTLP JSON or OTLP JSON Lines (detected by content); - reads standard input.")],
     subject: Annotated[str, typer.Option("--subject", help="What is being evaluated (recorded on the run).")],
     preset: Annotated[Preset, typer.Option("--preset", help="Informational; never changes scoring.")] = "standard",
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (one run per line).")] = False,
@@ -125,6 +125,7 @@ def bench_workflow_trace_fidelity(
             stored += 1
         batch.clear()
 
+    source = "stdin" if str(workflow_trace) == "-" else f"file:{workflow_trace}"
     if as_json:
         print('{"runs": [')
     try:
@@ -132,10 +133,17 @@ def bench_workflow_trace_fidelity(
             for run_input in iter_runs(workflow_trace, matcher, on_bytes, trace_window):
                 verdict = replace(reconcile(run_input, policy, preset), subject=subject)
                 statuses.add(verdict.status)
-                batch.append(StoredRun(uuid.uuid4().hex, f"file:{workflow_trace}", verdict, host))
+                batch.append(StoredRun(uuid.uuid4().hex, source, verdict, host))
                 if len(batch) >= STORE_BATCH:
                     flush()
         flush()
+    except NoSteps as exc:
+        code = STATUS_EXIT_CODES[Status.PENDING]
+        note = f"{exc}: PENDING (exit {code}), nothing stored"
+        if as_json:
+            print(f'\n], "status": "PENDING", "exit_code": {code}, "note": {json.dumps(note)}}}')
+        err.print(note, highlight=False, markup=False)
+        raise typer.Exit(code) from None
     except (TraceFileError, StoreError) as exc:
         if as_json:
             print(f'\n], "status": null, "exit_code": {EXIT_ERROR}, "error": {json.dumps(str(exc))}}}')

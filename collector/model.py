@@ -196,6 +196,8 @@ class RunInput:
     workflow_errors: tuple[str, ...] = ()
     #: The run's stable id (live: ``{trace id}-{workflow-run span id}``); None: the caller assigns one.
     run_id: str | None = None
+    #: What the reader noticed and the user should know (e.g. a trace key with no step), shown on the run.
+    notes: tuple[str, ...] = ()
 
     @property
     def is_workflow(self) -> bool:
@@ -273,6 +275,8 @@ class RunVerdict:
     notes: tuple[str, ...] = field(default=())
     non_agent_executors: tuple[str, ...] = ()
     workflow_errors: tuple[str, ...] = ()
+    #: AgentEval's coverage note when some units had no truth and others were checked, else None.
+    coverage_note: str | None = None
 
     @property
     def checked(self) -> int:

@@ -35,8 +35,9 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
         reconcile_executor(e, policy) for e in sorted(merge_units(run.executors), key=lambda e: e.executor_id.casefold())
     )
     score = run_score(verdicts)
+    unchecked = sum(1 for v in verdicts if not v.checked)
     return RunVerdict(
-        status=run_status(score, unchecked=sum(1 for v in verdicts if not v.checked)),
+        status=run_status(score, unchecked),
         score=score,
         executors=verdicts,
         trace_id=run.trace_id,
@@ -47,6 +48,8 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
         unattributed_chat_spans=run.unattributed_chat_spans,
         non_agent_executors=run.non_agent_executors,
         workflow_errors=run.workflow_errors,
+        notes=run.notes,
+        coverage_note=coverage_note(score, len(verdicts), unchecked),
     )
 
 
@@ -78,6 +81,18 @@ def run_score(verdicts: Iterable[ExecutorVerdict]) -> float | None:
     """Mean executor score over executors with truth; ``None`` when nothing was checked."""
     scores = [v.score for v in verdicts if v.score is not None]
     return sum(scores) / len(scores) if scores else None
+
+
+def coverage_note(score: float | None, units: int, unchecked: int) -> str | None:
+    """AgentEval's coverage note for a partly checked run, worded as AgentEval prints it so CI logs
+    read the same on both tools: a pass withheld (WARN), or what a WARN/FAIL score covers."""
+    if not unchecked or score is None:
+        return None
+    verified = units - unchecked
+    head = f"{unchecked} of {units} executor(s) had no chat-boundary truth"
+    if score >= PASS_THRESHOLD:
+        return f"{head}; a pass on the {verified} verified is withheld"
+    return f"{head}; the score covers the {verified} verified"
 
 
 def run_status(score: float | None, unchecked: int) -> Status:

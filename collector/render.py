@@ -87,7 +87,11 @@ def print_run(console: Console, run: dict[str, Any]) -> None:
         console.print(f"  {run['unattributed_chat_spans']} chat span(s) had no executor or agent")
     for error in run.get("workflow_errors") or ():
         console.print(f"  [red]workflow error[/] (not scored): {error}")
+    for note in run.get("notes") or ():
+        console.print(f"  note: {note}", markup=False)
     console.print(status_line(run))
+    if run.get("coverage_note"):
+        console.print(f"  {run['coverage_note']}", markup=False)
 
 
 def runs_table(rows: list[dict[str, Any]]) -> Table:

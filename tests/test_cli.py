@@ -121,7 +121,7 @@ INVALID = {
     "schema_violation": (json.dumps({"schema": "workflow-trace/v1", "steps": [{"executor_id": "a", "input_tokens": -3}],
                                      "executor_traces": {}}), "$.steps[0].input_tokens", "minimum"),
     "unknown_schema": (json.dumps({"schema": "workflow-trace/v9", "steps": []}), "unknown schema", "workflow-trace/v9"),
-    "not_a_trace": (json.dumps({"hello": 1}), "neither a workflow-trace/v1", "resourceSpans"),
+    "not_a_trace": (json.dumps({"hello": 1}), "not a trace this command reads (top-level keys: hello)", "resourceSpans"),
     "non_hex_trace_id": (json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
         {"traceId": "not-hex-at-all-0123456789abcdef", "spanId": "0011223344556677", "name": "x"}]}]}]}),
         "$.resourceSpans[0].scopeSpans[0].spans[0].traceId", "not hex"),

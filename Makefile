@@ -5,10 +5,14 @@ BIN    := $(VENV)/bin
 
 .PHONY: run test demo install proto screenshots clean
 
-$(BIN)/.installed: pyproject.toml instrumentation/opentelemetry-instrumentation-maf-fidelity/pyproject.toml
+INSTRUMENTATION := instrumentation/opentelemetry-instrumentation-maf-fidelity
+
+# The instrumentation is installed as a wheel (its namespace package would make an editable install
+# print setuptools' warning box), so it is reinstalled whenever one of its files changes.
+$(BIN)/.installed: pyproject.toml $(shell find $(INSTRUMENTATION) -name '*.py' -o -name pyproject.toml | grep -v /build/)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ./instrumentation/opentelemetry-instrumentation-maf-fidelity -e '.[test]'
+	$(BIN)/pip install --quiet ./$(INSTRUMENTATION) -e '.[test]'
 	touch $@
 
 install: $(BIN)/.installed

@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
 from collector.config import CollectorConfig, ConfigError, load_config
@@ -25,13 +26,15 @@ from collector.reconcile import reconcile
 from collector.render import demo_table, print_run, runs_table
 from collector.store import RunStore, StoredRun, StoreError, open_store
 
+#: Plain (click) help: typer's rich help labels every flag ``<bool>`` and splits long choice lists.
+_HELP = {"no_args_is_help": True, "rich_markup_mode": None}
 app = typer.Typer(help="Workflow fidelity: framework accounting vs the chat boundary, per agent.",
-                  no_args_is_help=True, add_completion=False)
-bench_app = typer.Typer(help="Offline reconciliation of recorded traces.", no_args_is_help=True)
-runs_app = typer.Typer(help="Stored runs.", no_args_is_help=True)
+                  add_completion=False, **_HELP)
+bench_app = typer.Typer(help="Offline reconciliation of recorded traces.", **_HELP)
+runs_app = typer.Typer(help="Stored runs.", **_HELP)
 app.add_typer(bench_app, name="bench")
 app.add_typer(runs_app, name="runs")
-collector_app = typer.Typer(help="The live OTLP collector.", no_args_is_help=True)
+collector_app = typer.Typer(help="The live OTLP collector.", **_HELP)
 app.add_typer(collector_app, name="collector")
 
 @app.callback()
@@ -55,6 +58,12 @@ ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="Collector Y
 
 class _Fatal(Exception):
     """A setup / IO error: printed on stderr, exit code 1."""
+
+
+def _subject_filter(subject: str | None) -> str | None:
+    if subject is not None and not subject.strip():
+        raise _Fatal("--subject: empty: give a subject to filter on, or leave the option out for all runs")
+    return subject
 
 
 #: click's exit code for usage errors; DESIGN §1 wants bad arguments to exit 1 like other setup errors.
@@ -98,7 +107,7 @@ def bench_workflow_trace_fidelity(
     workflow_trace: Annotated[Path, typer.Option("--workflow-trace", help="AgentEval WorkflowTrace JSON, workflow-trace/v1 JSON, OTLP JSON or OTLP JSON Lines (detected by content); - reads standard input.")],
     subject: Annotated[str, typer.Option("--subject", help="What is being evaluated (recorded on the run).")],
     preset: Annotated[Preset, typer.Option("--preset", help="Informational; never changes scoring.")] = "standard",
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON (one run per line).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help='Print {"runs": [...], "status", "exit_code"}, one run per line (schema: collector/schemas/run.schema.json).')] = False,
     trace_window: Annotated[int, typer.Option("--trace-window", min=0, help="JSON Lines: spans read after a trace's last span before it is reconciled (its root must have arrived).")] = TRACE_WINDOW,
     store: StoreOpt = None,
     config: ConfigOpt = None,
@@ -108,6 +117,8 @@ def bench_workflow_trace_fidelity(
     Runs stream out (printed and stored in batches) as their traces complete, so memory stays flat
     however large the file.
     """
+    if not subject.strip():
+        raise _Fatal("--subject: empty: name what is being evaluated (e.g. the workflow), so its runs can be found")
     cfg = _config(config)
     policy, matcher, host = cfg.scoring.policy(), cfg.matcher(), socket.gethostname()
     db = _open_store(store, cfg)
@@ -117,7 +128,9 @@ def bench_workflow_trace_fidelity(
 
     def flush() -> None:
         nonlocal stored
-        for doc in db.save_many(batch):
+        written = {doc["run_id"] for doc in db.save_many(batch)}
+        stored_docs = {doc["run_id"]: doc for doc in db.docs(written)}  # as stored: one shape everywhere
+        for doc in (stored_docs[item.run_id] for item in batch if item.run_id in written):
             if as_json:
                 print(("" if stored == 0 else ",\n") + json.dumps(doc), end="")
             else:
@@ -142,7 +155,7 @@ def bench_workflow_trace_fidelity(
         note = f"{exc}: PENDING (exit {code}), nothing stored"
         if as_json:
             print(f'\n], "status": "PENDING", "exit_code": {code}, "note": {json.dumps(note)}}}')
-        err.print(note, highlight=False, markup=False)
+        err.print(note, highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(code) from None
     except (TraceFileError, StoreError) as exc:
         if as_json:
@@ -163,7 +176,7 @@ def runs_list(
     status: Annotated[Optional[str], typer.Option("--status", help="PASS, WARN, FAIL or PENDING.")] = None,
     subject: Annotated[Optional[str], typer.Option("--subject")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1)] = 50,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array of runs (schema: collector/schemas/run.schema.json).")] = False,
     store: StoreOpt = None,
     config: ConfigOpt = None,
 ) -> None:
@@ -172,7 +185,7 @@ def runs_list(
         raise _Fatal(f"--status: expected one of {', '.join(Status.__members__)}, got {status!r}")
     db = _open_store(store, _config(config) if config else None)
     try:
-        rows = db.list_runs([status] if status else (), subject, limit)
+        rows = db.list_runs([status] if status else (), _subject_filter(subject), limit, with_docs=True)
     finally:
         db.close()
     if as_json:
@@ -186,7 +199,7 @@ def runs_list(
 @runs_app.command("show")
 def runs_show(
     run_id: Annotated[str, typer.Argument(help="Run id (a unique prefix is enough).")],
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run as JSON (schema: collector/schemas/run.schema.json).")] = False,
     store: StoreOpt = None,
     config: ConfigOpt = None,
 ) -> None:
@@ -194,10 +207,10 @@ def runs_show(
     db = _open_store(store, _config(config) if config else None)
     try:
         doc = db.get_run(run_id)
+        if doc is None:
+            raise _Fatal(db.missing_run(run_id))
     finally:
         db.close()
-    if doc is None:
-        raise _Fatal(f"no run {run_id!r} in {db.display}")
     if as_json:
         print(json.dumps(doc, indent=2))
     else:
@@ -261,8 +274,8 @@ def watch_command(
     status: Annotated[Optional[list[str]], typer.Option("--status", help="Only this status (repeatable).")] = None,
     rows: Annotated[int, typer.Option("--rows", min=1, help="Runs kept in the live table.")] = 20,
     replay: Annotated[Optional[int], typer.Option("--replay", min=0, help="Recent stored runs shown on (re)connect (default: --rows).")] = None,
-    count: Annotated[Optional[int], typer.Option("--count", min=1, help="Exit 0 after this many verdicts.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON run document per line.")] = False,
+    count: Annotated[Optional[int], typer.Option("--count", min=1, help="Exit 0 after this many new verdicts (runs replayed on connect are shown but not counted).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON Lines: one run per line (schema: collector/schemas/run.schema.json).")] = False,
     token_env: Annotated[str, typer.Option("--token-env", help="Environment variable holding the bearer token, if auth is on.")] = "AGENTEVAL_TOKEN",
     ca_file: Annotated[Optional[Path], typer.Option("--ca-file", help="CA bundle (PEM): connect with TLS.")] = None,
 ) -> None:
@@ -274,7 +287,7 @@ def watch_command(
     statuses = tuple(s.upper() for s in status or ())
     if bad := [s for s in statuses if s not in Status.__members__]:
         raise _Fatal(f"--status: expected PASS, WARN, FAIL or PENDING, got {', '.join(bad)}")
-    target = WatchTarget(endpoint, subject, statuses, os.environ.get(token_env) or None,
+    target = WatchTarget(endpoint, _subject_filter(subject), statuses, os.environ.get(token_env) or None,
                          str(ca_file) if ca_file else None)
     try:
         watch(target, out, err, rows, rows if replay is None else replay, count, as_json)
@@ -293,7 +306,7 @@ def main() -> None:
     try:
         app()
     except _Fatal as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_ERROR)
     except SystemExit as exc:
         if exc.code == _USAGE_EXIT:

@@ -56,7 +56,9 @@ class FidelityService(pb_grpc.FidelityServiceServicer):
             if request.replay:
                 for doc in reversed(await self._recent(run_filter, min(request.replay, MAX_LIST), True)):
                     replayed.add((doc["run_id"], doc["revision"]))
-                    yield run_message(doc)
+                    message = run_message(doc)
+                    message.replayed = True
+                    yield message
             while True:
                 doc = await watcher.next()
                 if (doc["run_id"], doc["revision"]) not in replayed:
@@ -77,7 +79,7 @@ class FidelityService(pb_grpc.FidelityServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "run_id is required")
         doc = await asyncio.to_thread(self.store.get_run, request.run_id)
         if doc is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no run {request.run_id!r} (or the prefix is ambiguous)")
+            await context.abort(grpc.StatusCode.NOT_FOUND, await asyncio.to_thread(self.store.missing_run, request.run_id))
         return run_message(doc)
 
     async def ListRuns(self, request: pb.ListRunsRequest,  # noqa: N802

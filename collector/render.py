@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 STATUS_STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "PENDING": "bold magenta"}
@@ -18,6 +20,20 @@ VERDICT_STYLE = {
     "Both": "red",
     "NoTruth": "magenta",
 }
+
+
+def _visible(ch: str) -> str:
+    """A control, format (bidi override, zero-width) or line-separator character as an escape."""
+    return f"\\u{ord(ch):04x}" if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") else ch
+
+
+def shown(text: Any) -> str:
+    """Text from a trace (ids, subjects, errors) safe for a terminal: invisible or reordering
+    characters escaped so columns stay aligned and nothing is disguised; rich markup escaped."""
+    text = str(text)
+    if not text.isprintable():
+        text = "".join(_visible(ch) for ch in text)
+    return escape(text)
 
 
 def fmt_score(score: float | None) -> str:
@@ -40,14 +56,14 @@ def executor_table(run: dict[str, Any]) -> Table:
         ev = e["evidence"]
         delta = "-" if ev["delta"] is None else f"{ev['delta']:+d} {ev['direction']}"
         table.add_row(
-            e["executor_id"],
+            shown(e["executor_id"]),
             f"[{VERDICT_STYLE[e['verdict']]}]{e['verdict']}[/]",
             fmt_score(e["score"]),
             _num(ev["framework_tokens"]),
             _num(ev["truth_tokens"]),
             delta,
-            f"{ev['framework_finish'] or 'null'} / {ev['truth_finish'] or 'null'}",
-            ev["ledger_source"] + (" (missing)" if ev["ledger_missing"] else ""),
+            f"{shown(ev['framework_finish'] or 'null')} / {shown(ev['truth_finish'] or 'null')}",
+            shown(ev["ledger_source"]) + (" (missing)" if ev["ledger_missing"] else ""),
             e["no_truth_reason"] or "",
         )
     return table
@@ -69,26 +85,27 @@ def status_line(run: dict[str, Any]) -> str:
 
 def print_run(console: Console, run: dict[str, Any]) -> None:
     if run.get("subject"):
-        console.print(f"subject [bold]{run['subject']}[/]")
+        console.print(f"subject [bold]{shown(run['subject'])}[/]")
     if run["executors"]:
         console.print(executor_table(run))
     for e in run["executors"]:
         if e["no_truth_reason"]:
             failed = e["evidence"].get("failed_turns")
             extra = f" ({failed} chat call(s) failed)" if failed else ""
-            console.print(f"  [magenta]{e['executor_id']}[/]: {e['no_truth_reason']} - {e['no_truth_explanation']}{extra}")
+            console.print(f"  [magenta]{shown(e['executor_id'])}[/]: {e['no_truth_reason']} - "
+                          f"{escape(e['no_truth_explanation'])}{extra}")
             if e.get("no_truth_fix"):
-                console.print(f"    fix: {e['no_truth_fix']}")
+                console.print(f"    fix: {escape(e['no_truth_fix'])}")
     if not run["executors"]:
         console.print("  no agent ran in this run")
     if run.get("non_agent_executors"):
-        console.print(f"  not reconciled (no agent ran): {', '.join(run['non_agent_executors'])}")
+        console.print(f"  not reconciled (no agent ran): {', '.join(map(shown, run['non_agent_executors']))}")
     if run.get("unattributed_chat_spans"):
         console.print(f"  {run['unattributed_chat_spans']} chat span(s) had no executor or agent")
     for error in run.get("workflow_errors") or ():
-        console.print(f"  [red]workflow error[/] (not scored): {error}")
+        console.print(f"  [red]workflow error[/] (not scored): {shown(error)}")
     for note in run.get("notes") or ():
-        console.print(f"  note: {note}", markup=False)
+        console.print(f"  note: {shown(note)}")
     console.print(status_line(run))
     if run.get("coverage_note"):
         console.print(f"  {run['coverage_note']}", markup=False)
@@ -100,8 +117,8 @@ def runs_table(rows: list[dict[str, Any]]) -> Table:
         table.add_column(col)
     for r in rows:
         table.add_row(
-            r["run_id"], r["subject"] or "-", f"[{STATUS_STYLE[r['status']]}]{r['status']}[/]",
-            fmt_score(r["score"]), f"{r['checked']}/{r['checked'] + r['unchecked']}", r["source"],
+            r["run_id"], shown(r["subject"] or "-"), f"[{STATUS_STYLE[r['status']]}]{r['status']}[/]",
+            fmt_score(r["score"]), f"{r['checked']}/{r['checked'] + r['unchecked']}", shown(r["source"]),
             str(r["revision"]), r["trace_id"] or "-",
         )
     return table

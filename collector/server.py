@@ -6,7 +6,9 @@ SIGTERM / SIGINT: stop accepting, finalize in-flight traces, flush the store and
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
+import socket
 from dataclasses import dataclass
 
 import structlog
@@ -67,6 +69,7 @@ class Collector:
         if prometheus.enabled and prometheus.require_auth and not auth.enabled:
             raise ConfigError("exporters.prometheus.require_auth: set receivers.auth.bearer_token_file or "
                               "bearer_token_env, whose token /metrics will then require")
+        check_ports(cfg)
         files = raise_file_limit()
         self.metrics = Metrics(cfg, self.resource, self._gauges,
                                scrape_auth=auth if prometheus.require_auth else None)
@@ -144,6 +147,40 @@ class Collector:
         if self.metrics is not None:
             self.metrics.shutdown()
         self.store.close()
+
+
+def _endpoints(cfg: CollectorConfig) -> list[tuple[str, str]]:
+    """(config key, host:port) of every listener this config opens."""
+    out = []
+    if cfg.receivers.grpc.enabled:
+        out.append(("receivers.grpc.endpoint", cfg.receivers.grpc.endpoint))
+    if cfg.receivers.http.enabled:
+        out.append(("receivers.http.endpoint", cfg.receivers.http.endpoint))
+    if cfg.exporters.prometheus.enabled:
+        out.append(("exporters.prometheus.endpoint", cfg.exporters.prometheus.endpoint))
+    return out
+
+
+def check_ports(cfg: CollectorConfig) -> None:
+    """Fail before binding anything, naming the address and its config key, when a port is taken.
+
+    A probe bind (closed at once) rather than the listeners' own errors: gRPC reports only "Failed to
+    bind" after logging to stderr, and a half-started collector would have to be unwound.
+    """
+    for key, endpoint in _endpoints(cfg):
+        host, port = split_endpoint(endpoint)
+        if port == 0:
+            continue
+        try:
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+            socket.create_server((host, port), family=family).close()
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"{key}: {endpoint} is already in use (another collector, e.g. `make run`, or another "
+                    f"program listens there): stop it, or set {key} to a free port in --config (port 0 picks one)"
+                ) from None
+            raise ConfigError(f"{key}: cannot listen on {endpoint}: {exc.strerror or exc}") from None
 
 
 def raise_file_limit() -> int | None:

@@ -98,8 +98,12 @@ class StoredRun:
 Subscriber = Callable[[list[dict[str, Any]]], None]
 
 
+def _data_dir_store() -> Path:
+    return Path(platformdirs.user_data_dir("agenteval")) / "runs.db"
+
+
 def default_store_url() -> str:
-    return os.environ.get(STORE_ENV) or str(Path(platformdirs.user_data_dir("agenteval")) / "runs.db")
+    return os.environ.get(STORE_ENV) or str(_data_dir_store())
 
 
 def is_postgres(url: str) -> bool:
@@ -119,8 +123,15 @@ def open_store(url: str | Path | None = None, password: str | None = None, pool_
     return SqliteRunStore(url.removeprefix("sqlite:///"))
 
 
+#: Run keys added since the first stored documents -> the value an older document means.
+_ADDED_KEYS: dict[str, Callable[[], Any]] = {"non_agent_executors": list, "workflow_errors": list,
+                                             "coverage_note": lambda: None}
+
+
 def _doc(row: dict[str, Any]) -> dict[str, Any]:
     doc = json.loads(row["doc"])
+    for key, empty in _ADDED_KEYS.items():
+        doc.setdefault(key, empty())
     doc.update(created_at=row["created_at"], updated_at=row["updated_at"], finalized_by=row["finalized_by"],
                revision=row["revision"])  # the store may have raised it past the verdict's own
     return doc
@@ -231,6 +242,16 @@ class RunStore(ABC):
             return None
         return _doc(rows[0])
 
+    def missing_run(self, run_id: str) -> str:
+        """Why :meth:`get_run` found nothing: no such run, or a prefix that names several."""
+        rows = self._query("SELECT run_id FROM runs WHERE run_id LIKE :prefix ESCAPE '\\' ORDER BY run_id LIMIT 4",
+                           {"prefix": _like_prefix(run_id)})
+        if len(rows) < 2:
+            return f"no run {run_id!r} in {self.display}: `agenteval runs list` shows the stored runs"
+        more = " and more" if len(rows) > 3 else ""
+        shown = ", ".join(r["run_id"] for r in rows[:3])
+        return f"{run_id!r} matches several runs ({shown}{more}): give more characters of the run id"
+
     def docs(self, run_ids: Iterable[str]) -> list[dict[str, Any]]:
         ids = sorted(set(run_ids))
         if not ids:
@@ -255,8 +276,13 @@ class SqliteRunStore(RunStore):
         self._open()
 
     def _open(self) -> None:
+        parent = self.path.parent
+        if not parent.is_dir():
+            if self.path != _data_dir_store():  # a typo must not silently start a new, empty store
+                raise StoreError(f"{self.path}: directory {parent} does not exist: create it (mkdir -p {parent}) "
+                                 f"or fix the store path (--store, store.url or ${STORE_ENV})")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._db.row_factory = sqlite3.Row
             for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=5000"):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -23,7 +24,7 @@ from rich.text import Text
 
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
-from collector.render import STATUS_STYLE, fmt_score
+from collector.render import STATUS_STYLE, fmt_score, shown
 from collector.wire import status_number, to_doc
 
 #: Errors that retrying cannot fix: the watcher exits 1 with the server's message.
@@ -68,7 +69,7 @@ def run_line(doc: dict[str, Any]) -> str:
     total = doc["checked"] + doc["unchecked"]
     parts = [stamp, f"{doc['status']:<7}", f"score={fmt_score(doc['score'])}",
              f"checked={doc['checked']}/{total}", f"rev={doc['revision']}", f"run={doc['run_id']}",
-             f"subject={doc['subject'] or '-'}"]
+             f"subject={shown(doc['subject'] or '-')}"]
     if reasons := no_truth_summary(doc):
         parts.append(f"no_truth={reasons.replace(' ', '')}")
     if doc.get("workflow_errors"):
@@ -90,24 +91,38 @@ class Board:
         while len(self.runs) > self.rows:
             self.runs.popitem(last=False)
 
-    def render(self) -> Group:
-        table = Table(title="agenteval watch: run verdicts, newest first", title_justify="left", expand=True)
-        for col, justify in [("time", "left"), ("status", "left"), ("score", "right"), ("units checked", "right"),
-                             ("subject", "left"), ("run", "left"), ("rev", "right"), ("NoTruth reasons", "left")]:
-            table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    def render(self, width: int = 120) -> Group:
+        """The table; below 100 columns the revision goes and long fields fold instead of being cut."""
+        narrow = width < 100
+        table = Table(title="agenteval watch: run verdicts, newest first", title_justify="left", expand=True,
+                      box=box.SIMPLE_HEAD if narrow else box.HEAVY_HEAD)
+        fixed = {"no_wrap": True, "overflow": "ignore"}
+        table.add_column("time", **fixed)
+        table.add_column("status", **fixed)
+        table.add_column("score", justify="right", **fixed)
+        table.add_column("checked", justify="right", **fixed)
+        table.add_column("subject", overflow="fold", ratio=2)
+        table.add_column("run", overflow="fold", ratio=2)
+        if not narrow:
+            table.add_column("rev", justify="right", **fixed)
+        table.add_column("NoTruth reasons", overflow="fold", ratio=3)
         for doc in reversed(self.runs.values()):
             stamp = time.strftime("%H:%M:%S", time.localtime(doc["updated_at"])) if doc.get("updated_at") else "-"
-            table.add_row(stamp, f"[{STATUS_STYLE[doc['status']]}]{doc['status']}[/]", fmt_score(doc["score"]),
-                          f"{doc['checked']}/{doc['checked'] + doc['unchecked']}", doc["subject"] or "-",
-                          doc["run_id"][:16], str(doc["revision"]), no_truth_summary(doc) or "-")
+            cells = [stamp, f"[{STATUS_STYLE[doc['status']]}]{doc['status']}[/]", fmt_score(doc["score"]),
+                     f"{doc['checked']}/{doc['checked'] + doc['unchecked']}", shown(doc["subject"] or "-"),
+                     doc["run_id"][:16]]
+            if not narrow:
+                cells.append(str(doc["revision"]))
+            table.add_row(*cells, no_truth_summary(doc) or "-")
         counts = Counter(d["status"] for d in self.runs.values())
         summary = "  ".join(f"[{STATUS_STYLE[s]}]{s}[/] {counts[s]}" for s in STATUS_STYLE if counts[s])
         return Group(table, Text.from_markup(f"{self.state}   {summary}"))
 
 
 def stream(target: WatchTarget, replay: int, on_state: Callable[[str], None],
-           max_backoff: float = 10.0, connect_timeout: float = 5.0) -> Iterator[dict[str, Any]]:
-    """Run documents from the collector, forever, reconnecting with backoff."""
+           max_backoff: float = 10.0, connect_timeout: float = 5.0) -> Iterator[tuple[dict[str, Any], bool]]:
+    """(run document, replayed) from the collector, forever, reconnecting with backoff; ``replayed``:
+    a stored run sent on (re)connect rather than a new verdict."""
     delay = 0.5
     while True:
         channel = target.channel()
@@ -117,7 +132,7 @@ def stream(target: WatchTarget, replay: int, on_state: Callable[[str], None],
             for message in FidelityServiceStub(channel).WatchVerdicts(target.request(replay),
                                                                       metadata=target.metadata()):
                 delay = 0.5
-                yield to_doc(message)
+                yield to_doc(message), message.replayed
             reason = "the collector closed the stream"
         except grpc.RpcError as exc:
             if exc.code() in FATAL_CODES:
@@ -135,24 +150,26 @@ def stream(target: WatchTarget, replay: int, on_state: Callable[[str], None],
 
 def watch(target: WatchTarget, console: Console, err: Console, rows: int, replay: int, count: int | None,
           as_json: bool) -> None:
-    """Follow verdicts until interrupted, or until ``count`` have been shown (replayed ones included)."""
+    """Follow verdicts until interrupted, or until ``count`` new ones have been shown (replayed stored
+    runs are shown for context but not counted)."""
     board = Board(rows)
     shown: OrderedDict[str, int] = OrderedDict()  # run id -> newest revision shown (bounded)
     remember = max(1000, 10 * replay)
     total = 0
-    live = Live(board.render(), console=console, auto_refresh=False) if console.is_terminal and not as_json else None
+    live = (Live(board.render(console.width), console=console, auto_refresh=False)
+            if console.is_terminal and not as_json else None)
 
     def on_state(state: str) -> None:
         board.state = state
         if live is not None:
-            live.update(board.render(), refresh=True)
+            live.update(board.render(console.width), refresh=True)
         else:
             err.print(state, highlight=False)
 
     if live is not None:
         live.start()
     try:
-        for doc in stream(target, replay, on_state):
+        for doc, replayed in stream(target, replay, on_state):
             if shown.get(doc["run_id"], 0) >= doc["revision"]:  # replayed again after a reconnect
                 continue
             shown.pop(doc["run_id"], None)
@@ -161,12 +178,12 @@ def watch(target: WatchTarget, console: Console, err: Console, rows: int, replay
                 shown.popitem(last=False)
             board.add(doc)
             if live is not None:
-                live.update(board.render(), refresh=True)
+                live.update(board.render(console.width), refresh=True)
             elif as_json:
                 print(json.dumps(doc), flush=True)
             else:
                 console.print(run_line(doc), highlight=False, soft_wrap=True)
-            total += 1
+            total += not replayed
             if count is not None and total >= count:
                 return
     finally:

@@ -78,6 +78,10 @@ def fill(message: Message, doc: dict[str, Any]) -> Message:
     return message
 
 
+#: Fields that say how a message travelled, not what the run is: never part of a run document.
+_DELIVERY_FIELDS = frozenset({"replayed"})
+
+
 def to_doc(message: Message) -> dict[str, Any]:
     """The document for a message; optional fields that are unset come back as ``None``."""
     descriptor: Descriptor = message.DESCRIPTOR
@@ -85,6 +89,8 @@ def to_doc(message: Message) -> dict[str, Any]:
         return message.ToNanoseconds() / 1e9  # type: ignore[attr-defined, return-value]
     out: dict[str, Any] = {}
     for field in descriptor.fields:
+        if field.name in _DELIVERY_FIELDS:
+            continue
         value = getattr(message, field.name)
         if field.is_repeated:
             out[field.name] = [_wire_to_domain(field, v) for v in value]

@@ -239,11 +239,18 @@ def test_watch_json_replays_recent_runs_then_follows(served):
     proc, _ = served
     recent = [r.run_id for r in FidelityServiceStub(grpc.insecure_channel(proc.grpc)).ListRuns(
         pb.ListRunsRequest(limit=2)).runs]
-    res = subprocess.run([AGENTEVAL, "watch", "--endpoint", proc.grpc, "--json", "--replay", "2", "--count", "2"],
-                         capture_output=True, text=True, timeout=30)
-    assert res.returncode == 0, res.stderr
-    docs = [json.loads(line) for line in res.stdout.splitlines()]
-    assert [d["run_id"] for d in docs] == recent[::-1]
+    watcher = subprocess.Popen([AGENTEVAL, "watch", "--endpoint", proc.grpc, "--json", "--replay", "2", "--count", "1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        replayed = [json.loads(watcher.stdout.readline()) for _ in range(2)]
+        spans, (trace_id,) = record([SCENARIOS["loop"][0]])  # then follows: --count counts this one only
+        export_spans(proc, spans)
+        out, err = watcher.communicate(timeout=30)
+    finally:
+        watcher.kill()
+    assert watcher.returncode == 0, err
+    docs = replayed + [json.loads(line) for line in out.splitlines()]
+    assert [d["run_id"] for d in docs] == [*recent[::-1], run_id(trace_id)]
     assert all(d["executors"] and d["status"] in ("PASS", "WARN", "FAIL", "PENDING") for d in docs)
 
 
@@ -276,13 +283,13 @@ def test_watch_on_a_terminal_draws_the_live_table(served):
     import select
 
     proc, _ = served
-    spans, (trace_id,) = record([SCENARIOS["path2_pending"][0]])
-    export_spans(proc, spans)
-    proc.run(trace_id)
     master, slave = pty.openpty()
     child = subprocess.Popen([AGENTEVAL, "watch", "--endpoint", proc.grpc, "--replay", "1", "--count", "1"],
                              stdin=slave, stdout=slave, stderr=slave, env={**os.environ, "COLUMNS": "160"})
     os.close(slave)
+    _wait_watchers(proc, 1)
+    spans, (trace_id,) = record([SCENARIOS["path2_pending"][0]])
+    export_spans(proc, spans)
     screen = b""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -1,0 +1,256 @@
+"""A newcomer's first hour: the CLI as a subprocess (or on a pseudo-terminal), the way users meet it.
+
+Ports are always chosen at run time on 127.0.0.1, so all of this passes while `make run` is up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import time
+from pathlib import Path
+
+import grpc
+import jsonschema
+import pytest
+import yaml
+
+from collector.api.v1 import fidelity_pb2 as pb
+from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
+from collector.reconcile import reconcile
+from collector.loader import workflow_trace_run
+from collector.store import StoredRun, open_store
+from conftest import AGENTEVAL, CollectorProcess, export_spans
+from mafshape import SCENARIOS, record, run_id
+from test_cli import ROOT, bench
+from test_stream import _wait_watchers
+
+RUN_SCHEMA = json.loads((ROOT / "collector/schemas/run.schema.json").read_text())
+
+
+def cli(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([AGENTEVAL, *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})}, **kw)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    proc = CollectorProcess(tmp_path_factory.mktemp("newcomer"))
+    yield proc
+    proc.stop()
+
+
+def _serve(tmp_path: Path, cfg: dict) -> subprocess.CompletedProcess:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"store": {"url": str(tmp_path / "runs.db")}, **cfg}))
+    return cli("collector", "serve", "--config", str(path))
+
+
+# --- 1, 2: ports ---------------------------------------------------------------------------------
+
+def test_a_config_error_is_reported_before_any_port_is_tried(live, tmp_path):
+    """The reporter's `make test` beside `make run`: the token error, not 'Address already in use'."""
+    proc = _serve(tmp_path, {"receivers": {"grpc": {"endpoint": live.grpc},
+                                           "auth": {"bearer_token_env": "AGENTEVAL_NOT_SET_ANYWHERE"}}})
+    assert proc.returncode == 1
+    assert "receivers.auth.bearer_token_env: $AGENTEVAL_NOT_SET_ANYWHERE is not set" in proc.stderr
+    assert "in use" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("key", ["receivers.grpc.endpoint", "receivers.http.endpoint", "exporters.prometheus.endpoint"])
+def test_a_port_in_use_names_the_address_and_its_key(key, live, tmp_path):
+    taken = {"receivers.grpc.endpoint": live.grpc, "receivers.http.endpoint": live.http.removeprefix("http://"),
+             "exporters.prometheus.endpoint": live.listening["prometheus"]}[key]
+    cfg = {"receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},
+           "exporters": {"prometheus": {"endpoint": "127.0.0.1:0"}}}
+    section, sub, _ = key.split(".")
+    cfg[section][sub]["endpoint"] = taken
+    proc = _serve(tmp_path, cfg)
+    assert proc.returncode == 1
+    assert f"{key}: {taken} is already in use" in proc.stderr and f"set {key} to a free port" in proc.stderr
+    assert "Errno" not in proc.stderr and "Traceback" not in proc.stderr and "add_port" not in proc.stderr
+
+
+# --- 5: watch --count and replay ------------------------------------------------------------------
+
+def test_watch_count_counts_new_verdicts_not_replayed_ones(live):
+    old, (old_tid,) = record([SCENARIOS["pass"][0]])
+    export_spans(live, old)
+    live.run(old_tid)
+    watcher = subprocess.Popen([AGENTEVAL, "watch", "--endpoint", live.grpc, "--count", "1", "--replay", "1",
+                                "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = watcher.stdout.readline()  # the replayed run is shown ...
+        assert json.loads(line)["run_id"] == run_id(old_tid)
+        time.sleep(0.5)
+        assert watcher.poll() is None  # ... but not counted
+        new, (new_tid,) = record([SCENARIOS["fail_under_report"][0]])
+        export_spans(live, new)
+        out, _ = watcher.communicate(timeout=30)
+    finally:
+        watcher.kill()
+    assert watcher.returncode == 0
+    last = json.loads(out.strip().splitlines()[-1])
+    assert (last["run_id"], last["status"]) == (run_id(new_tid), "FAIL")
+    help_text = cli("watch", "--help").stdout
+    assert "new verdicts" in " ".join(help_text.split())
+
+
+# --- 6: an ambiguous id prefix --------------------------------------------------------------------
+
+def _store_runs(path: Path, ids: list[str]) -> None:
+    doc = json.loads((ROOT / "examples/pass_all_agree.json").read_text())
+    verdict = reconcile(workflow_trace_run(doc, "x"))
+    store = open_store(path)
+    try:
+        store.save_many([StoredRun(i, "file:x", verdict) for i in ids])
+    finally:
+        store.close()
+
+
+def test_an_ambiguous_prefix_says_so_and_lists_the_matches(tmp_path):
+    db = tmp_path / "r.db"
+    _store_runs(db, ["5a01", "5b02", "5c03", "5d04", "77aa"])
+    proc = cli("runs", "show", "5", "--store", str(db))
+    assert proc.returncode == 1
+    assert "'5' matches several runs (5a01, 5b02, 5c03 and more): give more characters" in proc.stderr
+    proc = cli("runs", "show", "9", "--store", str(db))
+    assert "no run '9' in" in proc.stderr and "agenteval runs list" in proc.stderr
+    assert cli("runs", "show", "77", "--store", str(db)).returncode == 0
+
+
+def test_get_run_says_when_a_prefix_is_ambiguous(live):
+    _store_runs(live.store_path, ["ab01", "ab02"])
+    with grpc.insecure_channel(live.grpc) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            FidelityServiceStub(channel).GetRun(pb.GetRunRequest(run_id="ab"))
+    assert caught.value.code() is grpc.StatusCode.NOT_FOUND
+    assert "'ab' matches several runs (ab01, ab02)" in caught.value.details()
+
+
+# --- 8: help text ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [("bench", "workflow-trace-fidelity"), ("runs", "list"), ("runs", "show"),
+                                     ("watch",), ("demo",), ("collector", "serve")])
+def test_help_shows_flags_as_flags_and_whole_sentences(command):
+    proc = cli(*command, "--help", env={"COLUMNS": "80"})
+    assert proc.returncode == 0
+    assert "<bool>" not in proc.stdout
+    for line in proc.stdout.splitlines():
+        assert len(line) <= 80, line
+    if command[0] == "bench":
+        assert "--preset <smoke|standard|audit-grade>" in proc.stdout  # one piece, not split over lines
+        assert "so\n  memory stays flat however large the file." in proc.stdout
+
+
+# --- 10: input checks -----------------------------------------------------------------------------
+
+def _v1(tmp_path: Path, executor_id: str, tokens: int = 100) -> Path:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({
+        "schema": "workflow-trace/v1",
+        "steps": [{"executor_id": executor_id, "input_tokens": tokens, "output_tokens": 0, "finish_reason": "stop"}],
+        "executor_traces": {executor_id: {"turns": [
+            {"kind": "response", "input_tokens": 100, "output_tokens": 0, "finish_reason": "stop"}]}}}))
+    return path
+
+
+def test_absurd_token_counts_are_an_error_naming_the_field(tmp_path):
+    proc = bench(_v1(tmp_path, "writer", 10**32), tmp_path / "r.db")
+    assert proc.returncode == 1
+    assert "$.steps[0].input_tokens" in proc.stderr and "maximum of 1000000000000" in proc.stderr
+
+
+def test_invisible_and_reordering_characters_in_ids_are_shown_escaped(tmp_path):
+    proc = bench(_v1(tmp_path, "wri\u202eter\x00[red]x[/]"), tmp_path / "r.db")
+    assert proc.returncode == 0, proc.stderr
+    assert "\u202e" not in proc.stdout and "\x00" not in proc.stdout
+    assert "wri\\u202eter\\u0000[red]x[/]" in proc.stdout  # escaped, and markup shown as typed
+
+
+def test_an_empty_subject_is_refused(tmp_path):
+    proc = bench(ROOT / "examples/pass_all_agree.json", tmp_path / "r.db", "--subject", " ")
+    assert proc.returncode == 1 and "--subject: empty" in proc.stderr
+    assert cli("runs", "list", "--subject", "", "--store", str(tmp_path / "r.db")).returncode == 1
+
+
+def test_a_store_path_in_a_missing_directory_is_refused_not_created(tmp_path):
+    proc = cli("runs", "list", "--store", str(tmp_path / "typo" / "dir" / "x.db"))
+    assert proc.returncode == 1
+    assert f"directory {tmp_path / 'typo' / 'dir'} does not exist" in proc.stderr
+    assert not (tmp_path / "typo").exists()
+
+
+# --- 11: one JSON shape ---------------------------------------------------------------------------
+
+def test_every_json_output_is_one_run_shape(live, tmp_path):
+    validator = jsonschema.Draft202012Validator(RUN_SCHEMA)
+    spans, (tid,) = record([SCENARIOS["finish_mismatch"][0]])
+    watcher = subprocess.Popen([AGENTEVAL, "watch", "--endpoint", live.grpc, "--count", "1", "--replay", "0",
+                                "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_watchers(live, 1)
+        export_spans(live, spans)
+        streamed = json.loads(watcher.communicate(timeout=30)[0].strip().splitlines()[-1])
+    finally:
+        watcher.kill()
+    db = str(live.store_path)
+    benched = json.loads(bench(ROOT / "examples/warn_partial_truth.json", live.store_path, "--json").stdout)["runs"][0]
+    listed = json.loads(cli("runs", "list", "--json", "--store", db).stdout)
+    shown = json.loads(cli("runs", "show", run_id(tid), "--json", "--store", db).stdout)
+    docs = {"watch": streamed, "bench": benched, "list": listed[0], "show": shown}
+    for name, doc in docs.items():
+        errors = [f"{e.json_path}: {e.message}" for e in validator.iter_errors(doc)]
+        assert not errors, (name, errors)
+        assert doc["incomplete"] is False
+    assert len({tuple(sorted(d)) for d in docs.values()}) == 1
+    assert all(validator.is_valid(d) for d in listed)
+    assert streamed["run_id"] == shown["run_id"] and streamed["executors"] == shown["executors"]
+
+
+# --- 9: watch on an 80-column terminal ------------------------------------------------------------
+
+def test_watch_on_an_80_column_terminal_shows_whole_fields(live):
+    master, slave = pty.openpty()
+    env = {**os.environ, "COLUMNS": "80", "LINES": "40", "TERM": "xterm"}
+    watcher = subprocess.Popen([AGENTEVAL, "watch", "--endpoint", live.grpc, "--count", "1", "--replay", "0"],
+                               stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    out = b""
+    try:
+        _wait_watchers(live, 1)
+        spans, (tid,) = record([SCENARIOS["path2_pending"][0]], service="triage")
+        export_spans(live, spans)
+        deadline = time.monotonic() + 30
+        while watcher.poll() is None and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:
+                    break
+    finally:
+        watcher.kill()
+        os.close(master)
+    text = out.decode(errors="replace")
+    assert "…" not in text
+    assert "PENDING" in text and "response_missing" in text.replace("\r", "").replace("\n", "").replace("│", "").replace(" ", "")
+
+
+# --- 9: a quiet install ---------------------------------------------------------------------------
+
+def test_installing_as_make_does_prints_no_warning_box(tmp_path):
+    """`make install`'s pip line (without the dependencies, already tested by every other test)."""
+    venv = tmp_path / "venv"
+    subprocess.run([os.sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    proc = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "--no-deps",
+                           str(ROOT / "instrumentation/opentelemetry-instrumentation-maf-fidelity"), "-e", str(ROOT)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "Editable installation" not in proc.stderr and "*****" not in proc.stderr, proc.stderr
+    found = subprocess.run([str(venv / "bin" / "python"), "-c", "import collector, importlib.util as u; print("
+                            "collector.__file__, u.find_spec('opentelemetry.instrumentation.maf_fidelity') is not None)"],
+                           capture_output=True, text=True, cwd=tmp_path)
+    assert found.stdout.split() == [str(ROOT / "collector" / "__init__.py"), "True"], found.stderr

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
 
-from collector.config import CollectorConfig, ConfigError, load_config
+from collector.config import CollectorConfig, ConfigError, load_config, split_endpoint
 from collector.journal import JournalError
 from collector.loader import TRACE_WINDOW, NoSteps, TraceFileError, iter_runs
 from collector.model import EXIT_ERROR, STATUS_EXIT_CODES, Preset, Status
@@ -287,6 +287,12 @@ def watch_command(
     statuses = tuple(s.upper() for s in status or ())
     if bad := [s for s in statuses if s not in Status.__members__]:
         raise _Fatal(f"--status: expected PASS, WARN, FAIL or PENDING, got {', '.join(bad)}")
+    try:
+        split_endpoint(endpoint)
+    except ValueError as exc:
+        raise _Fatal(f"--endpoint: {exc} (the collector's gRPC port, e.g. 127.0.0.1:4317)") from None
+    if ca_file is not None and not ca_file.is_file():
+        raise _Fatal(f"--ca-file {ca_file}: no such file: give the PEM CA bundle that signed the collector's certificate")
     target = WatchTarget(endpoint, _subject_filter(subject), statuses, os.environ.get(token_env) or None,
                          str(ca_file) if ca_file else None)
     try:

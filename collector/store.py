@@ -277,6 +277,8 @@ class SqliteRunStore(RunStore):
 
     def _open(self) -> None:
         parent = self.path.parent
+        if self.path.is_dir():
+            raise StoreError(f"{self.path}: is a directory: the SQLite store is a file, e.g. {self.path / 'runs.db'}")
         if not parent.is_dir():
             if self.path != _data_dir_store():  # a typo must not silently start a new, empty store
                 raise StoreError(f"{self.path}: directory {parent} does not exist: create it (mkdir -p {parent}) "

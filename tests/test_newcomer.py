@@ -254,3 +254,23 @@ def test_installing_as_make_does_prints_no_warning_box(tmp_path):
                             "collector.__file__, u.find_spec('opentelemetry.instrumentation.maf_fidelity') is not None)"],
                            capture_output=True, text=True, cwd=tmp_path)
     assert found.stdout.split() == [str(ROOT / "collector" / "__init__.py"), "True"], found.stderr
+
+
+# --- errors: the thing named, what to do, never a traceback -----------------------------------------
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (("watch", "--ca-file", "{tmp}/nope.pem"), "--ca-file {tmp}/nope.pem: no such file"),
+    (("watch", "--endpoint", "not a host"), "--endpoint: expected host:port, got 'not a host'"),
+    (("runs", "list", "--store", "{tmp}"), "{tmp}: is a directory: the SQLite store is a file"),
+    (("runs", "list", "--config", "{tmp}/nope.yaml"), "{tmp}/nope.yaml: No such file or directory"),
+    (("collector", "serve", "--config", "{tmp}/bad.yaml"), "receivers.grpc.endpoint: Value error, expected host:port"),
+    (("bench", "workflow-trace-fidelity", "--workflow-trace", "{tmp}/none.json", "--subject", "s", "--store",
+      "{tmp}/r.db"), "{tmp}/none.json: no such file"),
+    (("runs", "show", "nothing-here", "--store", "{tmp}/r.db"), "no run 'nothing-here' in {tmp}/r.db"),
+])
+def test_expected_conditions_are_one_clear_line(args, expected, tmp_path):
+    (tmp_path / "bad.yaml").write_text("receivers: {grpc: {endpoint: nope}}\n")
+    proc = cli(*(a.format(tmp=tmp_path) for a in args))
+    assert proc.returncode == 1
+    assert expected.format(tmp=tmp_path) in proc.stderr
+    assert "Traceback" not in proc.stderr and "╭" not in proc.stderr

@@ -155,6 +155,16 @@ class Assembler:
         self._open[tid] = trace
         return trace
 
+    def next_deadline(self, now: float) -> float:
+        """When a sweep can next finalize something: the earliest quiet-period end still ahead, and
+        at the latest ``sweep_interval`` from now (rootless timeouts, the late window's expiry)."""
+        cap = now + self.config.sweep_interval
+        for trace in self._open.values():  # oldest activity first; quiet rootless traces are skipped
+            due = trace.last_seen + self.config.quiet_period
+            if due > now:
+                return min(due, cap)
+        return cap
+
     def sweep(self, force: bool = False) -> list[Finalized]:
         """Finalize every trace that is complete (every open trace when ``force``)."""
         now = self.clock()

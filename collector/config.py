@@ -130,7 +130,7 @@ class Assembly(_Section):
     max_traces_in_flight: int = Field(20_000, gt=0)
     max_late_traces: int = Field(10_000, ge=0)
     max_late_bytes: int = Field(256 * 1024 * 1024, ge=0)
-    sweep_interval: float = Field(0.05, gt=0)
+    sweep_interval: float = Field(1.0, gt=0)
     retry_after: float = Field(1.0, gt=0)
 
 

@@ -134,6 +134,9 @@ class Pipeline:
         self.failures: deque[Failure] = deque(maxlen=100)
         self.journal = (Journal(config.journal.directory(store_url), config.journal.segment_bytes,
                                 config.journal.max_bytes) if config.journal.enabled else None)
+        #: Called after spans are accepted with the deadline of their traces' quiet period, so a
+        #: sweeper sleeping past it can wake (set by the server; the pipeline knows no event loop).
+        self.on_deadline: Callable[[float], None] = lambda due: None
         #: Settled trace -> its runs not yet stored; at 0 the journal lets the trace's spans go.
         self._unstored: dict[str, int] = {}
         self._unstored_lock = threading.Lock()
@@ -166,6 +169,8 @@ class Pipeline:
             log.warning("request_refused", transport=transport, spans=len(decoded.spans), reason=exc.reason)
             raise
         offer = self.assembler.offer(decoded.spans)
+        if offer.accepted:
+            self.on_deadline(self.assembler.clock() + self.config.assembly.quiet_period)
         durable = self.journal.append(decoded.spans) if self.journal is not None and offer.accepted else None
         rejected = decoded.rejected + offer.expired
         messages = list(decoded.reasons)
@@ -193,6 +198,10 @@ class Pipeline:
         for batch in self.journal.replay():
             spans += self.assembler.offer(batch).accepted
         return spans
+
+    def next_deadline(self) -> float:
+        """Monotonic time the next :meth:`sweep` is due."""
+        return self.assembler.next_deadline(self.assembler.clock())
 
     def sweep(self, force: bool = False) -> int:
         finalized = self.assembler.sweep(force)

@@ -118,13 +118,34 @@ class Collector:
                 "watchers": self.hub.watchers if self.hub else 0}
 
     async def _sweep_forever(self) -> None:
-        interval = self.config.assembly.sweep_interval
+        """Sweep when the earliest deadline is due, not on a fixed tick: a verdict waits its trace's
+        quiet period and no longer. Accepted spans wake the sweeper when their deadline is earlier
+        than the one it sleeps towards (e.g. the first trace after an idle spell)."""
+        pipeline = self.pipeline
+        wake = asyncio.Event()
+        planned = float("inf")
+
+        def on_deadline(due: float) -> None:
+            if due < planned:
+                wake.set()
+
+        pipeline.on_deadline = on_deadline
         while True:
-            await asyncio.sleep(interval)
+            due = pipeline.next_deadline()
+            planned = due
+            wake.clear()
+            delay = due - pipeline.assembler.clock()
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(wake.wait(), delay)
+                    continue  # an earlier deadline arrived: recompute
+                except TimeoutError:
+                    pass
             try:
-                self.pipeline.sweep()
+                pipeline.sweep()
             except Exception:  # a bug in one trace must not stop every later verdict
                 log.exception("sweep_failed")
+            await asyncio.sleep(0)  # let receivers run between back-to-back sweeps
 
     async def stop(self) -> None:
         if self.hub is not None:

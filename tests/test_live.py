@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from conftest import export_spans, post, verdicts
+from conftest import CollectorProcess, export_spans, post, verdicts
 from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, to_otlp_json
 
 
@@ -294,3 +295,22 @@ def test_metrics_are_also_pushed_over_otlp(collector, capture):
     while "fidelity.runs" not in capture.metrics.metric_names() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert {"fidelity.runs", "fidelity.executor.verdicts", "collector.spans.received"} <= capture.metrics.metric_names()
+
+
+def test_completion_follows_each_traces_deadline_not_a_fixed_tick(tmp_path):
+    """With a sweep interval far beyond the test's wait, verdicts still come once each trace's quiet
+    period ends: the first trace after an idle spell, and one arriving while another is pending."""
+    proc = CollectorProcess(tmp_path, {"assembly": {"sweep_interval": 60.0, "quiet_period": 0.2}})
+    try:
+        first, (first_tid,) = record([SCENARIOS["pass"][0]])
+        export_spans(proc, first)
+        assert proc.run(first_tid, timeout=20)["status"] == "PASS"
+        time.sleep(1.0)  # idle: the sweeper now sleeps towards its 60 s cap
+        second, (second_tid,) = record([SCENARIOS["fail_under_report"][0]])
+        third, (third_tid,) = record([SCENARIOS["loop"][0]])
+        export_spans(proc, second)
+        export_spans(proc, third)
+        assert proc.run(second_tid, timeout=20)["status"] == "FAIL"
+        assert proc.run(third_tid, timeout=20)["status"] == "PASS"
+    finally:
+        proc.stop()

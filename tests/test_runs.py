@@ -210,3 +210,23 @@ def test_the_late_window_is_bounded_in_bytes_not_only_in_traces():
         clock.now += CONFIG.assembly.quiet_period
         assembler.sweep()
     assert assembler.late_traces == 2 and assembler.late_bytes <= config.max_late_bytes  # oldest left first
+
+
+
+def test_the_next_sweep_is_due_when_the_earliest_quiet_period_ends():
+    clock, rec = Clock(), Recorder()
+    quiet, cap = CONFIG.assembly.quiet_period, CONFIG.assembly.sweep_interval
+    assembler = Assembler(CONFIG.assembly, MATCHER, clock)
+    assert assembler.next_deadline(clock.now) == clock.now + cap  # nothing open: only the cap
+    with rec.tracer.start_as_current_span("workflow.run", attributes={"workflow.name": "a"}):
+        rec.agent("writer", "writer", [(400, 100)], (400, 100))
+    offer(assembler, rec.take())
+    started = clock.now
+    clock.now += quiet / 2
+    with rec.tracer.start_as_current_span("workflow.run", attributes={"workflow.name": "b"}):
+        rec.agent("editor", "editor", [(40, 10)], (40, 10))
+    offer(assembler, rec.take())
+    assert assembler.next_deadline(clock.now) == min(started + quiet, clock.now + cap)
+    clock.now = started + quiet
+    assert len(assembler.sweep()) == 1  # at that deadline exactly, the first trace completes
+    assert assembler.next_deadline(clock.now) == min(started + quiet / 2 + quiet, clock.now + cap)

@@ -7,6 +7,7 @@ import socket
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -27,6 +28,10 @@ from collector.security import BearerAuth
 SCORE_BUCKETS = (0.0, 0.25, 0.5, 0.75, 0.8, 0.9, 0.95, 0.99, 1.0)
 DELTA_BUCKETS = (0, 1, 10, 50, 100, 500, 1_000, 5_000, 10_000, 50_000)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+#: One attributes dict per delta direction, made once.
+_DIRECTIONS = {d: {"direction": d} for d in ("under", "over", "equal")}
 
 
 class Metrics:
@@ -98,16 +103,26 @@ class Metrics:
                            ("store_queued_runs", "Verdicts waiting for the run store (e.g. during an outage)")]:
             meter.create_observable_gauge(f"collector.{name}", [observe(name)], description=desc)
 
-    def record_run(self, run: RunVerdict) -> None:
-        self.runs.add(1, {"status": run.status.value})
-        if run.score is not None:
-            self.score.record(run.score)
-        for e in run.executors:
-            self.verdicts.add(1, {"verdict": e.verdict.value})
-            if e.no_truth_reason is not None:
-                self.no_truth.add(1, {"reason": e.no_truth_reason.value})
-            elif e.evidence.delta is not None:
-                self.delta.record(abs(e.evidence.delta), {"direction": e.evidence.direction or "equal"})
+    def record_runs(self, runs: list[RunVerdict]) -> None:
+        """A sweep's verdicts: counted locally, then one ``add`` per attribute set (the SDK hashes a
+        record's attributes on every call, which per run and per unit was a tenth of the main thread)."""
+        statuses: Counter[str] = Counter()
+        verdicts: Counter[str] = Counter()
+        reasons: Counter[str] = Counter()
+        for run in runs:
+            statuses[run.status.value] += 1
+            if run.score is not None:
+                self.score.record(run.score)
+            for e in run.executors:
+                verdicts[e.verdict.value] += 1
+                if e.no_truth_reason is not None:
+                    reasons[e.no_truth_reason.value] += 1
+                elif e.evidence.delta is not None:
+                    self.delta.record(abs(e.evidence.delta), _DIRECTIONS[e.evidence.direction or "equal"])
+        for counter, counts, key in ((self.runs, statuses, "status"), (self.verdicts, verdicts, "verdict"),
+                                     (self.no_truth, reasons, "reason")):
+            for value, n in counts.items():
+                counter.add(n, {key: value})
 
     def shutdown(self) -> None:
         self.provider.shutdown()

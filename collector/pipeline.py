@@ -24,6 +24,7 @@ from collector.decode import Decoded, decode_request
 from collector.emit_spans import VerdictSpans
 from collector.journal import Journal
 from collector.metrics import Metrics
+from collector.model import RunVerdict
 from collector.reconcile import reconcile
 from collector.store import RunStore, StoredRun, StoreError
 
@@ -210,13 +211,17 @@ class Pipeline:
         self.assembler.failures.clear()
         if self.journal is not None:
             self._settle(finalized)
+        published: list[RunVerdict] = []
         for item in finalized:
             try:
-                self._publish(item)
+                if (verdict := self._publish(item)) is not None:
+                    published.append(verdict)
             except Exception as exc:  # noqa: BLE001 - one run that cannot be published costs no other
                 self._failed(Failure(item.run.run_id or item.run.trace_id or "", "publish",
                                      f"{type(exc).__name__}: {exc}"[:200]))
                 self._done(item.run.trace_id)
+        if self.metrics is not None and published:
+            self.metrics.record_runs(published)
         return len(finalized)
 
     def _settle(self, finalized: list[Finalized]) -> None:
@@ -258,12 +263,13 @@ class Pipeline:
             self.metrics.failed.add(1, {"stage": failure.stage})
         log.error("run_failed", id=failure.id, stage=failure.stage, error=failure.error)
 
-    def _publish(self, item: Finalized) -> None:
+    def _publish(self, item: Finalized) -> RunVerdict | None:
+        """Reconcile a finalized run and hand it to every sink; None when it is not a run."""
         if not item.run.is_workflow:
             if self.metrics is not None:
                 self.metrics.ignored.add(1)
             log.debug("run_ignored", trace_id=item.run.trace_id, reason="no agent ran")
-            return
+            return None
         verdict = replace(reconcile(item.run, self.policy, self.config.scoring.preset), revision=item.revision)
         run_id = item.run.run_id or verdict.trace_id or ""
         stored = StoredRun(run_id, SOURCE_LIVE, verdict, self.instance)
@@ -271,8 +277,6 @@ class Pipeline:
             anchor = item.run.root_span_id or next(
                 (e.span_ids[0] for e in item.run.executors if e.span_ids), None)
             self.spans.emit(verdict, run_id, anchor)
-        if self.metrics is not None:
-            self.metrics.record_run(verdict)
         log.info(
             "run_verdict", run_id=run_id, trace_id=verdict.trace_id, subject=verdict.subject,
             status=verdict.status.value, score=verdict.score, revision=verdict.revision,
@@ -281,6 +285,7 @@ class Pipeline:
             no_truth={e.executor_id: e.no_truth_reason.value for e in verdict.executors if e.no_truth_reason},
         )
         self.writer.put(stored, item.root_arrived)  # last: a stored run implies every other sink saw it
+        return verdict
 
     def _stored(self, batch: list[tuple[StoredRun, float | None]]) -> None:
         for run, _ in batch:

@@ -40,7 +40,7 @@ CHANNEL = "agenteval_runs"
 #: Schema migrations, in order; the schema version is how many have been applied. The DDL is the
 #: common subset of SQLite and PostgreSQL, so both backends share it.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    (  # 1: runs and their executor verdicts
+    (  # 1: runs and their executor verdicts (the latter dropped by 3)
         """CREATE TABLE IF NOT EXISTS runs (
             run_id TEXT PRIMARY KEY, trace_id TEXT, subject TEXT, status TEXT NOT NULL, score REAL,
             preset TEXT NOT NULL, source TEXT NOT NULL, revision INTEGER NOT NULL,
@@ -56,6 +56,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     (  # 2: which collector instance finalized the run (one of N replicas)
         "ALTER TABLE runs ADD COLUMN finalized_by TEXT",
+    ),
+    (  # 3: one write per run: the run document already holds every unit's verdict and evidence
+        "DROP TABLE IF EXISTS executor_verdicts",
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -76,8 +79,6 @@ WHERE excluded.revision > runs.revision OR (runs.incomplete = 1 AND excluded.inc
 #: A workflow run's verdict supersedes the incomplete verdict its trace got when it was cut short
 #: before its workflow-run span arrived (e.g. by a restart): that one was stored under the trace id.
 _SUPERSEDE = "DELETE FROM runs WHERE run_id = :trace_id AND incomplete = 1"
-_INSERT_EXECUTOR = ("INSERT INTO executor_verdicts (run_id, executor_id, verdict, score, no_truth_reason, evidence) "
-                    "VALUES (:run_id, :executor_id, :verdict, :score, :no_truth_reason, :evidence)")
 _SUMMARY = ("run_id, trace_id, subject, status, score, preset, source, revision, incomplete, checked, "
             "unchecked, created_at, updated_at, finalized_by")
 _DOC = "doc, revision, created_at, updated_at, finalized_by"
@@ -211,11 +212,6 @@ class RunStore(ABC):
             return False
         if run.trace_id and item.run_id != run.trace_id and not run.incomplete:
             execute(_SUPERSEDE, {"trace_id": run.trace_id})
-        execute("DELETE FROM executor_verdicts WHERE run_id = :run_id", {"run_id": item.run_id})
-        for e in doc["executors"]:
-            execute(_INSERT_EXECUTOR, {"run_id": item.run_id, "executor_id": e["executor_id"],
-                                       "verdict": e["verdict"], "score": e["score"],
-                                       "no_truth_reason": e["no_truth_reason"], "evidence": json.dumps(e["evidence"])})
         return True
 
     def list_runs(self, statuses: Iterable[str] = (), subject: str | None = None, limit: int = 50,

@@ -20,10 +20,17 @@ install: $(BIN)/.installed
 run: install
 	$(BIN)/agenteval collector serve
 
-# The collector and the demo workflows together: collector in the background, demo in front.
+# The collector and the demo workflows together: the collector in the background, its output in a
+# temporary log file (named first) so it stays out of the demo's table; the demo once it listens.
 demo: install
-	@$(BIN)/agenteval collector serve & pid=$$!; trap "kill $$pid 2>/dev/null; wait $$pid" EXIT; \
-	  sleep 3; $(BIN)/agenteval demo
+	@log=$$(mktemp "$${TMPDIR:-/tmp}/agenteval-collector-XXXXXX"); echo "collector log: $$log"; \
+	  $(BIN)/agenteval collector serve >"$$log" 2>&1 & pid=$$!; trap "kill $$pid 2>/dev/null; wait $$pid" EXIT; \
+	  i=0; until grep -q "agenteval collector listening" "$$log"; do \
+	    kill -0 $$pid 2>/dev/null || { echo "the collector did not start:"; cat "$$log"; exit 1; }; \
+	    i=$$((i + 1)); [ $$i -lt 300 ] || { echo "the collector is not listening after 30 s: see $$log"; exit 1; }; \
+	    sleep 0.1; \
+	  done; \
+	  $(BIN)/agenteval demo
 
 # Regenerate the committed gRPC code from proto/ (tests/test_proto.py checks it is current).
 proto: install

@@ -238,23 +238,55 @@ def collector_serve(config: ConfigOpt = None, store: StoreOpt = None) -> None:
 
 @app.command("demo")
 def demo_command(
-    endpoint: Annotated[str, typer.Option("--endpoint", help="The collector's OTLP endpoint.")] = "127.0.0.1:4317",
-    protocol: Annotated[str, typer.Option("--protocol", help="grpc or http/protobuf (endpoint http://host:4318).")] = "grpc",
-    store: StoreOpt = None,
+    endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="The collector's OTLP endpoint (default: 127.0.0.1:4317 for grpc, http://127.0.0.1:4318 for http/protobuf).")] = None,
+    protocol: Annotated[str, typer.Option("--protocol", help="grpc or http/protobuf.")] = "grpc",
+    api: Annotated[Optional[str], typer.Option("--api", help="The collector's gRPC port (host:port), where the verdicts are read back (default: --endpoint for grpc; for http/protobuf, --endpoint's host on port 4317). Behind an OpenTelemetry Collector, an agenteval replica's port.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the verdicts.")] = 30.0,
+    token_env: Annotated[str, typer.Option("--token-env", help="Environment variable holding the bearer token, if auth is on.")] = "AGENTEVAL_TOKEN",
+    ca_file: Annotated[Optional[Path], typer.Option("--ca-file", help="CA bundle (PEM): connect with TLS.")] = None,
 ) -> None:
-    """Run real MAF workflows (fake chat client, no network) against a running collector and show its verdicts."""
+    """Run real MAF workflows (scripted chat client, no network) against a running collector and show
+    the verdicts it reached, read back over its gRPC API whatever store it uses.
+
+    Needs the [maf] extra: pip install 'agenteval-collector[maf]'.
+    """
+    import os
+    from urllib.parse import urlsplit
+
     try:
-        from collector.demo import demo
+        from collector.demo import DemoError, DemoTarget, demo
     except ImportError as exc:
-        raise _Fatal(f"agenteval demo needs agent-framework-core: pip install 'agenteval-collector[maf]' ({exc})") from exc
+        if (exc.name or "").startswith("opentelemetry.instrumentation"):
+            raise _Fatal(f"agenteval demo needs the MAF fidelity instrumentation ({exc}): pip install "
+                         "./instrumentation/opentelemetry-instrumentation-maf-fidelity (in the agenteval source tree)") from None
+        raise _Fatal(f"agenteval demo needs the [maf] extra ({exc}): pip install 'agenteval-collector[maf]'") from None
     if protocol not in ("grpc", "http/protobuf"):
         raise _Fatal(f"--protocol: expected grpc or http/protobuf, got {protocol!r}")
-    db = _open_store(store)
+    if protocol == "grpc":
+        endpoint = endpoint or "127.0.0.1:4317"
+        try:
+            split_endpoint(endpoint)
+        except ValueError as exc:
+            raise _Fatal(f"--endpoint: {exc} (the collector's OTLP/gRPC port, e.g. 127.0.0.1:4317)") from None
+        api = api or endpoint
+    else:
+        endpoint = endpoint or "http://127.0.0.1:4318"
+        url = urlsplit(endpoint)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise _Fatal(f"--endpoint: http/protobuf needs a URL such as http://127.0.0.1:4318, got {endpoint!r}")
+        api = api or (f"[{url.hostname}]:4317" if ":" in url.hostname else f"{url.hostname}:4317")
     try:
-        results = demo(endpoint, protocol, db, timeout)
-    finally:
-        db.close()
+        split_endpoint(api)
+    except ValueError as exc:
+        raise _Fatal(f"--api: {exc} (the collector's gRPC port, e.g. 127.0.0.1:4317)") from None
+    if ca_file is not None and not ca_file.is_file():
+        raise _Fatal(f"--ca-file {ca_file}: no such file: give the PEM CA bundle that signed the collector's certificate")
+    target = DemoTarget(endpoint, protocol, api, os.environ.get(token_env) or None,
+                        str(ca_file) if ca_file else None, token_env)
+    try:
+        results, problem = demo(target, timeout)
+    except DemoError as exc:
+        raise _Fatal(str(exc)) from None
     out.print(demo_table(results))
     for r in results:
         for e in (r.run or {}).get("executors", []):
@@ -262,8 +294,9 @@ def demo_command(
                 out.print(f"  {r.name}/{e['executor_id']}: {e['no_truth_reason']} - {e['no_truth_explanation']}")
     missing = [r.name for r in results if r.run is None]
     if missing:
-        raise _Fatal(f"no verdict within {timeout:g}s for {', '.join(missing)}: is `agenteval collector serve` "
-                     f"running at {endpoint} with the same store?")
+        why = problem or (f"did the collector at {api} receive the spans sent to {endpoint}? (behind an "
+                          "OpenTelemetry Collector, pass --api with the agenteval replica's gRPC port)")
+        raise _Fatal(f"no verdict from {api} within {timeout:g}s for {', '.join(missing)}: {why}")
     raise typer.Exit(0 if all(r.ok for r in results) else EXIT_ERROR)
 
 

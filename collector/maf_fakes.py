@@ -13,15 +13,19 @@ from typing import Any
 from agent_framework import (
     Agent,
     AgentContext,
+    AgentExecutorResponse,
     BaseChatClient,
     ChatMiddlewareLayer,
     ChatResponse,
     ChatResponseUpdate,
     Content,
+    FunctionExecutor,
     FunctionInvocationLayer,
     Message,
     ResponseStream,
+    Workflow,
     WorkflowBuilder,
+    WorkflowContext,
     agent_middleware,
     tool,
 )
@@ -182,7 +186,7 @@ def make_agent(spec: AgentSpec) -> Agent:
                  middleware=list(spec.middleware), tools=list(spec.tools) or None)
 
 
-def chain(name: str, specs: Sequence[AgentSpec]):
+def chain(name: str, specs: Sequence[AgentSpec]) -> Workflow:
     """A sequential workflow: each agent's response goes to the next."""
     agents = [make_agent(s) for s in specs]
     builder = WorkflowBuilder(start_executor=agents[0], name=name)
@@ -191,16 +195,20 @@ def chain(name: str, specs: Sequence[AgentSpec]):
     return builder.build()
 
 
-def self_loop(name: str, spec: AgentSpec, passes: int):
-    """One agent whose output edge leads back to itself until it has run ``passes`` times."""
+def review_loop(name: str, spec: AgentSpec, passes: int) -> Workflow:
+    """One agent run ``passes`` times: a gate (a function executor, no agent) sends its response back
+    to it until then. A cycle through the gate, not a self-loop edge, which MAF warns about."""
     agent = make_agent(spec)
     runs = {"n": 0}
 
-    def again(_message: Any) -> bool:
+    async def gate(response: AgentExecutorResponse, ctx: WorkflowContext[AgentExecutorResponse]) -> None:
         runs["n"] += 1
-        return runs["n"] < passes
+        if runs["n"] < passes:
+            await ctx.send_message(response)
 
-    return WorkflowBuilder(start_executor=agent, name=name).add_edge(agent, agent, condition=again).build()
+    gate_executor = FunctionExecutor(gate, id="gate")
+    return (WorkflowBuilder(start_executor=agent, name=name)
+            .add_edge(agent, gate_executor).add_edge(gate_executor, agent).build())
 
 
 @dataclass(frozen=True)
@@ -236,8 +244,8 @@ def demo_workflows() -> list[DemoWorkflow]:
             "WARN", {"researcher": "Agree", "writer": "Agree", "reviewer": "FinishMismatch"},
             "the chat call ended content_filter, the framework reports no finish reason"),
         DemoWorkflow(
-            "reviewer-loop", lambda: self_loop("reviewer-loop", AgentSpec("reviewer", [Turn(400, 60), Turn(420, 55),
-                                                                                      Turn(430, 20)]), 3),
+            "reviewer-loop", lambda: review_loop("reviewer-loop", AgentSpec("reviewer", [Turn(400, 60), Turn(420, 55),
+                                                                                        Turn(430, 20)]), 3),
             "PASS", {"reviewer": "Agree"},
             "an executor that runs three times; summed per executor it agrees"),
         DemoWorkflow(

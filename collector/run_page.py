@@ -15,7 +15,7 @@ import jinja2
 from aiohttp import web
 
 from collector.assembler import Failure
-from collector.model import NO_TRUTH_FIXES, NoTruthReason, Status
+from collector.model import NO_TRUTH_FIXES, Status
 from collector.security import BearerAuth
 from collector.store import RunStore
 
@@ -25,7 +25,7 @@ _env = jinja2.Environment(loader=jinja2.PackageLoader("collector", "templates"),
                           autoescape=jinja2.select_autoescape(default=True), undefined=jinja2.StrictUndefined)
 _env.filters["score"] = lambda v: "–" if v is None else f"{v:.3f}"
 _env.filters["num"] = lambda v: "–" if v is None else f"{v:,}"
-_env.filters["when"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "–"
+_env.filters["when"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t else "–"
 _env.globals["fixes"] = {r.value: text for r, text in NO_TRUTH_FIXES.items()}
 _env.globals["statuses"] = [s.value for s in Status]
 
@@ -67,7 +67,8 @@ class RunPage:
             limit = min(max(int(request.query.get("limit", 50)), 1), MAX_ROWS)
         except ValueError:
             return self._page("error.html", 400, message="limit must be a number")
-        rows = await asyncio.to_thread(self.store.list_runs, [status] if status else (), subject, limit)
+        rows = await asyncio.to_thread(self.store.list_runs, [status] if status else (), subject, limit,
+                                       with_docs=True)  # each run's units and reasons
         return self._page("runs.html", rows=rows, status=status, subject=subject or "", limit=limit,
                           failures=list(self.failures())[::-1])
 
@@ -78,7 +79,17 @@ class RunPage:
         doc = await asyncio.to_thread(self.store.get_run, run_id)
         if doc is None:
             return self._page("error.html", 404, message=f"no run {run_id!r} is stored (or the prefix matches several runs)")
-        link = self.trace_link.format(trace_id=doc["trace_id"]) if self.trace_link and doc["trace_id"] else None
-        no_truth = [e for e in doc["executors"] if e["no_truth_reason"]]
-        return self._page("run.html", run=doc, trace_url=link, no_truth=no_truth,
-                          path2=any(e["no_truth_reason"] == NoTruthReason.RESPONSE_MISSING.value for e in no_truth))
+        no_truth: dict[str, list[dict[str, Any]]] = {}  # unchecked units by reason, each reason explained once
+        for e in doc["executors"]:
+            if e["no_truth_reason"]:
+                no_truth.setdefault(e["no_truth_reason"], []).append(e)
+        span_url = self._span_url(doc["trace_id"])
+        return self._page("run.html", run=doc, no_truth=no_truth, span_url=span_url,
+                          trace_url=span_url(doc["root_span_id"]) if span_url else None)
+
+    def _span_url(self, trace_id: str | None) -> Callable[[str | None], str] | None:
+        """A span's link into the trace UI: ``trace_link`` with the trace id, and the span id if it names one."""
+        template = self.trace_link
+        if not (template and trace_id):
+            return None
+        return lambda span_id: template.format(trace_id=trace_id, span_id=span_id or "")

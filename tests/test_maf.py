@@ -127,8 +127,8 @@ def test_bridge_with_the_callers_own_tracer_provider(collector):
 
 
 def test_agenteval_demo_shows_every_status(collector):
-    proc = subprocess.run([AGENTEVAL, "demo", "--endpoint", collector.grpc, "--store", str(collector.store_path),
-                           "--timeout", "30"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([AGENTEVAL, "demo", "--endpoint", collector.grpc, "--timeout", "30"],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for status in ("PASS", "FAIL", "WARN", "PENDING"):
         assert status in proc.stdout

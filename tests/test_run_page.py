@@ -6,18 +6,26 @@ CI sets AGENTEVAL_REQUIRE_BROWSER=1, so a missing Chromium fails there instead o
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 import urllib.error
 import urllib.request
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
-from conftest import CollectorProcess, export_spans
-from mafshape import SCENARIOS, Invocation, Scenario, ok, record
+from conftest import AGENTEVAL, CollectorProcess, export_spans
+from mafshape import SCENARIOS, Call, Invocation, Scenario, export_request, ok, record, to_otlp_json
 
 JAEGER = "http://localhost:16686/trace/{trace_id}"
+#: Jaeger's trace view with one span highlighted.
+JAEGER_SPAN = "http://localhost:16686/trace/{trace_id}?uiFind={span_id}"
+#: An executor id and a workflow name without a break opportunity, wider than a phone.
+LONG_UNIT = "quarterly_billing_reconciliation_coordinator_executor_for_the_emea_region"
+LONG_NAME = "quarterly-billing-reconciliation-workflow-with-a-rather-long-name-for-the-emea-region"
 CHROMIUM = os.environ.get("AGENTEVAL_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 #: Flags for a closed network: no background fetches, no sandbox (CI runs as root).
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -39,10 +47,22 @@ def site(tmp_path_factory):
     names = ["pass", "fail_under_report", "path2_pending", "partial_warn", "finish_mismatch"]
     spans, ids = record([SCENARIOS[n][0] for n in names])
     hostile = Scenario({"w<i>": [Invocation([ok(10, 5)])]}, name="<script>alert(1)</script>")
-    more, (hostile_id,) = record([hostile])
+    # a unit over the token tolerance with its finish reason suppressed (three invocations), beside a Path-2 unit
+    long_ids = Scenario({LONG_UNIT: [Invocation([ok(300, 120, "tool_calls"), ok(310, 230, "content_filter")],
+                                                reported=(310, 230, None))] * 3,
+                         "writer": [Invocation([Call(), Call()], reported=(610, 350, "stop"))]}, name=LONG_NAME)
+    more, (hostile_id, long_id) = record([hostile, long_ids])
     export_spans(proc, spans + more)
     runs = {n: proc.run(i) for n, i in zip(names, ids)}
     runs["hostile"] = proc.run(hostile_id)
+    runs["long_ids"] = proc.run(long_id)
+    # `agenteval bench` stores a trace file's run under a fresh run id, apart from its trace id
+    trace_file = tmp_path_factory.mktemp("bench") / "trace.json"
+    trace_file.write_text(json.dumps(to_otlp_json(export_request(record([SCENARIOS["pass"][0]])[0]))))
+    subprocess.run([AGENTEVAL, "bench", "workflow-trace-fidelity", "--workflow-trace", str(trace_file),
+                    "--subject", "bench"], env={**os.environ, "AGENTEVAL_STORE": proc.store_url},
+                   check=True, capture_output=True, timeout=60)
+    runs["bench"] = proc.store().list_runs(subject="bench", with_docs=True)[0]
     yield proc, runs
     proc.stop()
 
@@ -63,9 +83,36 @@ def browser():
 
 @pytest.fixture
 def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    context.set_default_timeout(5000)
     yield context.new_page()
     context.close()
+
+
+def _span_ids(run: dict) -> set[str]:
+    """Every span id a run page shows: each unit's executor, ledger, chat and invocation spans."""
+    ids = set()
+    for e in run["executors"]:
+        ev = e["evidence"]
+        ids.update(ev["executor_span_ids"], ev["ledger_span_ids"], ev["chat_span_ids"])
+        ids.update(f["invocation"] for f in ev["finish_comparisons"] if f["invocation"])
+    return ids
+
+
+def _assert_span_ids_link(page, run: dict, template: str) -> None:
+    ids = _span_ids(run)
+    assert len(ids) >= 4
+    for span_id in ids:
+        shown = page.get_by_text(span_id, exact=True)
+        assert shown.count() >= 1, span_id
+        for element in shown.all():
+            assert element.evaluate("e => e.tagName") == "A", span_id
+            assert element.get_attribute("href") == template.format(trace_id=run["trace_id"], span_id=span_id)
+
+
+def _utc(proc: CollectorProcess, run: dict) -> str:
+    updated = proc.store().get_run(run["run_id"])["updated_at"]
+    return datetime.fromtimestamp(updated, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _screenshot(page, name: str, tmp_path: Path) -> None:
@@ -82,7 +129,7 @@ def test_runs_list_shows_recent_runs_and_filters_by_status(site, page):
     assert rows.count() == len(runs)
     for run in runs.values():
         row = page.locator(f'tr[data-run-id="{run["run_id"]}"]')
-        assert row.locator(".badge").inner_text() == run["status"]
+        assert row.locator(".badge").first.inner_text() == run["status"]
     page.select_option("select[name=status]", "PENDING")
     page.click("button[type=submit]")
     page.wait_for_url("**status=PENDING**")
@@ -93,7 +140,7 @@ def test_fail_run_page_explains_the_token_divergence(site, page, tmp_path):
     proc, runs = site
     run = runs["fail_under_report"]
     page.goto(f"{proc.http}/runs")
-    page.locator(f'tr[data-run-id="{run["run_id"]}"] a').click()
+    page.locator(f'tr[data-run-id="{run["run_id"]}"] a.run').click()
     page.wait_for_url(f"**/runs/{run['run_id']}")
     assert page.locator("#status").inner_text() == "FAIL"
     writer = page.locator('#executors tr[data-executor="writer"]')
@@ -115,11 +162,10 @@ def test_pending_run_page_says_why_each_executor_has_no_truth(site, page, tmp_pa
     assert page.locator("#status").inner_text() == "PENDING"
     assert "none of the 2 agent unit(s) could be checked" in page.locator("#summary").inner_text()
     assert "This is not a pass" in page.locator("#summary").inner_text()
-    for executor in ("researcher", "writer"):
-        card = page.locator(f'[data-no-truth="{executor}"]')
-        assert "response_missing" in card.inner_text()
-        assert "Path-2 gap" in card.locator(".explanation").inner_text()
-        assert "InProcessExecution" in card.locator(".fix").inner_text()
+    card = page.locator('[data-no-truth="response_missing"]')  # one card per reason, naming its units
+    assert [u.inner_text() for u in card.locator(".unit").all()] == ["researcher", "writer"]
+    assert "Path-2 gap" in card.locator(".explanation").inner_text()
+    assert "InProcessExecution" in card.locator(".fix").inner_text()
     assert page.locator('#executors tr[data-executor="writer"] td').nth(9).inner_text() == "0 / 0 / 2"
     _screenshot(page, "run-page-pending.png", tmp_path)
 
@@ -127,11 +173,10 @@ def test_pending_run_page_says_why_each_executor_has_no_truth(site, page, tmp_pa
 def test_warn_page_distinguishes_no_chat_trace_from_a_finish_mismatch(site, page):
     proc, runs = site
     page.goto(f"{proc.http}/runs/{runs['partial_warn']['run_id']}")
-    assert "no_chat_trace" in page.locator('[data-no-truth="writer"]').inner_text()
-    assert "ChatTelemetryLayer" in page.locator('[data-no-truth="writer"] .fix').inner_text()
+    assert page.locator('[data-no-truth="no_chat_trace"] .unit').inner_text() == "writer"
+    assert "ChatTelemetryLayer" in page.locator('[data-no-truth="no_chat_trace"] .fix').inner_text()
     page.goto(f"{proc.http}/runs/{runs['finish_mismatch']['run_id']}")
-    finish = page.locator('[data-diverged="reviewer"] .finish').inner_text()
-    assert "null (suppressed)" in finish and "content_filter" in finish
+    assert page.locator('#executors tr[data-executor="reviewer"]').get_attribute("data-verdict") == "FinishMismatch"
 
 
 def test_untrusted_names_are_escaped(site, page):
@@ -168,3 +213,94 @@ def test_run_page_needs_the_token_when_auth_is_on_and_can_be_turned_off(tmp_path
         assert _get(f"{off.http}/runs")[0] == 404
     finally:
         off.stop()
+
+
+@pytest.mark.parametrize("width", [1366, 390])
+def test_pages_fit_the_window_without_sideways_scrolling(site, browser, width, tmp_path):
+    proc, runs = site
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    page = context.new_page()
+    try:
+        for path in ["/runs"] + [f"/runs/{run['run_id']}" for run in runs.values()]:
+            page.goto(f"{proc.http}{path}")
+            scroll, client = page.evaluate("[document.documentElement.scrollWidth, "
+                                           "document.documentElement.clientWidth]")
+            assert scroll <= client, f"{path} scrolls sideways at {width} px: {scroll} > {client}"
+            for table in page.locator("table").all():  # every column visible, none cut off or in a scroller
+                assert table.evaluate("t => t.getBoundingClientRect().right") <= client, f"{path} at {width} px"
+        page.goto(f"{proc.http}/runs/{runs['long_ids']['run_id']}")
+        assert page.locator(f'#executors tr[data-executor="{LONG_UNIT}"] .delta').is_visible()
+        if width == 390:
+            page.goto(f"{proc.http}/runs/{runs['fail_under_report']['run_id']}")
+            _screenshot(page, "run-page-phone.png", tmp_path)
+    finally:
+        context.close()
+
+
+def test_timestamps_say_their_time_zone(site, page):
+    proc, runs = site
+    run = runs["fail_under_report"]
+    page.goto(f"{proc.http}/runs")
+    listed = page.locator(f'tr[data-run-id="{run["run_id"]}"] td').first.inner_text()
+    page.goto(f"{proc.http}/runs/{run['run_id']}")
+    shown = page.locator('dl.facts dt:text-is("updated") + dd').inner_text()
+    assert listed == shown == _utc(proc, run)
+
+
+def test_pending_page_explains_the_path2_gap_once_and_names_missing_finish_reasons(site, page):
+    proc, runs = site
+    page.goto(f"{proc.http}/runs/{runs['path2_pending']['run_id']}")
+    text = page.locator("main").inner_text()
+    assert text.count("Path-2") == 1
+    assert "null" not in text
+    assert page.locator('#executors tr[data-executor="writer"] .finish').inner_text() == "stop / none reported"
+
+
+def test_a_suppressed_framework_finish_reason_is_called_out(site, page):
+    proc, runs = site
+    page.goto(f"{proc.http}/runs/{runs['finish_mismatch']['run_id']}")
+    assert "null" not in page.locator("main").inner_text()
+    for where in ('#executors tr[data-executor="reviewer"] .finish', '[data-diverged="reviewer"] .finish',
+                  "table.finishes .diverged"):
+        called_out = page.locator(where).locator(".suppressed")
+        assert called_out.inner_text() == "none (suppressed)", where
+        assert called_out.evaluate("e => getComputedStyle(e).color") == "rgb(207, 34, 46)", where  # --fail
+    assert "content_filter" in page.locator('[data-diverged="reviewer"] .finish').inner_text()
+
+
+def test_runs_list_shows_units_verdicts_and_reasons_and_each_id_once(site, page):
+    proc, runs = site
+    page.goto(f"{proc.http}/runs")
+    unit_list = {name: page.locator(f'tr[data-run-id="{run["run_id"]}"] .units').inner_text()
+                 for name, run in runs.items()}
+    assert unit_list["fail_under_report"] == "researcher Agree · writer TokenMismatch"
+    assert unit_list["path2_pending"] == "researcher NoTruth (response_missing) · writer NoTruth (response_missing)"
+    assert unit_list["partial_warn"] == "researcher Agree · writer NoTruth (no_chat_trace)"
+    assert "trace id" not in [h.inner_text() for h in page.locator("#runs th").all()]
+    for run in runs.values():  # a run id starts with its trace id, else the trace id is shown beside it, once
+        row = page.locator(f'tr[data-run-id="{run["run_id"]}"]')
+        assert row.inner_text().count(run["trace_id"][:16]) == 1
+        assert row.locator("a.run").inner_text() == run["run_id"]
+    bench = runs["bench"]
+    assert not bench["run_id"].startswith(bench["trace_id"])
+    assert bench["trace_id"] in page.locator(f'tr[data-run-id="{bench["run_id"]}"]').inner_text()
+
+
+def test_span_ids_link_to_the_trace_ui(site, page):
+    proc, runs = site
+    run = runs["long_ids"]
+    page.goto(f"{proc.http}/runs/{run['run_id']}")
+    _assert_span_ids_link(page, run, JAEGER)
+
+
+def test_span_ids_link_to_the_span_when_the_template_names_it(site, page, tmp_path):
+    proc, runs = site
+    run = runs["fail_under_report"]
+    spans = CollectorProcess(tmp_path, {"receivers": {"http": {"trace_link": JAEGER_SPAN}}}, store_url=proc.store_url)
+    try:
+        page.goto(f"{spans.http}/runs/{run['run_id']}")
+        _assert_span_ids_link(page, run, JAEGER_SPAN)
+        assert page.locator("#trace-id a").get_attribute("href") == JAEGER_SPAN.format(
+            trace_id=run["trace_id"], span_id=run["root_span_id"])
+    finally:
+        spans.stop()

@@ -426,6 +426,6 @@ def test_bearer_token_auth_on_both_receivers(tmp_path):
 def test_missing_token_env_is_a_setup_error(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("receivers:\n  auth:\n    bearer_token_env: AGENTEVAL_NOT_SET_ANYWHERE\n")
-    proc = subprocess.run([AGENTEVAL, "collector", "serve", "--config", str(cfg)], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([AGENTEVAL, "collector", "serve", "--config", str(cfg), "--store", str(tmp_path / "r.db")],
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "AGENTEVAL_NOT_SET_ANYWHERE" in proc.stderr

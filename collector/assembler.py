@@ -159,10 +159,13 @@ class Assembler:
         """When a sweep can next finalize something: the earliest quiet-period end still ahead, and
         at the latest ``sweep_interval`` from now (rootless timeouts, the late window's expiry)."""
         cap = now + self.config.sweep_interval
-        for trace in self._open.values():  # oldest activity first; quiet rootless traces are skipped
+        for trace in self._open.values():  # oldest activity first
             due = trace.last_seen + self.config.quiet_period
             if due > now:
                 return min(due, cap)
+            if trace.root_arrived is not None or trace.revision:
+                return now  # quiet and ready: sweep at once
+            # quiet but rootless: it waits for max_trace_wait (within the cap), later ones may be due
         return cap
 
     def sweep(self, force: bool = False) -> list[Finalized]:

@@ -230,3 +230,22 @@ def test_the_next_sweep_is_due_when_the_earliest_quiet_period_ends():
     clock.now = started + quiet
     assert len(assembler.sweep()) == 1  # at that deadline exactly, the first trace completes
     assert assembler.next_deadline(clock.now) == min(started + quiet / 2 + quiet, clock.now + cap)
+
+
+def test_a_trace_that_became_due_during_a_sweep_is_swept_at_once():
+    """Found by bench/latency.py: a complete trace due just after a sweep waited the whole cap."""
+    clock, rec = Clock(), Recorder()
+    quiet = CONFIG.assembly.quiet_period
+    assembler = Assembler(CONFIG.assembly, MATCHER, clock)
+    for name, delay in (("a", 0.0), ("b", 0.1)):
+        clock.now += delay
+        with rec.tracer.start_as_current_span("workflow.run", attributes={"workflow.name": name}):
+            rec.agent("writer", "writer", [(400, 100)], (400, 100))
+        offer(assembler, rec.take())
+    start_b = clock.now
+    clock.now = start_b - 0.1 + quiet + 0.05  # a is due, b not yet
+    assert len(assembler.sweep()) == 1
+    clock.now = start_b + quiet + 0.01  # b became due after that sweep
+    assert assembler.next_deadline(clock.now) == clock.now
+    assert len(assembler.sweep()) == 1
+

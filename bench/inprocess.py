@@ -12,6 +12,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -36,25 +37,26 @@ def main() -> None:
     n = sum(len(t) for t in payload)
     bodies = encode(payload)
     cfg = CollectorConfig(assembly={"quiet_period": 0.0001}, journal={"enabled": False})
-    pipeline = Pipeline(cfg, open_store(Path(tempfile.mkdtemp()) / "runs.db"), None, None)
     wanted = cfg.matcher().wanted_keys
 
-    def timed(fn) -> float:
+    def timed(fn: Callable[[], object]) -> float:
         t = time.perf_counter()
         fn()
         return n / (time.perf_counter() - t)
 
     parse = timed(lambda: [ExportTraceServiceRequest.FromString(b) for b in bodies])
     decode = timed(lambda: [decode_request(ExportTraceServiceRequest.FromString(b), wanted) for b in bodies])
-    t0 = time.perf_counter()
-    for b in bodies:
-        pipeline.ingest(ExportTraceServiceRequest.FromString(b), "grpc")
-    ingest_s = time.perf_counter() - t0
-    time.sleep(0.01)
-    t1 = time.perf_counter()
-    pipeline.sweep()
-    sweep_s = time.perf_counter() - t1
-    pipeline.close()
+    with tempfile.TemporaryDirectory(prefix="agenteval-inprocess-") as tmp:
+        pipeline = Pipeline(cfg, open_store(Path(tmp) / "runs.db"), None, None)
+        t0 = time.perf_counter()
+        for b in bodies:
+            pipeline.ingest(ExportTraceServiceRequest.FromString(b), "grpc")
+        ingest_s = time.perf_counter() - t0
+        time.sleep(0.01)
+        t1 = time.perf_counter()
+        pipeline.sweep()
+        sweep_s = time.perf_counter() - t1
+        pipeline.close()
     print(f"spans {n}")
     for name, rate in [("parse", parse), ("decode", decode), ("ingest (decode+classify)", n / ingest_s),
                        ("sweep (finalize+reconcile)", n / sweep_s), ("ingest+sweep", n / (ingest_s + sweep_s))]:

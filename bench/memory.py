@@ -7,8 +7,6 @@ period of an hour), against the encoded size of those spans.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import pickle
 import random
 import sys
 import time
@@ -18,8 +16,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).parent))
-from throughput import send  # noqa: E402
-from workload import Collector, encode, trace_spans  # noqa: E402
+from workload import Collector, encode, send_streams, trace_spans  # noqa: E402
 
 
 def gauge(collector: Collector, name: str) -> float:
@@ -40,25 +37,17 @@ def main() -> None:
             count += len(traces[-1])
         bodies = encode(traces, 512)
         encoded = sum(len(b) for b in bodies)
-        collector = Collector({"quiet_period": 3600, "max_trace_wait": 3600, "max_spans_in_flight": 2 * count,
-                               "max_traces_in_flight": 2 * len(traces)})
-        try:
+        with Collector({"quiet_period": 3600, "max_trace_wait": 3600, "max_spans_in_flight": 2 * count,
+                        "max_traces_in_flight": 2 * len(traces)}) as collector:
             time.sleep(1.0)
             idle = collector.rss_kib()[0]
-            path = collector.dir / "bodies.pickle"
-            path.write_bytes(pickle.dumps(bodies))
-            started, refused = mp.Value("d", 0.0), mp.Value("i", -1)
-            sender = mp.Process(target=send, args=("grpc", collector.grpc, str(path), started, refused))
-            sender.start()
-            sender.join()
+            send_streams("grpc", collector.grpc, bodies)
             deadline = time.monotonic() + 120
             while gauge(collector, "collector_spans_in_flight") < count:
                 assert time.monotonic() < deadline, "spans did not all arrive"
                 time.sleep(0.2)
             time.sleep(1.0)
             held = collector.rss_kib()[0]
-        finally:
-            collector.stop()
         per_span = (held - idle) * 1024 / count
         rows.append((count, len(traces), encoded / 2**20, idle / 1024, held / 1024, per_span, encoded / count,
                      per_span - encoded / count))

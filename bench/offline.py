@@ -1,7 +1,9 @@
 """Offline CLI scaling: `agenteval bench workflow-trace-fidelity` on OTLP JSONL files of growing size.
 
-For each size: wall time and peak RSS of the CLI process (from ``wait4``), beside the baseline of
-the same run: a child process that only reads the file and ``json.loads`` every line.
+For each size: wall time and peak RSS of the CLI process, beside the baseline of the same run: a
+child process that only reads the file and ``json.loads`` every line. Peak RSS is each child's own
+VmHWM, written by the child at exit: ``wait4``'s (and the child's ``getrusage``) maxrss would include
+this process's RSS, which a child spawned by vfork + exec inherits as its starting maximum.
 
     .venv/bin/python bench/offline.py --spans 10000 100000 1000000
 """
@@ -11,7 +13,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import random
 import subprocess
 import sys
@@ -26,6 +27,20 @@ sys.path.insert(0, str(Path(__file__).parent))
 from workload import AGENTEVAL, encode, trace_spans  # noqa: E402
 
 READ_ONLY = "import json,sys\nfor line in open(sys.argv[1],'rb'):\n    json.loads(line)\n"
+#: ``python -c PEAK out script args...``: runs ``script`` as ``__main__`` with ``args`` and, at exit
+#: (after ``sys.exit`` too), writes this interpreter's peak RSS in KiB (VmHWM) to ``out``.
+PEAK = """import atexit, os, runpy, sys
+out = sys.argv.pop(1)
+def peak():
+    with open('/proc/self/status') as status:
+        hwm = next(line for line in status if line.startswith('VmHWM:')).split()[1]
+    with open(out, 'w') as fh:
+        fh.write(hwm)
+atexit.register(peak)
+sys.argv.pop(0)
+sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as if the script had been run directly
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
 
 
 def write_jsonl(path: Path, spans: int, seed: int = 7) -> tuple[int, int]:
@@ -51,33 +66,36 @@ def write_jsonl(path: Path, spans: int, seed: int = 7) -> tuple[int, int]:
     return written, traces
 
 
-def measure(argv: list[str]) -> tuple[float, float, int]:
-    """(seconds, peak RSS MiB, exit code) of one child process."""
+def measure(script: Path, args: list[str], peak_file: Path) -> tuple[float, float, int]:
+    """(seconds, peak RSS MiB, exit code) of ``script args`` run by a fresh interpreter."""
     start = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.run([sys.executable, "-c", PEAK, str(peak_file), str(script), *args],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     elapsed = time.monotonic() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode not in (0, 9, 10, 11):
-        raise RuntimeError(f"{argv[:3]} exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
-    return elapsed, usage.ru_maxrss / 1024, proc.returncode
+        raise RuntimeError(f"{script.name} exited {proc.returncode}: {proc.stderr.decode()[-2000:]}")
+    return elapsed, int(peak_file.read_text()) / 1024, proc.returncode
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--spans", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="agenteval-offline-"))
     rows = []
-    for n in args.spans:
-        path = tmp / f"spans-{n}.jsonl"
-        spans, traces = write_jsonl(path, n)
-        base_s, base_rss, _ = measure([sys.executable, "-c", READ_ONLY, str(path)])
-        cli_s, cli_rss, code = measure([AGENTEVAL, "bench", "workflow-trace-fidelity", "--workflow-trace", str(path),
-                                        "--subject", "bench", "--json", "--store", str(tmp / f"runs-{n}.db")])
-        rows.append((spans, traces, path.stat().st_size / 2**20, cli_s, spans / cli_s, base_s, cli_s / base_s,
-                     cli_rss, base_rss, code))
-        path.unlink()
+    with tempfile.TemporaryDirectory(prefix="agenteval-offline-") as folder:
+        tmp = Path(folder)
+        read_only = tmp / "read_only.py"
+        read_only.write_text(READ_ONLY)
+        for n in args.spans:
+            path = tmp / f"spans-{n}.jsonl"
+            spans, traces = write_jsonl(path, n)
+            base_s, base_rss, _ = measure(read_only, [str(path)], tmp / "peak")
+            cli_s, cli_rss, code = measure(Path(AGENTEVAL), ["bench", "workflow-trace-fidelity", "--workflow-trace",
+                                                             str(path), "--subject", "bench", "--json", "--store",
+                                                             str(tmp / f"runs-{n}.db")], tmp / "peak")
+            rows.append((spans, traces, path.stat().st_size / 2**20, cli_s, spans / cli_s, base_s, cli_s / base_s,
+                         cli_rss, base_rss, code))
+            path.unlink()
     print("| spans | traces | file MiB | CLI s | CLI spans/s | read+json.loads s | ratio | CLI peak RSS MiB | "
           "baseline peak RSS MiB | exit |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -62,7 +62,7 @@ def main() -> None:
     stop.set()
     sampler.join()
     con = sqlite3.connect(collector.store)
-    rows = {tid: json.loads(doc) for tid, doc in con.execute("SELECT run_id, doc FROM runs")}
+    rows = {tid: json.loads(doc) for tid, doc in con.execute("SELECT trace_id, doc FROM runs")}
     con.close()
     collector.stop()
     lost = [tid for tid, n in expected.items() if tid not in rows or len(rows[tid]["executors"]) != n]

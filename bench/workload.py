@@ -1,4 +1,5 @@
-"""Realistic MAF-shaped OTLP payloads, pre-encoded, plus helpers shared by the bench scripts.
+"""Realistic MAF-shaped OTLP payloads, pre-encoded, plus helpers shared by the bench scripts: the
+collector as a subprocess, a multi-stream sender, and per-process CPU and RSS from ``/proc``.
 
 A trace: a ``workflow.run`` root, 3-10 ``executor.process`` spans, under each an ``invoke_agent``
 with 1-5 ``chat`` spans; about ten attributes a span (ids, usage, finish reasons, model names).
@@ -6,16 +7,31 @@ with 1-5 ``chat`` spans; about ten attributes a span (ids, usage, finish reasons
 
 from __future__ import annotations
 
+import http.client
 import json
+import multiprocessing as mp
 import os
 import random
+import resource
+import shutil
 import signal
+import socket
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
+import urllib.parse
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing.queues import Queue
 from pathlib import Path
+from typing import IO, Protocol
 
 import yaml
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -116,8 +132,68 @@ def walk_limit(bodies: list[bytes]) -> int:
     return n
 
 
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process (every thread), plus that of the children it has waited for."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()  # fields from the 3rd (state) on; comm may hold spaces
+    return sum(int(f) for f in fields[11:15]) / CLK_TCK  # utime, stime, cutime, cstime
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    """(current RSS, peak RSS) of a process in KiB, from /proc (VmHWM: this process image's own peak;
+    ``wait4``/``getrusage`` maxrss can instead report its parent's, inherited across fork and exec)."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+class RssSampler:
+    """VmRSS of a process sampled on a thread while the ``with`` block runs."""
+
+    def __init__(self, pid: int, every: float = 0.02) -> None:
+        self.pid, self.every = pid, every
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append(rss_kib(self.pid)[0])
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def steady_kib(self) -> float:
+        """The median sample: the RSS the process holds under this load."""
+        return statistics.median(self.samples)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on 127.0.0.1 right now (for servers that cannot bind port 0)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 class Collector:
-    """The collector as a subprocess on ports chosen at run time."""
+    """The collector as a subprocess on ports chosen at run time. Its temp folder (store, journal,
+    log) is removed by :meth:`stop`, on leaving a ``with`` block, and at interpreter exit if the
+    caller never got that far; a collector that fails to start is stopped and removed at once."""
 
     def __init__(self, assembly: dict | None = None, code: str | None = None, journal: bool = True) -> None:
         """``code``: run the collector package from that source tree (e.g. a worktree of another
@@ -136,15 +212,24 @@ class Collector:
         self.proc = subprocess.Popen([AGENTEVAL, "collector", "serve", "--config", str(self.dir / "c.yaml")],
                                      stdout=subprocess.DEVNULL, stderr=self.log,
                                      env={**os.environ, **({"PYTHONPATH": code} if code else {})})
+        self._cleanup = weakref.finalize(self, _stop_and_remove, self.proc, self.log, self.dir)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.proc.poll() is None:
             for line in (self.dir / "log").read_text().splitlines():
                 if '"collector_listening"' in line:
                     event = json.loads(line)
                     self.grpc, self.http, self.prometheus = event["grpc"], event["http"], event["prometheus"]
                     return
             time.sleep(0.05)
-        raise RuntimeError("collector did not start")
+        tail = (self.dir / "log").read_text()[-2000:]
+        self.stop()
+        raise RuntimeError(f"collector did not start (exit code {self.proc.returncode}): {tail}")
+
+    def __enter__(self) -> Collector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def stored(self) -> int:
         try:
@@ -166,9 +251,156 @@ class Collector:
 
     def rss_kib(self) -> tuple[int, int]:
         """(current RSS, peak RSS) in KiB from /proc."""
-        fields = dict(line.split(":", 1) for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines())
-        return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+        return rss_kib(self.proc.pid)
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.proc.pid)
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(60)
+        """SIGTERM (the collector drains), then remove the temp folder; safe to call twice."""
+        self._cleanup()
+
+
+def _stop_and_remove(proc: subprocess.Popen, log: IO[str], folder: Path) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    log.close()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+class Stream(Protocol):
+    def post(self, body: bytes) -> bool:
+        """Send one export request; False when it was refused with a retryable status."""
+
+    def close(self) -> None: ...
+
+
+class GrpcStream:
+    """One gRPC channel on its own TCP connection (gRPC sets TCP_NODELAY on it)."""
+
+    def __init__(self, target: str) -> None:
+        import grpc
+
+        self._grpc = grpc
+        # A local subchannel pool: channels with equal arguments in one process would otherwise share
+        # one connection, and N "streams" would be one.
+        self.channel = grpc.insecure_channel(target, options=[("grpc.max_send_message_length", 64 << 20),
+                                                              ("grpc.use_local_subchannel_pool", 1)])
+        grpc.channel_ready_future(self.channel).result(timeout=30)
+        self.call = self.channel.unary_unary(EXPORT)
+
+    def post(self, body: bytes) -> bool:
+        try:
+            self.call(body, timeout=60)
+            return True
+        except self._grpc.RpcError as exc:
+            if exc.code() is not self._grpc.StatusCode.UNAVAILABLE:
+                raise
+            return False
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class HttpStream:
+    """One keep-alive HTTP/1.1 connection with TCP_NODELAY, POSTing OTLP/protobuf to ``/v1/traces``."""
+
+    def __init__(self, target: str) -> None:
+        url = urllib.parse.urlsplit(target)
+        self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+        self.conn.connect()
+        self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def post(self, body: bytes) -> bool:
+        self.conn.request("POST", "/v1/traces", body, {"Content-Type": "application/x-protobuf"})
+        resp = self.conn.getresponse()
+        text = resp.read()
+        if resp.status in (429, 503):
+            return False
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {text[:500]!r}")
+        return True
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def open_stream(transport: str, target: str) -> Stream:
+    """A connected stream: ``target`` is host:port for gRPC, the base URL for HTTP."""
+    return GrpcStream(target) if transport == "grpc" else HttpStream(target)
+
+
+def export(stream: Stream, bodies: Sequence[bytes]) -> int:
+    """Send every body in order, retrying retryable refusals after 50 ms; the number of refusals."""
+    refused = 0
+    for body in bodies:
+        while not stream.post(body):
+            refused += 1
+            time.sleep(0.05)
+    return refused
+
+
+@dataclass
+class Sent:
+    started: float   #: monotonic time every stream was connected and sending began
+    finished: float  #: monotonic time the last answer arrived
+    refused: int     #: retryable refusals (each retried)
+    cpu: float       #: CPU seconds the sender processes spent sending (not starting or connecting)
+
+    @property
+    def seconds(self) -> float:
+        return self.finished - self.started
+
+
+def _sender(transport: str, target: str, shares: list[list[bytes]], go: threading.Barrier, results: Queue) -> None:
+    """One sender process: a thread and a connection per share, started together at ``go``."""
+    try:
+        streams = [open_stream(transport, target) for _ in shares]
+        go.wait(60)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        with ThreadPoolExecutor(len(streams)) as pool:
+            refused = sum(pool.map(export, streams, shares))
+        finished = time.monotonic()
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        for stream in streams:
+            stream.close()
+        results.put((finished, refused, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
+        go.abort()  # release the others waiting to start
+        results.put(traceback.format_exc())
+
+
+def send_streams(transport: str, target: str, bodies: list[bytes], streams: int = 1,
+                 processes: int | None = None) -> Sent:
+    """Send ``bodies`` over ``streams`` concurrent connections (stream i sends bodies i, i+streams, ...;
+    whole traces stay on one stream) from ``processes`` sender processes (default up to 4, threads
+    within each), so neither one connection nor one sender's GIL caps what a server can take."""
+    processes = min(streams, processes or 4)
+    ctx = mp.get_context("fork")  # the children inherit ``bodies`` instead of unpickling a copy
+    go, results = ctx.Barrier(processes + 1), ctx.Queue()
+    shares = [bodies[i::streams] for i in range(streams)]
+    workers = [ctx.Process(target=_sender, args=(transport, target, shares[p::processes], go, results))
+               for p in range(processes)]
+    for worker in workers:
+        worker.start()
+    try:
+        try:
+            go.wait(60)
+        except threading.BrokenBarrierError:
+            pass  # a sender could not connect: its traceback is among the outcomes
+        started = time.monotonic()
+        outcomes = [results.get(timeout=3600) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(60)
+            if worker.is_alive():
+                worker.kill()
+    failed = [o for o in outcomes if isinstance(o, str)]
+    if failed:
+        raise RuntimeError(f"sender failed:\n{failed[0]}")
+    return Sent(started, max(o[0] for o in outcomes), sum(o[1] for o in outcomes), sum(o[2] for o in outcomes))

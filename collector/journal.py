@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import json
 import os
 import threading
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from typing import IO
 import structlog
 
 from collector.classify import SpanRecord
+from collector.serialize import from_json, to_json
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -36,12 +36,12 @@ class JournalError(Exception):
 def _encode(spans: list[SpanRecord]) -> bytes:
     rows = [[s.trace_id.hex(), s.span_id.hex(), s.parent_id.hex(), s.name, s.start_ns, s.attrs, s.resource_subject,
              s.status_error, s.sdk_language] for s in spans]
-    return json.dumps(rows, separators=(",", ":")).encode() + b"\n"
+    return to_json(rows) + b"\n"
 
 
 def _decode(line: bytes) -> list[SpanRecord]:
     return [SpanRecord(bytes.fromhex(t), bytes.fromhex(s), bytes.fromhex(p), name, start, attrs, subject, error, lang)
-            for t, s, p, name, start, attrs, subject, error, lang in json.loads(line)]
+            for t, s, p, name, start, attrs, subject, error, lang in from_json(line)]
 
 
 class Journal:

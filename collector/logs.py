@@ -8,6 +8,8 @@ import sys
 
 import structlog
 
+from collector.serialize import to_json
+
 
 def configure(level: str = "info") -> None:
     structlog.configure(
@@ -16,9 +18,10 @@ def configure(level: str = "info") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.dict_tracebacks,
-            structlog.processors.JSONRenderer(),
+            structlog.processors.JSONRenderer(serializer=to_json),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # bytes straight to stderr's buffer: no str round trip (a line per run is on the hot path)
+        logger_factory=structlog.BytesLoggerFactory(file=sys.stderr.buffer),
         cache_logger_on_first_use=True,
     )

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
+from collections.abc import Callable
 from typing import Any
+
+import orjson
 
 from collector.model import NO_TRUTH_EXPLANATIONS, NO_TRUTH_FIXES, ExecutorVerdict, RunVerdict
 
@@ -39,3 +43,22 @@ def run_to_dict(run: RunVerdict, **extra: Any) -> dict[str, Any]:
     out["executors"] = [executor_to_dict(e) for e in run.executors]
     out.update(extra)
     return out
+
+
+def to_json(value: Any, default: Callable[[Any], Any] | None = None) -> bytes:
+    """Compact JSON, by orjson (several times faster than ``json`` on the per-run and per-request
+    paths); values orjson refuses (an integer beyond 64 bits, a lone surrogate) fall back to ``json``."""
+    try:
+        return orjson.dumps(value, default=default)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"), default=default).encode()
+
+
+def from_json(data: str | bytes) -> Any:
+    """The inverse of :func:`to_json`: orjson, or ``json`` for what only ``json`` wrote (a lone
+    surrogate escape)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+

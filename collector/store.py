@@ -11,7 +11,6 @@ classifier never extracts any, so there is none to store.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sqlite3
@@ -29,7 +28,7 @@ import platformdirs
 import structlog
 
 from collector.model import RunVerdict
-from collector.serialize import run_to_dict
+from collector.serialize import from_json, run_to_dict, to_json
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -130,7 +129,7 @@ _ADDED_KEYS: dict[str, Callable[[], Any]] = {"non_agent_executors": list, "workf
 
 
 def _doc(row: dict[str, Any]) -> dict[str, Any]:
-    doc = json.loads(row["doc"])
+    doc = from_json(row["doc"])
     for key, empty in _ADDED_KEYS.items():
         doc.setdefault(key, empty())
     doc.update(created_at=row["created_at"], updated_at=row["updated_at"], finalized_by=row["finalized_by"],
@@ -206,7 +205,7 @@ class RunStore(ABC):
             "run_id": item.run_id, "trace_id": run.trace_id, "subject": run.subject, "status": run.status.value,
             "score": run.score, "preset": run.preset, "source": item.source, "revision": run.revision,
             "incomplete": int(run.incomplete), "checked": run.checked, "unchecked": run.unchecked,
-            "now": now, "doc": json.dumps(doc), "finalized_by": item.finalized_by,
+            "now": now, "doc": to_json(doc).decode(), "finalized_by": item.finalized_by,
         })
         if not changed:  # an equal or newer revision is already stored
             return False

@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import structlog
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -270,7 +270,7 @@ class Pipeline:
                 self.metrics.ignored.add(1)
             log.debug("run_ignored", trace_id=item.run.trace_id, reason="no agent ran")
             return None
-        verdict = replace(reconcile(item.run, self.policy, self.config.scoring.preset), revision=item.revision)
+        verdict = reconcile(item.run, self.policy, self.config.scoring.preset, item.revision)
         run_id = item.run.run_id or verdict.trace_id or ""
         stored = StoredRun(run_id, SOURCE_LIVE, verdict, self.instance)
         if self.spans is not None:

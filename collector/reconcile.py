@@ -29,7 +29,7 @@ from collector.model import (
 )
 
 
-def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard") -> RunVerdict:
+def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard", revision: int = 1) -> RunVerdict:
     """Reconcile every agent unit of one workflow run and derive the run's score and status."""
     verdicts = tuple(
         reconcile_executor(e, policy) for e in sorted(merge_units(run.executors), key=lambda e: e.executor_id.casefold())
@@ -50,6 +50,7 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
         workflow_errors=run.workflow_errors,
         notes=run.notes,
         coverage_note=coverage_note(score, len(verdicts), unchecked),
+        revision=revision,
     )
 
 

@@ -46,3 +46,15 @@ test: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+.PHONY: otelcol scaleout
+
+# Our OpenTelemetry Collector distribution (otelcol/manifest.yaml, built with ocb; needs Go): built
+# once into ~/.cache/agenteval/otelcol/<manifest sha256>/ and reused while the manifest is unchanged.
+# tests/test_scaleout.py runs it (and skips, naming this target, when it is missing).
+otelcol:
+	@otelcol/build.sh
+
+# The scaled-out topology without docker: a throwaway PostgreSQL, two replicas, the load balancer.
+scaleout: install otelcol
+	otelcol/run-local.sh

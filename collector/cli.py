@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import json
-import socket
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,7 +23,7 @@ from collector.loader import TRACE_WINDOW, NoSteps, TraceFileError, iter_runs
 from collector.model import EXIT_ERROR, STATUS_EXIT_CODES, Preset, Status
 from collector.reconcile import reconcile
 from collector.render import demo_table, print_run, runs_table
-from collector.store import RunStore, StoredRun, StoreError, open_store
+from collector.store import RunStore, StoredRun, StoreError, instance_name, open_store
 
 #: Plain (click) help: typer's rich help labels every flag ``<bool>`` and splits long choice lists.
 _HELP = {"no_args_is_help": True, "rich_markup_mode": None}
@@ -120,7 +119,7 @@ def bench_workflow_trace_fidelity(
     if not subject.strip():
         raise _Fatal("--subject: empty: name what is being evaluated (e.g. the workflow), so its runs can be found")
     cfg = _config(config)
-    policy, matcher, host = cfg.scoring.policy(), cfg.matcher(), socket.gethostname()
+    policy, matcher, host = cfg.scoring.policy(), cfg.matcher(), instance_name()
     db = _open_store(store, cfg)
     statuses: set[Status] = set()
     batch: list[StoredRun] = []

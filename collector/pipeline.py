@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import queue
 from collections import deque
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from collector.journal import Journal
 from collector.metrics import Metrics
 from collector.model import RunVerdict
 from collector.reconcile import reconcile
-from collector.store import RunStore, StoredRun, StoreError
+from collector.store import RunStore, StoredRun, StoreError, instance_name
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -122,7 +121,7 @@ class Pipeline:
     def __init__(self, config: CollectorConfig, store: RunStore, metrics: Metrics | None,
                  spans: VerdictSpans | None, store_url: str = "") -> None:
         self.config = config
-        self.instance = socket.gethostname()
+        self.instance = instance_name()
         self.matcher = config.matcher()
         self.policy = config.scoring.policy()
         self.assembler = Assembler(config.assembly, self.matcher)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sqlite3
 import threading
 import time
@@ -33,6 +34,9 @@ from collector.serialize import from_json, run_to_dict, to_json
 log = structlog.get_logger("agenteval.collector")
 
 STORE_ENV = "AGENTEVAL_STORE"
+#: Names this collector in each run's ``finalized_by`` (default: the host name), so replicas that
+#: share a host and a store stay apart.
+INSTANCE_ENV = "AGENTEVAL_INSTANCE"
 #: Postgres channel a store NOTIFYs with the run id of every run it writes.
 CHANNEL = "agenteval_runs"
 
@@ -96,6 +100,10 @@ class StoredRun:
 
 
 Subscriber = Callable[[list[dict[str, Any]]], None]
+
+
+def instance_name() -> str:
+    return os.environ.get(INSTANCE_ENV) or socket.gethostname()
 
 
 def _data_dir_store() -> Path:

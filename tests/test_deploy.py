@@ -7,6 +7,7 @@ import json
 import re
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import promql_parser
 import pytest
@@ -23,7 +24,30 @@ COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
 #: Our replicas are the services built from this repository's Dockerfile.
 REPLICAS = sorted(name for name, svc in SERVICES.items() if svc.get("build") == ".")
-OTELCOL = yaml.safe_load((ROOT / "config/otelcol.yaml").read_text())
+#: ${env:NAME} or ${env:NAME:-default} in config/otelcol.yaml (the collector's own expansion).
+ENV_REF = re.compile(r"\$\{env:(\w+)(?::-([^}]*))?\}")
+
+
+def _resolved(node: Any, env: dict[str, str]) -> Any:
+    """A config as the collector resolves it in ``env``: each ${env:NAME:-default} takes NAME's value,
+    else the default; a value that is one reference alone is then read as YAML (a list, a number)."""
+    if isinstance(node, dict):
+        return {key: _resolved(value, env) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_resolved(value, env) for value in node]
+    if not isinstance(node, str):
+        return node
+
+    def value(ref: re.Match) -> str:
+        return env.get(ref.group(1), ref.group(2) or "")
+
+    whole = ENV_REF.fullmatch(node)
+    return yaml.safe_load(value(whole)) if whole else ENV_REF.sub(value, node)
+
+
+#: config/otelcol.yaml with the values of the compose otelcol service's environment.
+OTELCOL = _resolved(yaml.safe_load((ROOT / "config/otelcol.yaml").read_text()),
+                    SERVICES["otelcol"].get("environment", {}))
 PROMETHEUS = yaml.safe_load((ROOT / "config/prometheus.yml").read_text())
 ALERTS = yaml.safe_load((ROOT / "config/alerts.yml").read_text())
 DASHBOARD = json.loads((ROOT / "config/grafana/dashboards/fidelity.json").read_text())
@@ -64,7 +88,6 @@ def test_compose_has_the_documented_topology():
             assert not svc["image"].endswith(":latest") and ":" in svc["image"], f"{name}: pin the image"
         for dep in svc.get("depends_on", []):
             assert dep in SERVICES, f"{name} depends on unknown service {dep}"
-    assert "contrib" in SERVICES["otelcol"]["image"]
     named = set(COMPOSE.get("volumes", {}))
     for name in SERVICES:
         for volume in SERVICES[name].get("volumes", []):
@@ -90,6 +113,21 @@ def test_dockerfile_copies_only_what_exists_and_runs_the_collector():
                                                        cfg.exporters.prometheus.endpoint)}
 
 
+def test_otelcol_is_our_distribution_built_from_its_manifest_on_the_tested_config():
+    svc = SERVICES["otelcol"]
+    assert svc["build"] == {"context": ".", "dockerfile": "otelcol/Dockerfile"}
+    dockerfile = (ROOT / "otelcol/Dockerfile").read_text()
+    for line in dockerfile.splitlines():
+        if line.startswith("COPY ") and "--from=" not in line:
+            for source in line.split()[1:-1]:
+                assert (ROOT / source).exists(), f"otelcol/Dockerfile copies missing {source}"
+    assert "otelcol/build.sh" in dockerfile  # the same build as `make otelcol`, which the tests run
+    manifest = yaml.safe_load((ROOT / "otelcol/manifest.yaml").read_text())
+    assert f'ENTRYPOINT ["/{manifest["dist"]["name"]}"]' in dockerfile
+    config = svc["command"][0].split("=", 1)[1]
+    assert _mounted_config("otelcol", config) == ROOT / "config/otelcol.yaml"  # tests/test_scaleout.py's file
+
+
 @pytest.mark.parametrize("replica", REPLICAS)
 def test_replica_config_is_valid_and_matches_the_load_balancer_and_scrape_targets(replica):
     svc = SERVICES[replica]
@@ -97,7 +135,7 @@ def test_replica_config_is_valid_and_matches_the_load_balancer_and_scrape_target
     cfg = load_config(config_path)  # our own validation: unknown keys or bad values fail here
     grpc_host, grpc_port = split_endpoint(cfg.receivers.grpc.endpoint)
     assert grpc_host == "0.0.0.0", "a replica must accept spans from the otelcol container"
-    assert f"{replica}:{grpc_port}" in OTELCOL["exporters"]["loadbalancing"]["resolver"]["static"]["hostnames"]
+    assert f"{replica}:{grpc_port}" in OTELCOL["exporters"]["load_balancing"]["resolver"]["static"]["hostnames"]
     targets = {t for job in PROMETHEUS["scrape_configs"] if job["job_name"] == "agenteval"
                for sc in job["static_configs"] for t in sc["targets"]}
     assert f"{replica}:{split_endpoint(cfg.exporters.prometheus.endpoint)[1]}" in targets
@@ -115,15 +153,15 @@ def test_replica_config_is_valid_and_matches_the_load_balancer_and_scrape_target
 
 
 def test_otelcol_routes_by_trace_id_to_every_replica_and_nowhere_else():
-    lb = OTELCOL["exporters"]["loadbalancing"]
+    lb = OTELCOL["exporters"]["load_balancing"]
     assert lb["routing_key"] == "traceID"
     hostnames = lb["resolver"]["static"]["hostnames"]
     assert sorted(h.split(":")[0] for h in hostnames) == REPLICAS
-    pipeline = OTELCOL["service"]["pipelines"]["traces"]
-    assert "loadbalancing" in pipeline["exporters"]
-    for kind in ("receivers", "processors", "exporters"):
-        for name in pipeline.get(kind, []):
-            assert name in OTELCOL[kind], f"pipeline uses undefined {kind[:-1]} {name}"
+    assert OTELCOL["service"]["pipelines"]["traces"]["exporters"] == ["load_balancing"]
+    for name, pipeline in OTELCOL["service"]["pipelines"].items():
+        for kind in ("receivers", "processors", "exporters"):
+            for component in pipeline.get(kind, []):
+                assert component in OTELCOL[kind], f"pipeline {name} uses undefined {kind[:-1]} {component}"
     for name, exporter in OTELCOL["exporters"].items():
         if "endpoint" in exporter:
             assert _host_port(exporter["endpoint"])[0] in SERVICES, f"{name} points outside the compose project"

@@ -150,6 +150,7 @@ class Store(_Section):
     password_file: str | None = None
     pool_size: int = Field(4, gt=0)
     max_queued_runs: int = Field(10_000, gt=0)
+    max_queue_seconds: float = Field(2.0, gt=0)
 
     @model_validator(mode="after")
     def _one_password(self) -> "Store":

@@ -48,10 +48,15 @@ class StoreWriter:
     run and a run the store cannot take is reported to ``on_failed``, so it never stops the others.
     """
 
+    #: Runs written per transaction at most; also the smallest backlog :meth:`queue_limit` allows.
+    BATCH = 256
+
     def __init__(self, store: RunStore, on_stored: Callable[[list[tuple[StoredRun, float | None]]], None],
                  on_error: Callable[[], None] = lambda: None,
                  on_failed: Callable[[StoredRun, str], None] = lambda run, error: None) -> None:
         self.store = store
+        #: Runs per second the store took in recent batches (EWMA); None until the first batch.
+        self.rate: float | None = None
         self._on_stored = on_stored
         self._on_error = on_error
         self._on_failed = on_failed
@@ -65,6 +70,17 @@ class StoreWriter:
         """Verdicts not yet durable: queued plus the batch being written."""
         return self._queue.qsize() + self._in_batch
 
+    def queue_limit(self, seconds: float, cap: int) -> int:
+        """The backlog the store clears in ``seconds`` at its measured rate, within [BATCH, cap]."""
+        if self.rate is None:
+            return cap
+        return min(cap, max(self.BATCH, int(self.rate * seconds)))
+
+    def _measured(self, runs: int, elapsed: float) -> None:
+        if elapsed > 0:
+            rate = runs / elapsed
+            self.rate = rate if self.rate is None else 0.7 * self.rate + 0.3 * rate
+
     def put(self, run: StoredRun, root_arrived: float | None) -> None:
         """Queue a verdict; ``root_arrived`` (monotonic) is the origin of its verdict latency."""
         self._queue.put((run, root_arrived))
@@ -76,7 +92,7 @@ class StoreWriter:
             batch: list[tuple[StoredRun, float | None]] = []
             while item is not None:
                 batch.append(item)
-                if len(batch) >= 256:
+                if len(batch) >= self.BATCH:
                     break
                 try:
                     item = self._queue.get_nowait()
@@ -87,7 +103,9 @@ class StoreWriter:
             delay = 0.05
             while batch:
                 try:
+                    started = time.monotonic()
                     self.store.save_many(run for run, _ in batch)
+                    self._measured(len(batch), time.monotonic() - started)
                     self._on_stored(batch)
                     batch = []
                 except StoreError as exc:
@@ -157,9 +175,11 @@ class Pipeline:
             if self.journal is not None and self.journal.full():
                 raise Backpressure(f"journal.max_bytes ({self.config.journal.max_bytes}) of spans are waiting for "
                                    "their traces to complete", self.config.assembly.retry_after)
-            if self.writer.backlog >= self.config.store.max_queued_runs:
-                raise Backpressure(f"store.max_queued_runs ({self.config.store.max_queued_runs}) verdicts are "
-                                   "waiting for the run store", self.config.assembly.retry_after)
+            store = self.config.store
+            if self.writer.backlog >= (limit := self.writer.queue_limit(store.max_queue_seconds, store.max_queued_runs)):
+                raise Backpressure(f"store.max_queued_runs: {limit} verdicts ({store.max_queue_seconds:g} s of the "
+                                   "run store's writes, at most max_queued_runs) are waiting for the run store",
+                                   self.config.assembly.retry_after)
             self.assembler.check_capacity(len(decoded.spans), (s.trace_id for s in decoded.spans))
         except Backpressure as exc:
             if self.metrics:

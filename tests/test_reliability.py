@@ -25,8 +25,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from collector.loader import workflow_trace_run
+from collector.pipeline import StoreWriter
+from collector.reconcile import reconcile
+from collector.store import StoredRun, open_store
 from conftest import AGENTEVAL, JSON, PROTOBUF, CaptureReceiver, CollectorProcess, free_port, post
 from mafshape import SCENARIOS, export_request, record
+from test_cli import ROOT
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -429,3 +434,30 @@ def test_missing_token_env_is_a_setup_error(tmp_path):
     proc = subprocess.run([AGENTEVAL, "collector", "serve", "--config", str(cfg), "--store", str(tmp_path / "r.db")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "AGENTEVAL_NOT_SET_ANYWHERE" in proc.stderr
+
+
+def test_the_store_backlog_is_bounded_by_the_stores_measured_rate(tmp_path):
+    """Under sustained load, accepted matches stored: the backlog allowed is what the store writes in
+    store.max_queue_seconds at the rate it was measured writing real batches (never under one batch,
+    never over store.max_queued_runs)."""
+    store = open_store(tmp_path / "runs.db")
+    writer = StoreWriter(store, lambda batch: None)
+    try:
+        assert writer.queue_limit(2.0, 10_000) == 10_000  # nothing measured yet: only the cap
+        doc = json.loads((ROOT / "examples/pass_all_agree.json").read_text())
+        verdict = reconcile(workflow_trace_run(doc, "x"))
+        for i in range(600):
+            writer.put(StoredRun(f"r{i}", "live", verdict), None)
+        deadline = time.monotonic() + 30
+        while writer.backlog or writer.rate is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        rate = writer.rate
+        assert rate > 0
+        assert writer.queue_limit(2.0, 10**9) == max(StoreWriter.BATCH, int(rate * 2.0))
+        assert writer.queue_limit(2.0, 100) == 100  # the hard cap still wins
+        assert writer.queue_limit(1e-9, 10**9) == StoreWriter.BATCH  # at least one batch
+        assert len(store.list_runs(limit=1000)) == 600
+    finally:
+        writer.close()
+        store.close()

@@ -80,6 +80,11 @@ def any_value(value: AnyValue, depth: int = 0) -> Any:
     return getattr(value, kind)
 
 
+def span_count(request: ExportTraceServiceRequest) -> int:
+    """Spans in a parsed request, without decoding them."""
+    return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+
+
 def decode_request(request: ExportTraceServiceRequest, wanted: frozenset[str]) -> Decoded:
     """Extract span records, rejecting (and counting) spans whose ids are unusable."""
     out = Decoded()

@@ -169,24 +169,39 @@ class Pipeline:
         """Accept a protobuf request, or raise :class:`Backpressure` having accepted none of it."""
         return self.ingest_decoded(decode_request(request, self.matcher.wanted_keys), transport)
 
+    def admit(self, spans: int, transport: str) -> None:
+        """Refuse a request of ``spans`` spans before it is decoded when the journal or the store
+        backlog is full, so refusing under sustained load costs no decoding."""
+        try:
+            self._check_backlogs()
+        except Backpressure as exc:
+            self._refused(exc, spans, transport)
+            raise
+
+    def _check_backlogs(self) -> None:
+        if self.journal is not None and self.journal.full():
+            raise Backpressure(f"journal.max_bytes ({self.config.journal.max_bytes}) of spans are waiting for "
+                               "their traces to complete", self.config.assembly.retry_after)
+        store = self.config.store
+        if self.writer.backlog >= (limit := self.writer.queue_limit(store.max_queue_seconds, store.max_queued_runs)):
+            raise Backpressure(f"store.max_queued_runs: {limit} verdicts ({store.max_queue_seconds:g} s of the "
+                               "run store's writes, at most max_queued_runs) are waiting for the run store",
+                               self.config.assembly.retry_after)
+
+    def _refused(self, exc: Backpressure, spans: int, transport: str) -> None:
+        if self.metrics:
+            reason = exc.reason.partition(".")[0] if exc.reason.startswith(("store.", "journal.")) else "capacity"
+            reason = {"store": "store_backlog"}.get(reason, reason)
+            self.metrics.refused.add(spans, {"reason": reason, "transport": transport})
+        log.warning("request_refused", transport=transport, spans=spans, reason=exc.reason)
+
     def ingest_decoded(self, decoded: Decoded, transport: str) -> IngestResult:
         """Accept decoded span records, or raise :class:`Backpressure` having accepted none of them."""
         try:
-            if self.journal is not None and self.journal.full():
-                raise Backpressure(f"journal.max_bytes ({self.config.journal.max_bytes}) of spans are waiting for "
-                                   "their traces to complete", self.config.assembly.retry_after)
-            store = self.config.store
-            if self.writer.backlog >= (limit := self.writer.queue_limit(store.max_queue_seconds, store.max_queued_runs)):
-                raise Backpressure(f"store.max_queued_runs: {limit} verdicts ({store.max_queue_seconds:g} s of the "
-                                   "run store's writes, at most max_queued_runs) are waiting for the run store",
-                                   self.config.assembly.retry_after)
+            self._check_backlogs()
             self.assembler.check_capacity(len(decoded.spans), (s.trace_id for s in decoded.spans))
         except Backpressure as exc:
-            if self.metrics:
-                reason = exc.reason.partition(".")[0] if exc.reason.startswith(("store.", "journal.")) else "capacity"
-                reason = {"store": "store_backlog"}.get(reason, reason)
-                self.metrics.refused.add(len(decoded.spans), {"reason": reason, "transport": transport})
-            log.warning("request_refused", transport=transport, spans=len(decoded.spans), reason=exc.reason)
+            self._refused(exc, len(decoded.spans), transport)
             raise
         offer = self.assembler.offer(decoded.spans)
         if offer.accepted:

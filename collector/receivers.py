@@ -39,7 +39,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from collector.assembler import Backpressure
-from collector.decode import Decoded, DecodeError, decode_otlp_json, decode_request
+from collector.decode import Decoded, DecodeError, decode_otlp_json, decode_request, span_count
 from collector.journal import JournalError
 from collector.pipeline import IngestResult, Pipeline
 from collector.security import BearerAuth, grpc_authorization
@@ -133,11 +133,12 @@ class GrpcTraceService:
             log.warning("request_invalid", transport="grpc", error=clip(str(exc), 300), bytes=len(payload))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 clip(f"cannot decode ExportTraceServiceRequest: {exc}"))
-        decoded = _clip_reasons(decode_request(request, self.pipeline.matcher.wanted_keys))
-        if reason := _never_fits(self.pipeline, decoded, "grpc"):
-            # Not RESOURCE_EXHAUSTED: OTLP exporters retry that code, and this request can never succeed.
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
         try:
+            self.pipeline.admit(span_count(request), "grpc")
+            decoded = _clip_reasons(decode_request(request, self.pipeline.matcher.wanted_keys))
+            if reason := _never_fits(self.pipeline, decoded, "grpc"):
+                # Not RESOURCE_EXHAUSTED: OTLP exporters retry that code, and this request can never succeed.
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
             result = self.pipeline.ingest_decoded(decoded, "grpc")
             await _durable(result)
         except Backpressure as exc:
@@ -247,9 +248,13 @@ class HttpTraceReceiver:
         wanted = self.pipeline.matcher.wanted_keys
         try:
             if ctype == PROTOBUF:
-                decoded = decode_request(ExportTraceServiceRequest.FromString(body), wanted)
+                request = ExportTraceServiceRequest.FromString(body)
+                self.pipeline.admit(span_count(request), "http")
+                decoded = decode_request(request, wanted)
             else:
                 decoded = decode_otlp_json(json.loads(body), wanted, strict=False)
+        except Backpressure as exc:
+            return self._overloaded(exc, ctype)
         except (ProtoDecodeError, RuntimeError, ValueError, DecodeError, RecursionError) as exc:
             if self.pipeline.metrics:
                 self.pipeline.metrics.rejected.add(1, {"transport": "http", "reason": "undecodable_request"})
@@ -262,10 +267,13 @@ class HttpTraceReceiver:
             result = self.pipeline.ingest_decoded(decoded, "http")
             await _durable(result)
         except Backpressure as exc:
-            resp = self._error(503, f"collector over capacity: {exc.reason}; retry later", ctype)
-            resp.headers["Retry-After"] = str(max(1, round(exc.retry_after)))
-            return resp
+            return self._overloaded(exc, ctype)
         return self._message(200, _response(result), ctype)
+
+    def _overloaded(self, exc: Backpressure, ctype: str) -> web.Response:
+        resp = self._error(503, f"collector over capacity: {exc.reason}; retry later", ctype)
+        resp.headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+        return resp
 
     async def _body(self, request: web.Request) -> bytes:
         try:

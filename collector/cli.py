@@ -59,6 +59,16 @@ class _Fatal(Exception):
     """A setup / IO error: printed on stderr, exit code 1."""
 
 
+def _check_grpc(option: str, endpoint: str, ca_file: Path | None) -> None:
+    """A collector gRPC address option and the optional CA bundle, or a one-line error naming them."""
+    try:
+        split_endpoint(endpoint)
+    except ValueError as exc:
+        raise _Fatal(f"{option}: {exc} (the collector's gRPC port, e.g. 127.0.0.1:4317)") from None
+    if ca_file is not None and not ca_file.is_file():
+        raise _Fatal(f"--ca-file {ca_file}: no such file: give the PEM CA bundle that signed the collector's certificate")
+
+
 def _subject_filter(subject: str | None) -> str | None:
     if subject is not None and not subject.strip():
         raise _Fatal("--subject: empty: give a subject to filter on, or leave the option out for all runs")
@@ -274,12 +284,7 @@ def demo_command(
         if url.scheme not in ("http", "https") or not url.hostname:
             raise _Fatal(f"--endpoint: http/protobuf needs a URL such as http://127.0.0.1:4318, got {endpoint!r}")
         api = api or (f"[{url.hostname}]:4317" if ":" in url.hostname else f"{url.hostname}:4317")
-    try:
-        split_endpoint(api)
-    except ValueError as exc:
-        raise _Fatal(f"--api: {exc} (the collector's gRPC port, e.g. 127.0.0.1:4317)") from None
-    if ca_file is not None and not ca_file.is_file():
-        raise _Fatal(f"--ca-file {ca_file}: no such file: give the PEM CA bundle that signed the collector's certificate")
+    _check_grpc("--api", api, ca_file)
     target = DemoTarget(endpoint, protocol, api, os.environ.get(token_env) or None,
                         str(ca_file) if ca_file else None, token_env)
     try:
@@ -319,12 +324,7 @@ def watch_command(
     statuses = tuple(s.upper() for s in status or ())
     if bad := [s for s in statuses if s not in Status.__members__]:
         raise _Fatal(f"--status: expected PASS, WARN, FAIL or PENDING, got {', '.join(bad)}")
-    try:
-        split_endpoint(endpoint)
-    except ValueError as exc:
-        raise _Fatal(f"--endpoint: {exc} (the collector's gRPC port, e.g. 127.0.0.1:4317)") from None
-    if ca_file is not None and not ca_file.is_file():
-        raise _Fatal(f"--ca-file {ca_file}: no such file: give the PEM CA bundle that signed the collector's certificate")
+    _check_grpc("--endpoint", endpoint, ca_file)
     target = WatchTarget(endpoint, _subject_filter(subject), statuses, os.environ.get(token_env) or None,
                          str(ca_file) if ca_file else None)
     try:

@@ -26,7 +26,8 @@ demo: install
 	@log=$$(mktemp "$${TMPDIR:-/tmp}/agenteval-collector-XXXXXX"); echo "collector log: $$log"; \
 	  $(BIN)/agenteval collector serve >"$$log" 2>&1 & pid=$$!; trap "kill $$pid 2>/dev/null; wait $$pid" EXIT; \
 	  i=0; until grep -q "agenteval collector listening" "$$log"; do \
-	    kill -0 $$pid 2>/dev/null || { echo "the collector did not start:"; cat "$$log"; exit 1; }; \
+	    kill -0 $$pid 2>/dev/null || { echo "the collector did not start:"; cat "$$log"; \
+	      echo "(a collector already running, e.g. make run? then run .venv/bin/agenteval demo)"; exit 1; }; \
 	    i=$$((i + 1)); [ $$i -lt 300 ] || { echo "the collector is not listening after 30 s: see $$log"; exit 1; }; \
 	    sleep 0.1; \
 	  done; \

@@ -22,9 +22,8 @@ from typing import Any
 
 import jsonschema
 
-from collector.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
+from collector.model import LEDGER_SOURCE_AGENTEVAL, ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
 
-LEDGER_SOURCE = "AgentEval WorkflowTrace"
 _TYPES = ("request", "response", "toolcall", "streamchunk")
 _SCOPES = ("agentinvocation", "chatturn", "toolexecution")
 #: An entry key holding an enum -> what its error message says is expected.
@@ -102,7 +101,7 @@ def agenteval_run(doc: dict[str, Any]) -> RunInput:
         turns = tuple(t for i, e in enumerate(entries) if (t := _turn(e, i)) is not None)
         if not turns:  # requests never answered: not counted, but they name the Path-2 gap
             turns = tuple(ChatTurn(Usage(), None, i) for i, e in enumerate(entries) if _chat_turn_type(e) == "request")
-        executors.append(ExecutorRecord(eid, tuple(ledger), turns, LEDGER_SOURCE))
+        executors.append(ExecutorRecord(eid, tuple(ledger), turns, LEDGER_SOURCE_AGENTEVAL))
     ignored = [key for folded, (key, _) in traces.items() if folded not in ledgers]
     notes = tuple(
         f"executorTraces[{key!r}] has no step: ignored, not reconciled (AgentEval reconciles the executors "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,7 +23,7 @@ from collector.journal import JournalError
 from collector.loader import TRACE_WINDOW, NoSteps, TraceFileError, iter_runs
 from collector.model import EXIT_ERROR, STATUS_EXIT_CODES, Preset, Status
 from collector.reconcile import reconcile
-from collector.render import demo_table, print_run, runs_table
+from collector.render import demo_table, print_run, runs_table, shown
 from collector.store import RunStore, StoredRun, StoreError, instance_name, open_store
 
 #: Plain (click) help: typer's rich help labels every flag ``<bool>`` and splits long choice lists.
@@ -36,17 +37,28 @@ app.add_typer(runs_app, name="runs")
 collector_app = typer.Typer(help="The live OTLP collector.", **_HELP)
 app.add_typer(collector_app, name="collector")
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"agenteval {version('agenteval-collector')}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _logging() -> None:
+def _logging(
+    _: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+) -> None:
     """Log lines (JSON) go to stderr, never into a command's output; warnings and up by default."""
     from collector.logs import configure
 
     configure("warning")
 
 
-#: Piped output (CI logs, tests) gets a wide fixed width instead of rich's 80-column fallback.
-out = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+#: Piped output (CI logs, tests) is 160 columns wide unless $COLUMNS says otherwise.
+_WIDTH = None if os.environ.get("COLUMNS") else 160
+out = Console(width=None if sys.stdout.isatty() else _WIDTH)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else _WIDTH)
 
 #: With several runs in one file, the process exits with the most severe status.
 SEVERITY = (Status.FAIL, Status.PENDING, Status.WARN, Status.PASS)
@@ -67,6 +79,13 @@ def _check_grpc(option: str, endpoint: str, ca_file: Path | None) -> None:
         raise _Fatal(f"{option}: {exc} (the collector's gRPC port, e.g. 127.0.0.1:4317)") from None
     if ca_file is not None and not ca_file.is_file():
         raise _Fatal(f"--ca-file {ca_file}: no such file: give the PEM CA bundle that signed the collector's certificate")
+
+
+def _statuses(values: list[str] | None) -> tuple[str, ...]:
+    statuses = tuple(s.upper() for s in values or ())
+    if bad := [s for s in statuses if s not in Status.__members__]:
+        raise _Fatal(f"--status: expected PASS, WARN, FAIL or PENDING, got {', '.join(bad)}")
+    return statuses
 
 
 def _subject_filter(subject: str | None) -> str | None:
@@ -130,7 +149,12 @@ def bench_workflow_trace_fidelity(
         raise _Fatal("--subject: empty: name what is being evaluated (e.g. the workflow), so its runs can be found")
     cfg = _config(config)
     policy, matcher, host = cfg.scoring.policy(), cfg.matcher(), instance_name()
-    db = _open_store(store, cfg)
+    try:
+        db = _open_store(store, cfg)
+    except _Fatal as exc:
+        if as_json:  # the promised envelope, even when nothing could start
+            print(json.dumps({"runs": [], "status": None, "exit_code": EXIT_ERROR, "error": str(exc)}))
+        raise
     statuses: set[Status] = set()
     batch: list[StoredRun] = []
     stored = 0
@@ -177,24 +201,25 @@ def bench_workflow_trace_fidelity(
     code = STATUS_EXIT_CODES[worst]
     if as_json:
         print(f'\n], "status": "{worst.value}", "exit_code": {code}}}')
+    else:
+        err.print(f"[dim]stored {stored} run(s) in {escape(db.display)} (`agenteval runs list`)[/]")
     raise typer.Exit(code)
 
 
 @runs_app.command("list")
 def runs_list(
-    status: Annotated[Optional[str], typer.Option("--status", help="PASS, WARN, FAIL or PENDING.")] = None,
-    subject: Annotated[Optional[str], typer.Option("--subject")] = None,
+    status: Annotated[Optional[list[str]], typer.Option("--status", help="Only this status: PASS, WARN, FAIL or PENDING (repeatable).")] = None,
+    subject: Annotated[Optional[str], typer.Option("--subject", help="Only runs of this subject.")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1)] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array of runs (schema: collector/schemas/run.schema.json).")] = False,
     store: StoreOpt = None,
     config: ConfigOpt = None,
 ) -> None:
     """List stored runs, newest first."""
-    if status and status.upper() not in Status.__members__:
-        raise _Fatal(f"--status: expected one of {', '.join(Status.__members__)}, got {status!r}")
+    statuses = _statuses(status)
     db = _open_store(store, _config(config) if config else None)
     try:
-        rows = db.list_runs([status] if status else (), _subject_filter(subject), limit, with_docs=True)
+        rows = db.list_runs(statuses, _subject_filter(subject), limit, with_docs=True)
     finally:
         db.close()
     if as_json:
@@ -212,7 +237,7 @@ def runs_show(
     store: StoreOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Show one stored run with per-executor evidence."""
+    """Show one stored run with per-unit evidence."""
     db = _open_store(store, _config(config) if config else None)
     try:
         doc = db.get_run(run_id)
@@ -257,7 +282,12 @@ def demo_command(
     """Run real MAF workflows (scripted chat client, no network) against a running collector and show
     the verdicts it reached, read back over its gRPC API whatever store it uses.
 
-    Needs the [maf] extra: pip install 'agenteval-collector[maf]'.
+    Needs the [maf] extra and the MAF instrumentation; make install has both. By hand, in the
+    source tree:
+
+    \b
+      pip install '.[maf]' \\
+        ./instrumentation/opentelemetry-instrumentation-maf-fidelity
     """
     import os
     from urllib.parse import urlsplit
@@ -291,11 +321,15 @@ def demo_command(
         results, problem = demo(target, timeout)
     except DemoError as exc:
         raise _Fatal(str(exc)) from None
-    out.print(demo_table(results))
+    out.print(demo_table(results, out.width))
     for r in results:
+        if out.width < 100:
+            out.print(f"  {r.name}: {r.about}", highlight=False)
         for e in (r.run or {}).get("executors", []):
             if e["no_truth_reason"]:
-                out.print(f"  {r.name}/{e['executor_id']}: {e['no_truth_reason']} - {e['no_truth_explanation']}")
+                out.print(f"  {r.name}/{shown(e['executor_id'])}: {e['no_truth_reason']} - {e['no_truth_explanation']}")
+        if r.run:
+            out.print(f"    [dim]agenteval runs show {r.run['run_id'][:12]}[/]")
     missing = [r.name for r in results if r.run is None]
     if missing:
         why = problem or (f"did the collector at {api} receive the spans sent to {endpoint}? (behind an "
@@ -321,9 +355,7 @@ def watch_command(
 
     from collector.watch import WatchFatal, WatchTarget, watch
 
-    statuses = tuple(s.upper() for s in status or ())
-    if bad := [s for s in statuses if s not in Status.__members__]:
-        raise _Fatal(f"--status: expected PASS, WARN, FAIL or PENDING, got {', '.join(bad)}")
+    statuses = _statuses(status)
     _check_grpc("--endpoint", endpoint, ca_file)
     target = WatchTarget(endpoint, _subject_filter(subject), statuses, os.environ.get(token_env) or None,
                          str(ca_file) if ca_file else None)

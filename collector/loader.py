@@ -24,11 +24,10 @@ import jsonschema
 from collector import agenteval_trace
 from collector.classify import TraceState
 from collector.decode import DecodeError, decode_otlp_json
-from collector.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
+from collector.model import LEDGER_SOURCE_V1, ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
 from collector.profiles import Matcher
 
 WORKFLOW_TRACE_SCHEMA = "workflow-trace/v1"
-LEDGER_SOURCE_FILE = "workflow-trace"
 
 
 class TraceFileError(Exception):
@@ -93,7 +92,7 @@ def workflow_trace_run(doc: dict[str, Any], where: str) -> RunInput:
             executor_id=eid,
             ledger=tuple(ledgers.get(eid, ())),
             turns=truth.get(eid, ()),
-            ledger_source=LEDGER_SOURCE_FILE if eid in ledgers else "none",
+            ledger_source=LEDGER_SOURCE_V1 if eid in ledgers else "none",
         )
         for eid in dict.fromkeys([*ledgers, *truth])
     )

@@ -236,7 +236,7 @@ def demo_workflows() -> list[DemoWorkflow]:
                 AgentSpec("researcher", [Turn(420, 180)]),
                 AgentSpec("writer", tool_loop, tools=[lookup], middleware=[keep_last_call_usage()])]),
             "FAIL", {"researcher": "Agree", "writer": "TokenMismatch"},
-            "the writer's response keeps only the last chat call's usage (MAF .NET PR 7539)"),
+            "the writer's response keeps only the last chat call of its tool loop's usage"),
         DemoWorkflow(
             "suppressed-finish", lambda: chain("suppressed-finish", [
                 AgentSpec("researcher", [Turn(420, 180)]), AgentSpec("writer", [Turn(610, 350)]),

@@ -92,6 +92,25 @@ NO_TRUTH_FIXES: dict[NoTruthReason, str] = {
 }
 
 
+#: Ledger sources of hand-built trace files (workflow-trace/v1, AgentEval's WorkflowTrace): their
+#: NoTruth units are fixed in the file, not by instrumenting anything.
+LEDGER_SOURCE_V1 = "workflow-trace"
+LEDGER_SOURCE_AGENTEVAL = "AgentEval WorkflowTrace"
+FILE_FIXES: dict[NoTruthReason, str] = {
+    NoTruthReason.NO_CHAT_TRACE: (
+        "give this executor its chat-boundary turns in the file (workflow-trace/v1: executor_traces; "
+        "AgentEval: executorTraces entries of scope ChatTurn and type Response)"
+    ),
+    NoTruthReason.RESPONSE_MISSING: (
+        "record each chat call's response (usage and finish reason) where the trace was captured; the "
+        "file has only requests for this executor"
+    ),
+    NoTruthReason.PARTIAL_RESPONSE: (
+        "give every request of this executor its response turn (or a failed turn if the call raised)"
+    ),
+}
+
+
 class Status(str, enum.Enum):
     PASS = "PASS"
     WARN = "WARN"

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import time
 import unicodedata
 from typing import Any
 
@@ -54,7 +55,7 @@ def executor_table(run: dict[str, Any]) -> Table:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for e in run["executors"]:
         ev = e["evidence"]
-        delta = "-" if ev["delta"] is None else f"{ev['delta']:+d} {ev['direction']}"
+        delta = "-" if ev["delta"] is None or not e["checked"] else f"{ev['delta']:+d} {ev['direction']}"
         table.add_row(
             shown(e["executor_id"]),
             f"[{VERDICT_STYLE[e['verdict']]}]{e['verdict']}[/]",
@@ -62,7 +63,7 @@ def executor_table(run: dict[str, Any]) -> Table:
             _num(ev["framework_tokens"]),
             _num(ev["truth_tokens"]),
             delta,
-            f"{shown(ev['framework_finish'] or 'null')} / {shown(ev['truth_finish'] or 'null')}",
+            f"{shown(ev['framework_finish'] or 'none')} / {shown(ev['truth_finish'] or 'none')}",
             shown(ev["ledger_source"]) + (" (missing)" if ev["ledger_missing"] else ""),
             e["no_truth_reason"] or "",
         )
@@ -112,25 +113,43 @@ def print_run(console: Console, run: dict[str, Any]) -> None:
 
 
 def runs_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(title="runs")
-    for col in ("run id", "subject", "status", "score", "checked", "source", "rev", "trace id"):
-        table.add_column(col)
+    table = Table(title="runs, newest first")
+    table.add_column("run id", overflow="fold")  # whole, to copy into `runs show`, even when narrow
+    table.add_column("updated (UTC)")
+    table.add_column("subject", overflow="fold")
+    for col in ("status", "score", "checked"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("source", overflow="fold")
+    table.add_column("rev", no_wrap=True)
     for r in rows:
+        run_id = r["run_id"]
+        if r["trace_id"] and not run_id.startswith(r["trace_id"]):
+            run_id += f"\n[dim]trace {r['trace_id']}[/]"
+        updated = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r["updated_at"])) if r.get("updated_at") else "-"
         table.add_row(
-            r["run_id"], shown(r["subject"] or "-"), f"[{STATUS_STYLE[r['status']]}]{r['status']}[/]",
+            run_id, updated, shown(r["subject"] or "-"), f"[{STATUS_STYLE[r['status']]}]{r['status']}[/]",
             fmt_score(r["score"]), f"{r['checked']}/{r['checked'] + r['unchecked']}", shown(r["source"]),
-            str(r["revision"]), r["trace_id"] or "-",
+            str(r["revision"]),
         )
     return table
 
 
-def demo_table(results: list) -> Table:
-    table = Table(title="agenteval demo: what the collector concluded")
-    for col in ("workflow", "expected", "collector", "score", "executors", "scenario"):
-        table.add_column(col)
+def demo_table(results: list, width: int = 160) -> Table:
+    """Below 100 columns the scenario text goes (it is printed under the table instead); unit
+    verdicts are one per line and never cut."""
+    narrow = width < 100
+    table = Table(title="agenteval demo: what the collector concluded", expand=narrow)
+    table.add_column("workflow", overflow="fold")
+    table.add_column("expected", no_wrap=True)
+    table.add_column("collector", no_wrap=True)
+    table.add_column("score", no_wrap=True)
+    table.add_column("units", no_wrap=True)
+    if not narrow:
+        table.add_column("scenario", ratio=1)
     for r in results:
         run = r.run
         status = f"[{STATUS_STYLE[run['status']]}]{run['status']}[/]" if run else "[red]no verdict[/]"
-        executors = ", ".join(f"{e['executor_id']}={e['verdict']}" for e in run["executors"]) if run else "-"
-        table.add_row(r.name, r.expected, status, fmt_score(run["score"]) if run else "-", executors, r.about)
+        units = "\n".join(f"{shown(e['executor_id'])}={e['verdict']}" for e in run["executors"]) if run else "-"
+        row = [r.name, r.expected, status, fmt_score(run["score"]) if run else "-", units]
+        table.add_row(*row, *([] if narrow else [r.about]))
     return table

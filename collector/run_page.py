@@ -42,6 +42,7 @@ class RunPage:
     def register(self, app: web.Application) -> None:
         app.router.add_get("/", lambda _: web.HTTPFound("/runs"))
         app.router.add_get("/runs", self.runs)
+        app.router.add_get("/runs/", lambda _: web.HTTPFound("/runs"))
         app.router.add_get("/runs/{run_id}", self.run)
 
     def _page(self, template: str, http_status: int = 200, **context: Any) -> web.Response:
@@ -62,11 +63,12 @@ class RunPage:
         status = request.query.get("status", "").upper()
         subject = request.query.get("subject") or None
         if status and status not in Status.__members__:
-            return self._page("error.html", 400, message=f"unknown status {status!r}: use PASS, WARN, FAIL or PENDING")
+            return self._page("error.html", 400, title="bad request",
+                              message=f"unknown status {status!r}: use PASS, WARN, FAIL or PENDING")
         try:
             limit = min(max(int(request.query.get("limit", 50)), 1), MAX_ROWS)
         except ValueError:
-            return self._page("error.html", 400, message="limit must be a number")
+            return self._page("error.html", 400, title="bad request", message="limit must be a number")
         rows = await asyncio.to_thread(self.store.list_runs, [status] if status else (), subject, limit,
                                        with_docs=True)  # each run's units and reasons
         return self._page("runs.html", rows=rows, status=status, subject=subject or "", limit=limit,
@@ -78,7 +80,8 @@ class RunPage:
         run_id = request.match_info["run_id"]
         doc = await asyncio.to_thread(self.store.get_run, run_id)
         if doc is None:
-            return self._page("error.html", 404, message=f"no run {run_id!r} is stored (or the prefix matches several runs)")
+            message = await asyncio.to_thread(self.store.missing_run, run_id)
+            return self._page("error.html", 404, title="not found", message=message)
         no_truth: dict[str, list[dict[str, Any]]] = {}  # unchecked units by reason, each reason explained once
         for e in doc["executors"]:
             if e["no_truth_reason"]:

@@ -10,10 +10,21 @@ from typing import Any
 
 import orjson
 
-from collector.model import NO_TRUTH_EXPLANATIONS, NO_TRUTH_FIXES, ExecutorVerdict, RunVerdict
+from collector.model import (
+    FILE_FIXES,
+    LEDGER_SOURCE_AGENTEVAL,
+    LEDGER_SOURCE_V1,
+    NO_TRUTH_EXPLANATIONS,
+    NO_TRUTH_FIXES,
+    ExecutorVerdict,
+    RunVerdict,
+)
 
 
 _SCALARS = (str, int, float, bool, type(None))
+#: A hand-built file's units are fixed in the file; the live fixes name instrumentation.
+_FILE_SOURCES = (LEDGER_SOURCE_V1, LEDGER_SOURCE_AGENTEVAL)
+_FILE_FIXES = {**NO_TRUTH_FIXES, **FILE_FIXES}
 _FIELDS: dict[type, tuple[str, ...]] = {}
 
 
@@ -33,7 +44,8 @@ def executor_to_dict(verdict: ExecutorVerdict) -> dict[str, Any]:
     out["checked"] = verdict.checked
     reason = verdict.no_truth_reason
     out["no_truth_explanation"] = NO_TRUTH_EXPLANATIONS[reason] if reason is not None else None
-    out["no_truth_fix"] = NO_TRUTH_FIXES[reason] if reason is not None else None
+    fixes = _FILE_FIXES if verdict.evidence.ledger_source in _FILE_SOURCES else NO_TRUTH_FIXES
+    out["no_truth_fix"] = fixes[reason] if reason is not None else None
     return out
 
 

@@ -19,6 +19,7 @@ import grpc
 from rich import box
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -124,10 +125,12 @@ def stream(target: WatchTarget, replay: int, on_state: Callable[[str], None],
     """(run document, replayed) from the collector, forever, reconnecting with backoff; ``replayed``:
     a stored run sent on (re)connect rather than a new verdict."""
     delay = 0.5
+    connected = False
     while True:
         channel = target.channel()
         try:
             grpc.channel_ready_future(channel).result(timeout=connect_timeout)
+            connected = True
             on_state(f"connected to {target.endpoint}")
             for message in FidelityServiceStub(channel).WatchVerdicts(target.request(replay),
                                                                       metadata=target.metadata()):
@@ -143,7 +146,9 @@ def stream(target: WatchTarget, replay: int, on_state: Callable[[str], None],
         finally:
             channel.close()
         wait = delay * random.uniform(0.8, 1.2)
-        on_state(f"[yellow]disconnected[/] ({reason}); reconnecting in {wait:.1f}s")
+        lost = "disconnected from" if connected else "no collector answering at"
+        on_state(f"[yellow]{lost}[/] {target.endpoint} ({escape(reason)}); retrying in {wait:.1f}s "
+                 "(is `agenteval collector serve` running there? its gRPC port)")
         time.sleep(wait)
         delay = min(delay * 2, max_backoff)
 
@@ -168,6 +173,7 @@ def watch(target: WatchTarget, console: Console, err: Console, rows: int, replay
 
     if live is not None:
         live.start()
+    on_state(f"connecting to {target.endpoint}")
     try:
         for doc, replayed in stream(target, replay, on_state):
             if shown.get(doc["run_id"], 0) >= doc["revision"]:  # replayed again after a reconnect

@@ -335,6 +335,17 @@ def test_cli_token_mismatch_exits_nine_with_the_coverage_note(tmp_path):
     assert json.loads(shown_json.stdout)["coverage_note"] == run["coverage_note"]
 
 
+def test_cli_fixes_for_a_file_say_what_to_put_in_the_file(tmp_path):
+    path = tmp_path / "t.trace.json"
+    path.write_text(json.dumps(workflow([step("a", 10, 5, "stop"), step("router", 0, 0, None, 1)],
+                                        {"a": chat(entry(tokens=15, finish="stop"))})))
+    [run] = json.loads(bench(path, tmp_path / "r.db", "--json").stdout)["runs"]
+    router = next(e for e in run["executors"] if e["executor_id"] == "router")
+    assert router["no_truth_reason"] == "no_chat_trace"
+    assert "executorTraces entries of scope ChatTurn and type Response" in router["no_truth_fix"]
+    assert "instrument" not in router["no_truth_fix"]
+
+
 def test_cli_reads_standard_input(tmp_path):
     doc = workflow([step("a", 10, 5, "stop")], {"a": chat(entry(tokens=15, finish="stop"))})
     proc = subprocess.run([AGENTEVAL, "bench", "workflow-trace-fidelity", "--workflow-trace", "-", "--subject", "ci",

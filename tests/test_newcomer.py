@@ -274,3 +274,41 @@ def test_expected_conditions_are_one_clear_line(args, expected, tmp_path):
     assert proc.returncode == 1
     assert expected.format(tmp=tmp_path) in proc.stderr
     assert "Traceback" not in proc.stderr and "╭" not in proc.stderr
+
+
+# --- from a newcomer's trial on a fresh clone ---------------------------------------------------------
+
+def test_watch_with_nothing_listening_names_the_address():
+    from conftest import free_port
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    proc = subprocess.Popen([AGENTEVAL, "watch", "--endpoint", endpoint], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(7.0)  # past the first connection attempt's 5 s
+    finally:
+        proc.terminate()
+    err = proc.communicate(timeout=30)[1]
+    assert err.startswith(f"connecting to {endpoint}")
+    assert f"no collector answering at {endpoint}" in err and "agenteval collector serve" in err
+
+
+def test_runs_list_takes_several_statuses(tmp_path):
+    db = tmp_path / "r.db"
+    for example in ("pass_all_agree", "fail_both", "warn_partial_truth"):
+        bench(ROOT / f"examples/{example}.json", db)
+    rows = json.loads(cli("runs", "list", "--status", "FAIL", "--status", "warn", "--json", "--store", str(db)).stdout)
+    assert sorted(r["status"] for r in rows) == ["FAIL", "WARN"]
+
+
+def test_bench_json_keeps_its_envelope_when_the_store_cannot_open(tmp_path):
+    proc = bench(ROOT / "examples/pass_all_agree.json", tmp_path / "no" / "such" / "x.db", "--json")
+    assert proc.returncode == 1
+    out = json.loads(proc.stdout)
+    assert out["runs"] == [] and out["exit_code"] == 1 and "does not exist" in out["error"]
+
+
+def test_piped_output_respects_columns(tmp_path):
+    proc = cli("bench", "workflow-trace-fidelity", "--workflow-trace", str(ROOT / "examples/warn_partial_truth.json"),
+               "--subject", "s", "--store", str(tmp_path / "r.db"), env={"COLUMNS": "100"})
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 100

@@ -32,6 +32,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from collector.store import RunStore, open_store
 
 sys.path.insert(0, str(Path(__file__).parent))
+#: The CLI's piped output honours $COLUMNS; tests read it at its piped default width (160) unless a
+#: test sets COLUMNS itself, whatever the shell that runs them has set.
+os.environ.pop("COLUMNS", None)
+os.unsetenv("COLUMNS")  # also from the C environment that subprocesses inherit
 
 AGENTEVAL = str(Path(sys.executable).parent / "agenteval")
 PROTOBUF, JSON = "application/x-protobuf", "application/json"

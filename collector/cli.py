@@ -72,7 +72,11 @@ class _Fatal(Exception):
 
 
 def _check_grpc(option: str, endpoint: str, ca_file: Path | None) -> None:
-    """A collector gRPC address option and the optional CA bundle, or a one-line error naming them."""
+    """A collector gRPC address option (OTLP/gRPC and the API share the port) and the optional CA
+    bundle, or a one-line error naming them."""
+    if "://" in endpoint:
+        raise _Fatal(f"{option}: {endpoint!r} is a URL; give the collector's gRPC port as host:port, e.g. "
+                     "127.0.0.1:4317 (drop the scheme)")
     try:
         split_endpoint(endpoint)
     except ValueError as exc:
@@ -303,10 +307,7 @@ def demo_command(
         raise _Fatal(f"--protocol: expected grpc or http/protobuf, got {protocol!r}")
     if protocol == "grpc":
         endpoint = endpoint or "127.0.0.1:4317"
-        try:
-            split_endpoint(endpoint)
-        except ValueError as exc:
-            raise _Fatal(f"--endpoint: {exc} (the collector's OTLP/gRPC port, e.g. 127.0.0.1:4317)") from None
+        _check_grpc("--endpoint", endpoint, None)
         api = api or endpoint
     else:
         endpoint = endpoint or "http://127.0.0.1:4318"

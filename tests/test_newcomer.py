@@ -261,6 +261,7 @@ def test_installing_as_make_does_prints_no_warning_box(tmp_path):
 @pytest.mark.parametrize(("args", "expected"), [
     (("watch", "--ca-file", "{tmp}/nope.pem"), "--ca-file {tmp}/nope.pem: no such file"),
     (("watch", "--endpoint", "not a host"), "--endpoint: expected host:port, got 'not a host'"),
+    (("watch", "--endpoint", "http://127.0.0.1:4317"), "--endpoint: 'http://127.0.0.1:4317' is a URL"),
     (("runs", "list", "--store", "{tmp}"), "{tmp}: is a directory: the SQLite store is a file"),
     (("runs", "list", "--config", "{tmp}/nope.yaml"), "{tmp}/nope.yaml: No such file or directory"),
     (("collector", "serve", "--config", "{tmp}/bad.yaml"), "receivers.grpc.endpoint: Value error, expected host:port"),

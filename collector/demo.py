@@ -159,8 +159,10 @@ def probe(target: DemoTarget) -> None:
             if fatal := _api_error(target, exc):
                 raise fatal from None
             if exc.code() is not grpc.StatusCode.NOT_FOUND:
-                raise DemoError(f"no collector API at {target.api} (gRPC): {exc.code().name}: {exc.details()}: "
-                                f"start one with `agenteval collector serve` (or pass --api with its gRPC port)") from None
+                raise DemoError(f"no collector API at {target.api} (gRPC): {exc.code().name}: {exc.details()}: if "
+                                "that is the collector's HTTP port, give its gRPC port (receivers.grpc.endpoint, "
+                                "default 4317); else start one with `agenteval collector serve` (or pass --api with "
+                                "its gRPC port)") from None
 
 
 def install_exporter(target: DemoTarget) -> TracerProvider:

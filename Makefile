@@ -8,11 +8,18 @@ BIN    := $(VENV)/bin
 INSTRUMENTATION := instrumentation/opentelemetry-instrumentation-maf-fidelity
 
 # The instrumentation is installed as a wheel (its namespace package would make an editable install
-# print setuptools' warning box), so it is reinstalled whenever one of its files changes.
-$(BIN)/.installed: pyproject.toml $(shell find $(INSTRUMENTATION) -name '*.py' -o -name pyproject.toml | grep -v /build/)
+# print setuptools' warning box), so it is reinstalled whenever one of its files changes. So is the
+# compiled decoder (native/, needs Rust), whose wheel native/build.sh caches per version of its sources.
+NATIVE := native/build.sh native/Cargo.toml native/Cargo.lock native/pyproject.toml $(shell find native/src -type f)
+$(BIN)/.installed: pyproject.toml $(shell find $(INSTRUMENTATION) -name '*.py' -o -name pyproject.toml | grep -v /build/) $(NATIVE)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet ./$(INSTRUMENTATION) -e '.[test]'
+	if command -v cargo >/dev/null || [ -x "$$HOME/.cargo/bin/cargo" ]; then \
+	  wheel=$$(native/build.sh $(BIN)/python) && $(BIN)/pip install --quiet --force-reinstall --no-deps "$$wheel"; \
+	else \
+	  echo "note: no Rust (cargo): the collector decodes protobuf in Python, several times slower per span (native/README.md)"; \
+	fi
 	touch $@
 
 install: $(BIN)/.installed

@@ -1,5 +1,6 @@
-"""Where the time goes, without network or store: the same payload through protobuf parse, decode,
-ingest (decode + classify + assemble) and sweep (finalize + reconcile), in one process.
+"""Where the time goes, without network or store: the same payload through protobuf parse, decode
+(protobuf + Python, and the compiled decoder from the serialized bytes), ingest (decode + classify +
+assemble) and sweep (finalize + reconcile), in one process.
 
     .venv/bin/python bench/inprocess.py [--traces 2000]
 """
@@ -22,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from workload import encode, trace_spans  # noqa: E402
 
 from collector.config import CollectorConfig  # noqa: E402
-from collector.decode import decode_request  # noqa: E402
+from collector.decode import NATIVE, decode_bytes, decode_request  # noqa: E402
 from collector.pipeline import Pipeline  # noqa: E402
 from collector.store import open_store  # noqa: E402
 
@@ -46,6 +47,7 @@ def main() -> None:
 
     parse = timed(lambda: [ExportTraceServiceRequest.FromString(b) for b in bodies])
     decode = timed(lambda: [decode_request(ExportTraceServiceRequest.FromString(b), wanted) for b in bodies])
+    decode_native = timed(lambda: [decode_bytes(b, wanted) for b in bodies])
     with tempfile.TemporaryDirectory(prefix="agenteval-inprocess-") as tmp:
         pipeline = Pipeline(cfg, open_store(Path(tmp) / "runs.db"), None, None)
         t0 = time.perf_counter()
@@ -58,8 +60,10 @@ def main() -> None:
         sweep_s = time.perf_counter() - t1
         pipeline.close()
     print(f"spans {n}")
-    for name, rate in [("parse", parse), ("decode", decode), ("ingest (decode+classify)", n / ingest_s),
-                       ("sweep (finalize+reconcile)", n / sweep_s), ("ingest+sweep", n / (ingest_s + sweep_s))]:
+    native = "decode (native, from bytes)" if NATIVE else "decode (no native: protobuf)"
+    for name, rate in [("parse", parse), ("decode", decode), (native, decode_native),
+                       ("ingest (decode+classify)", n / ingest_s), ("sweep (finalize+reconcile)", n / sweep_s),
+                       ("ingest+sweep", n / (ingest_s + sweep_s))]:
         print(f"{name:28} {rate:10.0f} spans/s")
 
 

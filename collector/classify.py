@@ -124,6 +124,8 @@ MAX_TOKENS = 10**12
 
 def _int(value: Any) -> int | None:
     """A token count: a non-negative integer (or integral double, or ASCII digits), clamped."""
+    if type(value) is int:  # the usual case (bool is a subclass, not this type)
+        return None if value < 0 else value if value <= MAX_TOKENS else MAX_TOKENS
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, float):
@@ -310,7 +312,7 @@ class TraceState:
 
     def _error(self, s: SpanRecord) -> str | None:
         """The span's error (its ``error.type``, its status description, or "error"), or None."""
-        kind = _text(_first(s.attrs, self.matcher.error_keys))
+        kind = _text(_first(s.attrs, self.matcher.error_keys)) if s.attrs else None
         if s.status_error is None:
             return kind
         detail = " ".join(p for p in (kind, s.status_error) if p)

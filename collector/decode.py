@@ -11,12 +11,18 @@ from __future__ import annotations
 import binascii
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from collector.classify import SpanRecord
+
+try:  # the compiled decoder (native/, built by `make install`); protobuf's stays the reference
+    import agenteval_native as _native
+except ImportError:
+    _native = None
 
 #: Instrumentation scope of the verdict spans we emit; spans from it are never re-ingested.
 OWN_SCOPE = "agenteval.collector"
@@ -28,6 +34,8 @@ STATUS_ERROR = 2
 MAX_ERROR_CHARS = 200
 #: Longest string attribute value kept (values are ids and reasons; anything longer is hostile).
 MAX_ATTR_CHARS = 1024
+#: Longest ``telemetry.sdk.language`` kept.
+MAX_LANGUAGE_CHARS = 64
 _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
 
@@ -85,6 +93,52 @@ def span_count(request: ExportTraceServiceRequest) -> int:
     return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
 
 
+#: Whether serialized requests are decoded by the compiled decoder (``agenteval_native``).
+NATIVE: bool = _native is not None
+
+
+def count_spans(payload: bytes) -> tuple[int, ExportTraceServiceRequest | None]:
+    """The number of spans in a serialized request, and the request parsed when counting needed
+    protobuf (hand it to :func:`decode_bytes`, so it is not parsed twice). Raises protobuf's
+    ``DecodeError`` when the payload is not a request; never builds span objects otherwise, so
+    refusing a request under overload stays cheap."""
+    if _native is not None and (count := _native.count_spans(payload)) is not None:
+        return count, None
+    request = ExportTraceServiceRequest.FromString(payload)
+    return span_count(request), request
+
+
+def decode_bytes(payload: bytes, wanted: frozenset[str],
+                 request: ExportTraceServiceRequest | None = None) -> Decoded:
+    """:func:`decode_request` of a serialized request (``request``: the payload already parsed, from
+    :func:`count_spans`). The compiled decoder answers whenever it is certain to give the same
+    result; otherwise, or without it, protobuf parses the payload (and raises its ``DecodeError``)."""
+    if request is None and (decoded := _native_decode(payload, wanted)) is not None:
+        return decoded
+    return decode_request(ExportTraceServiceRequest.FromString(payload) if request is None else request, wanted)
+
+
+def _native_decode(payload: bytes, wanted: frozenset[str]) -> Decoded | None:
+    """The compiled decoder's result, or None when it is not installed or leaves the payload to protobuf."""
+    if _native is None or (found := _native_decoder(wanted).decode(payload)) is None:
+        return None
+    spans, rejected, own = found
+    out = Decoded(spans, own=own)
+    for ids in rejected:  # (name, trace id, span id, parent id): the reason is worded here only
+        _reject_ids(out, *ids)
+    return out
+
+
+@lru_cache(maxsize=8)
+def _native_decoder(wanted: frozenset[str]) -> Any:
+    """The compiled decoder for one set of wanted keys, given this module's constants."""
+    assert _native is not None
+    return _native.Decoder(wanted, SpanRecord, own_scope=OWN_SCOPE, service_name=SERVICE_NAME,
+                           sdk_language=SDK_LANGUAGE, max_chars=MAX_ATTR_CHARS,
+                           max_language_chars=MAX_LANGUAGE_CHARS, max_error_chars=MAX_ERROR_CHARS,
+                           max_value_depth=MAX_VALUE_DEPTH, status_error=STATUS_ERROR)
+
+
 def decode_request(request: ExportTraceServiceRequest, wanted: frozenset[str]) -> Decoded:
     """Extract span records, rejecting (and counting) spans whose ids are unusable."""
     out = Decoded()
@@ -94,7 +148,7 @@ def decode_request(request: ExportTraceServiceRequest, wanted: frozenset[str]) -
             if kv.key == SERVICE_NAME:
                 subject = kv.value.string_value[:MAX_ATTR_CHARS] or None
             elif kv.key == SDK_LANGUAGE:
-                language = kv.value.string_value[:64] or None
+                language = kv.value.string_value[:MAX_LANGUAGE_CHARS] or None
         for ss in rs.scope_spans:
             if ss.scope.name == OWN_SCOPE:
                 out.own += len(ss.spans)
@@ -106,7 +160,7 @@ def decode_request(request: ExportTraceServiceRequest, wanted: frozenset[str]) -
                     name = name[:MAX_ATTR_CHARS]
                 if not (len(tid) == 16 and len(sid) == 8 and (not pid or len(pid) == 8)
                         and tid != _ZERO_TRACE and sid != _ZERO_SPAN):  # the usual case in one test
-                    out.reject(_id_problem(name, tid, sid, pid) or "unusable ids")
+                    _reject_ids(out, name, tid, sid, pid)
                     continue
                 attrs = {}
                 for kv in span.attributes:  # the hot loop: one key read per attribute, values only if wanted
@@ -126,6 +180,10 @@ def decode_request(request: ExportTraceServiceRequest, wanted: frozenset[str]) -
                                span.start_time_unix_nano, attrs, subject, error, language)
                 )
     return out
+
+
+def _reject_ids(out: Decoded, name: str, tid: bytes, sid: bytes, pid: bytes) -> None:
+    out.reject(_id_problem(name, tid, sid, pid) or "unusable ids")
 
 
 def _id_problem(name: str, tid: bytes, sid: bytes, pid: bytes) -> str | None:

@@ -3,15 +3,76 @@ key-value context; no prompt or response text ever reaches a log line (none is d
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
+import threading
+from typing import BinaryIO
 
 import structlog
 
 from collector.serialize import to_json
 
+#: Buffered info lines are written out at least when this many bytes wait.
+_BUFFER_BYTES = 1 << 16
+
+
+class _Output:
+    """stderr with a line buffer of its own. Info and debug lines (one per run verdict, on the hot
+    path) wait for :func:`flush` (the server calls it after every sweep, at start and at stop; also
+    at exit) or a full buffer, so each costs no write(2) of its own; warnings and errors, and
+    everything before :func:`configure`, are written at once."""
+
+    def __init__(self) -> None:
+        self.file: BinaryIO = sys.stderr.buffer
+        self._lines: list[bytes] = []
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def write(self, line: bytes, now: bool) -> None:
+        with self._lock:
+            self._lines.append(line)
+            self._size += len(line) + 1
+            if now or self._size >= _BUFFER_BYTES:
+                self._drain()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._drain()
+
+    def _drain(self) -> None:
+        if self._lines:
+            self._lines.append(b"")
+            lines, self._lines, self._size = self._lines, [], 0
+            self.file.write(b"\n".join(lines))
+            self.file.flush()
+
+
+_OUT = _Output()
+atexit.register(_OUT.flush)
+
+
+class _Logger:
+    __slots__ = ()
+
+    def later(self, message: bytes) -> None:
+        _OUT.write(message, False)
+
+    def now(self, message: bytes) -> None:
+        _OUT.write(message, True)
+
+    log = debug = info = msg = later
+    warn = warning = err = error = exception = critical = fatal = failure = now
+
+
+def flush() -> None:
+    """Write out the log lines waiting in the buffer."""
+    _OUT.flush()
+
 
 def configure(level: str = "info") -> None:
+    _OUT.flush()
+    _OUT.file = sys.stderr.buffer
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -21,7 +82,7 @@ def configure(level: str = "info") -> None:
             structlog.processors.JSONRenderer(serializer=to_json),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        # bytes straight to stderr's buffer: no str round trip (a line per run is on the hot path)
-        logger_factory=structlog.BytesLoggerFactory(file=sys.stderr.buffer),
+        # bytes to stderr's buffer: no str round trip (a line per run is on the hot path)
+        logger_factory=lambda *args: _Logger(),
         cache_logger_on_first_use=True,
     )

@@ -134,7 +134,7 @@ Preset = Literal["smoke", "standard", "audit-grade"]
 COST_TIER = "Free"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Usage:
     input_tokens: int | None = None
     output_tokens: int | None = None
@@ -152,7 +152,7 @@ class Usage:
         return self.total_tokens
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LedgerEntry:
     """One response the framework reported for an executor (an AgentResponseEvent)."""
 
@@ -163,7 +163,7 @@ class LedgerEntry:
     span_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ChatTurn:
     """One chat-boundary call: a response (usage and/or finish reason), a failed call (it raised:
     ``error`` set and no usage) or a bare request (the boundary saw no response)."""
@@ -184,7 +184,7 @@ class ChatTurn:
         return self.error is not None and not self.usage.known
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ExecutorRecord:
     """One agent unit (DESIGN §1 Units): an executor's own agent, named by the executor id, or another
     agent that ran inside it, named ``executor/agent``. ``executor_id`` holds that unit name.
@@ -233,7 +233,7 @@ class Policy:
     finish_aliases: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FinishComparison:
     invocation: str | None
     framework: str | None
@@ -241,7 +241,7 @@ class FinishComparison:
     diverged: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Evidence:
     framework_tokens: int | None
     truth_tokens: int | None
@@ -263,7 +263,7 @@ class Evidence:
     executor_span_ids: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ExecutorVerdict:
     executor_id: str
     verdict: Verdict

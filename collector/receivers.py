@@ -34,12 +34,11 @@ from google.protobuf.message import DecodeError as ProtoDecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
-    ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
 from collector.assembler import Backpressure
-from collector.decode import Decoded, DecodeError, decode_otlp_json, decode_request, span_count
+from collector.decode import Decoded, DecodeError, count_spans, decode_bytes, decode_otlp_json
 from collector.journal import JournalError
 from collector.pipeline import IngestResult, Pipeline
 from collector.security import BearerAuth, grpc_authorization
@@ -127,15 +126,15 @@ class GrpcTraceService:
             _count_unauthenticated(self.pipeline, "grpc")
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
         try:
-            request = ExportTraceServiceRequest.FromString(payload)
+            spans, parsed = count_spans(payload)
         except (ProtoDecodeError, RuntimeError) as exc:
             self._count_undecodable()
             log.warning("request_invalid", transport="grpc", error=clip(str(exc), 300), bytes=len(payload))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 clip(f"cannot decode ExportTraceServiceRequest: {exc}"))
         try:
-            self.pipeline.admit(span_count(request), "grpc")
-            decoded = _clip_reasons(decode_request(request, self.pipeline.matcher.wanted_keys))
+            self.pipeline.admit(spans, "grpc")
+            decoded = _clip_reasons(decode_bytes(payload, self.pipeline.matcher.wanted_keys, parsed))
             if reason := _never_fits(self.pipeline, decoded, "grpc"):
                 # Not RESOURCE_EXHAUSTED: OTLP exporters retry that code, and this request can never succeed.
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
@@ -248,9 +247,9 @@ class HttpTraceReceiver:
         wanted = self.pipeline.matcher.wanted_keys
         try:
             if ctype == PROTOBUF:
-                request = ExportTraceServiceRequest.FromString(body)
-                self.pipeline.admit(span_count(request), "http")
-                decoded = decode_request(request, wanted)
+                spans, parsed = count_spans(body)
+                self.pipeline.admit(spans, "http")
+                decoded = decode_bytes(body, wanted, parsed)
             else:
                 decoded = decode_otlp_json(json.loads(body), wanted, strict=False)
         except Backpressure as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
 from functools import lru_cache
+from operator import attrgetter
 
 from collector.model import (
     VERDICT_SCORES,
@@ -106,9 +107,12 @@ def run_status(score: float | None, unchecked: int) -> Status:
     return Status.PASS
 
 
+_SEQ = attrgetter("seq")
+
+
 def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> ExecutorVerdict:
-    ledger = sorted(record.ledger, key=lambda e: e.seq)
-    turns = sorted(record.turns, key=lambda t: t.seq)
+    ledger = sorted(record.ledger, key=_SEQ)
+    turns = sorted(record.turns, key=_SEQ)
     responses: list[ChatTurn] = []
     failed = bare = 0
     for t in turns:
@@ -129,11 +133,11 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
     if truth_tokens is not None:
         delta = framework_tokens - truth_tokens
         direction = "under" if delta < 0 else "over" if delta > 0 else "equal"
-        tolerance = _exact(policy.tolerance)
-        beyond = abs(delta) > truth_tokens * tolerance
+        numerator, denominator = _exact(policy.tolerance)
+        beyond = abs(delta) * denominator > truth_tokens * numerator
         token_diverged = beyond and (direction == "under" or policy.flag_over_reporting)
 
-    aliases = {k.lower(): v.lower() for k, v in policy.finish_aliases}
+    aliases = _aliases(policy.finish_aliases)
     comparisons, aligned = _compare_finish(ledger, responses, lambda r: _normalize(r, aliases))
     finish_diverged = any(c.diverged for c in comparisons)
 
@@ -182,9 +186,15 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
 
 
 @lru_cache(maxsize=16)
-def _exact(tolerance: float) -> Fraction:
-    """The tolerance as written (0.02 is exactly 2/100), so the 2% boundary is exact."""
-    return Fraction(str(tolerance))
+def _exact(tolerance: float) -> tuple[int, int]:
+    """The tolerance as written (0.02 is exactly 2/100) as numerator and denominator, so the 2%
+    boundary is exact and compared in integers."""
+    return Fraction(str(tolerance)).as_integer_ratio()
+
+
+@lru_cache(maxsize=16)
+def _aliases(pairs: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    return {k.lower(): v.lower() for k, v in pairs}
 
 
 def _no_truth_reason(turns: int, bare: int, ledger: Sequence[LedgerEntry], derived: bool) -> NoTruthReason | None:

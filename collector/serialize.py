@@ -22,6 +22,8 @@ from collector.model import (
 
 
 _SCALARS = (str, int, float, bool, type(None))
+#: Exactly these types (not subclasses: our enums subclass str) need no conversion.
+_EXACT_SCALARS = frozenset(_SCALARS)
 #: A hand-built file's units are fixed in the file; the live fixes name instrumentation.
 _FILE_SOURCES = (LEDGER_SOURCE_V1, LEDGER_SOURCE_AGENTEVAL)
 _FILE_FIXES = {**NO_TRUTH_FIXES, **FILE_FIXES}
@@ -32,11 +34,13 @@ def _plain(value: Any) -> Any:
     if isinstance(value, _SCALARS):  # before Enum: our enums are str subclasses
         return value.value if isinstance(value, enum.Enum) else value
     if isinstance(value, tuple):
-        return [_plain(v) for v in value]
+        return [v if type(v) in _EXACT_SCALARS else _plain(v) for v in value]
     names = _FIELDS.get(type(value))
     if names is None:
         names = _FIELDS[type(value)] = tuple(f.name for f in dataclasses.fields(value))
-    return {name: _plain(getattr(value, name)) for name in names}
+    # Most fields are plain scalars: kept without a call (a document has ~25 fields per unit).
+    return {name: v if type(v) in _EXACT_SCALARS else _plain(v)
+            for name in names for v in (getattr(value, name),)}
 
 
 def executor_to_dict(verdict: ExecutorVerdict) -> dict[str, Any]:
@@ -49,8 +53,11 @@ def executor_to_dict(verdict: ExecutorVerdict) -> dict[str, Any]:
     return out
 
 
+_RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunVerdict) if f.name != "executors")
+
+
 def run_to_dict(run: RunVerdict, **extra: Any) -> dict[str, Any]:
-    out = {f.name: _plain(getattr(run, f.name)) for f in dataclasses.fields(run) if f.name != "executors"}
+    out = {name: _plain(getattr(run, name)) for name in _RUN_FIELDS}
     out.update(checked=run.checked, unchecked=run.unchecked, exit_code=run.exit_code)
     out["executors"] = [executor_to_dict(e) for e in run.executors]
     out.update(extra)

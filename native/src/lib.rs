@@ -1,0 +1,711 @@
+//! A fast path for `collector.decode.decode_request`: OTLP `ExportTraceServiceRequest` bytes straight
+//! to `SpanRecord` objects, without building protobuf objects first.
+//!
+//! The Python decoder stays the reference. This one reads the canonical encodings exporters send and
+//! answers `None` ("not certain") for anything whose result it could get wrong: malformed wire data,
+//! invalid UTF-8 in any string field (protobuf refuses the request), a known field with another wire
+//! type, groups, a repeated singular message (protobuf would merge it), several `AnyValue` members,
+//! fields whose meaning depends on the proto version installed, or nesting near protobuf's depth
+//! limit. The caller then decodes the request with protobuf, which gives the same answer, or raises.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use rustc_hash::FxHashMap;
+
+/// Message nesting past which a request is left to protobuf (upb refuses past 100 levels).
+const MAX_DEPTH: u32 = 64;
+
+/// "Not certain to decode this exactly as protobuf does": the caller falls back to protobuf.
+struct Bail;
+
+/// Why a decode stopped: a request to leave to protobuf, or a Python error (out of memory).
+enum Stop {
+    Bail,
+    Py(PyErr),
+}
+
+impl From<Bail> for Stop {
+    fn from(_: Bail) -> Self {
+        Stop::Bail
+    }
+}
+
+impl From<PyErr> for Stop {
+    fn from(err: PyErr) -> Self {
+        Stop::Py(err)
+    }
+}
+
+type R<T, E = Bail> = Result<T, E>;
+
+// --- wire format ------------------------------------------------------------------------------------
+
+/// One field's value as the wire carries it (groups are never accepted).
+#[derive(Clone, Copy)]
+enum Value<'a> {
+    Varint(u64),
+    I64(u64),
+    Len(&'a [u8]),
+    /// fixed32 (flags): never read
+    I32,
+}
+
+/// The fields of one message, in wire order.
+struct Fields<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+/// The fields of a message nested `depth` messages deep (the request is 1).
+fn fields(buf: &[u8], depth: u32) -> R<Fields<'_>> {
+    if depth > MAX_DEPTH {
+        return Err(Bail);
+    }
+    Ok(Fields { buf, pos: 0 })
+}
+
+impl<'a> Fields<'a> {
+    /// A varint of at most `max_bytes` bytes; a 10-byte one whose last byte overflows 64 bits is
+    /// left to protobuf.
+    #[inline(always)]
+    fn varint(&mut self, max_bytes: usize) -> R<u64> {
+        match self.buf.get(self.pos) {
+            Some(&byte) if byte < 0x80 => {
+                self.pos += 1;
+                Ok(u64::from(byte))
+            }
+            _ => self.long_varint(max_bytes),
+        }
+    }
+
+    fn long_varint(&mut self, max_bytes: usize) -> R<u64> {
+        let mut value = 0u64;
+        for i in 0..max_bytes {
+            let byte = *self.buf.get(self.pos).ok_or(Bail)?;
+            self.pos += 1;
+            value |= u64::from(byte & 0x7f) << (7 * i);
+            if byte < 0x80 {
+                return if i == 9 && byte > 1 { Err(Bail) } else { Ok(value) };
+            }
+        }
+        Err(Bail)
+    }
+
+    #[inline(always)]
+    fn take(&mut self, len: u64) -> R<&'a [u8]> {
+        let end = usize::try_from(len)
+            .ok()
+            .and_then(|len| self.pos.checked_add(len))
+            .ok_or(Bail)?;
+        let bytes = self.buf.get(self.pos..end).ok_or(Bail)?;
+        self.pos = end;
+        Ok(bytes)
+    }
+
+    #[inline(always)]
+    fn field(&mut self) -> R<(u32, Value<'a>)> {
+        let tag = u32::try_from(self.varint(5)?).map_err(|_| Bail)?;
+        let number = tag >> 3;
+        if number == 0 {
+            return Err(Bail);
+        }
+        let value = match tag & 7 {
+            0 => Value::Varint(self.varint(10)?),
+            1 => Value::I64(u64::from_le_bytes(self.take(8)?.try_into().map_err(|_| Bail)?)),
+            2 => {
+                let len = self.varint(10)?;
+                Value::Len(self.take(len)?)
+            }
+            5 => {
+                self.take(4)?;
+                Value::I32
+            }
+            _ => return Err(Bail), // groups (3, 4) and invalid wire types
+        };
+        Ok((number, value))
+    }
+}
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = R<(u32, Value<'a>)>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        (self.pos < self.buf.len()).then(|| self.field())
+    }
+}
+
+/// The length-delimited values of field `number` of a message already walked without error.
+fn repeated(buf: &[u8], number: u32) -> impl Iterator<Item = &[u8]> {
+    Fields { buf, pos: 0 }.filter_map(move |field| match field {
+        Ok((n, Value::Len(bytes))) if n == number => Some(bytes),
+        _ => None,
+    })
+}
+
+/// `bytes` as text, if valid UTF-8 (protobuf refuses a string field that is not).
+#[inline(always)]
+fn utf8(bytes: &[u8]) -> R<&str> {
+    if bytes.is_ascii() {
+        // SAFETY: ASCII is valid UTF-8. (Most strings are ASCII; this skips a call per string.)
+        return Ok(unsafe { std::str::from_utf8_unchecked(bytes) });
+    }
+    std::str::from_utf8(bytes).map_err(|_| Bail)
+}
+
+/// `text[:chars]` as Python slices it (code points, not bytes).
+fn cap(text: &str, chars: usize) -> &str {
+    if text.len() <= chars {
+        return text;
+    }
+    match text.char_indices().nth(chars) {
+        Some((end, _)) => &text[..end],
+        None => text,
+    }
+}
+
+// --- schema -----------------------------------------------------------------------------------------
+
+/// The messages of `ExportTraceServiceRequest` (opentelemetry-proto 1.x).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Msg {
+    Request,
+    ResourceSpans,
+    Resource,
+    EntityRef,
+    ScopeSpans,
+    Scope,
+    Span,
+    Event,
+    Link,
+    Status,
+    KeyValue,
+    AnyValue,
+    ArrayValue,
+    KeyValueList,
+}
+
+const MESSAGES: [Msg; 14] = [
+    Msg::Request,
+    Msg::ResourceSpans,
+    Msg::Resource,
+    Msg::EntityRef,
+    Msg::ScopeSpans,
+    Msg::Scope,
+    Msg::Span,
+    Msg::Event,
+    Msg::Link,
+    Msg::Status,
+    Msg::KeyValue,
+    Msg::AnyValue,
+    Msg::ArrayValue,
+    Msg::KeyValueList,
+];
+
+/// A known field's type, as far as parsing goes.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Str,
+    Bytes,
+    Varint,
+    I64,
+    I32,
+    Message(Msg),
+    /// Known to some proto versions only, with a meaning for the result: always left to protobuf.
+    Unsure,
+}
+
+/// The type of field `number` of `msg`; None for a field the schema does not have (protobuf skips it).
+#[inline(always)]
+fn kind(msg: Msg, number: u32) -> Option<Kind> {
+    use Kind::*;
+    Some(match (msg, number) {
+        (Msg::Request, 1) => Message(Msg::ResourceSpans),
+        (Msg::ResourceSpans, 1) => Message(Msg::Resource),
+        (Msg::ResourceSpans, 2) => Message(Msg::ScopeSpans),
+        (Msg::ResourceSpans, 3) => Str,
+        (Msg::ResourceSpans, 1000) => Unsure, // instrumentation_library_spans, gone from newer protos
+        (Msg::Resource, 1) => Message(Msg::KeyValue),
+        (Msg::Resource, 2) => Varint,
+        (Msg::Resource, 3) => Message(Msg::EntityRef),
+        (Msg::EntityRef, 1..=4) => Str,
+        (Msg::ScopeSpans, 1) => Message(Msg::Scope),
+        (Msg::ScopeSpans, 2) => Message(Msg::Span),
+        (Msg::ScopeSpans, 3) => Str,
+        (Msg::Scope, 1 | 2) => Str,
+        (Msg::Scope, 3) => Message(Msg::KeyValue),
+        (Msg::Scope, 4) => Varint,
+        (Msg::Span, 1 | 2 | 4) => Bytes,
+        (Msg::Span, 3 | 5) => Str,
+        (Msg::Span, 6 | 10 | 12 | 14) => Varint,
+        (Msg::Span, 7 | 8) => I64,
+        (Msg::Span, 9) => Message(Msg::KeyValue),
+        (Msg::Span, 11) => Message(Msg::Event),
+        (Msg::Span, 13) => Message(Msg::Link),
+        (Msg::Span, 15) => Message(Msg::Status),
+        (Msg::Span, 16) => I32,
+        (Msg::Event, 1) => I64,
+        (Msg::Event, 2) => Str,
+        (Msg::Event, 3) => Message(Msg::KeyValue),
+        (Msg::Event, 4) => Varint,
+        (Msg::Link, 1 | 2) => Bytes,
+        (Msg::Link, 3) => Str,
+        (Msg::Link, 4) => Message(Msg::KeyValue),
+        (Msg::Link, 5) => Varint,
+        (Msg::Link, 6) => I32,
+        (Msg::Status, 2) => Str,
+        (Msg::Status, 3) => Varint,
+        (Msg::KeyValue, 1) => Str,
+        (Msg::KeyValue, 2) => Message(Msg::AnyValue),
+        (Msg::KeyValue, 3) => Varint, // key_strindex (profiles only): never read
+        (Msg::AnyValue, 1) => Str,
+        (Msg::AnyValue, 2 | 3) => Varint,
+        (Msg::AnyValue, 4) => I64,
+        (Msg::AnyValue, 5) => Message(Msg::ArrayValue),
+        (Msg::AnyValue, 6) => Message(Msg::KeyValueList),
+        (Msg::AnyValue, 7) => Bytes,
+        (Msg::AnyValue, 8) => Unsure, // string_value_strindex: a member of the oneof in newer protos only
+        (Msg::ArrayValue, 1) => Message(Msg::AnyValue),
+        (Msg::KeyValueList, 1) => Message(Msg::KeyValue),
+        _ => return None,
+    })
+}
+
+/// Whether a value of wire type `value` is a value of `kind` (else protobuf would keep it as an
+/// unknown field, which this decoder does not reproduce).
+fn fits(kind: Kind, value: Value<'_>) -> bool {
+    matches!(
+        (kind, value),
+        (Kind::Str | Kind::Bytes | Kind::Message(_), Value::Len(_))
+            | (Kind::Varint, Value::Varint(_))
+            | (Kind::I64, Value::I64(_))
+            | (Kind::I32, Value::I32)
+    )
+}
+
+/// Check field `number` of a `msg` (nested `depth` deep) the way protobuf's parser would.
+fn check_field(msg: Msg, number: u32, value: Value<'_>, depth: u32) -> R<()> {
+    let Some(kind) = kind(msg, number) else {
+        return Ok(());
+    };
+    if !fits(kind, value) {
+        return Err(Bail);
+    }
+    match (kind, value) {
+        (Kind::Str, Value::Len(bytes)) => utf8(bytes).map(drop),
+        (Kind::Message(inner), Value::Len(bytes)) => check(inner, bytes, depth + 1),
+        _ => Ok(()),
+    }
+}
+
+/// Check a whole `msg` without decoding it: Ok only when protobuf parses it (as every other check
+/// here, an Err may also be a message protobuf takes but this decoder leaves to it).
+fn check(msg: Msg, buf: &[u8], depth: u32) -> R<()> {
+    for field in fields(buf, depth)? {
+        let (number, value) = field?;
+        check_field(msg, number, value, depth)?;
+    }
+    Ok(())
+}
+
+/// An `AnyValue`'s member (field number and value, of the member's wire type), unchecked inside.
+fn any_member<'a>(buf: &'a [u8], depth: u32) -> R<Option<(u32, Value<'a>)>> {
+    let mut member = None;
+    for field in fields(buf, depth)? {
+        let (number, value) = field?;
+        match kind(Msg::AnyValue, number) {
+            Some(kind) if !fits(kind, value) => return Err(Bail),
+            // Several members: the last one wins, but a repeated array or kvlist merges.
+            Some(_) if member.is_some() => return Err(Bail),
+            Some(_) => member = Some((number, value)),
+            None => {}
+        }
+    }
+    Ok(member)
+}
+
+/// A `KeyValue`'s key and (unchecked) value.
+fn key_value(buf: &[u8], depth: u32) -> R<(&str, Option<&[u8]>)> {
+    let (mut key, mut value) = ("", None);
+    for field in fields(buf, depth)? {
+        match field? {
+            (1, Value::Len(bytes)) => key = utf8(bytes)?,
+            (2, Value::Len(bytes)) => {
+                if value.replace(bytes).is_some() {
+                    return Err(Bail);
+                }
+            }
+            (number, other) => check_field(Msg::KeyValue, number, other, depth)?,
+        }
+    }
+    Ok((key, value))
+}
+
+/// An `AnyValue`'s `string_value` as protobuf reads it ("" when another member is set), checking
+/// the whole value.
+fn string_value(buf: Option<&[u8]>, depth: u32) -> R<&str> {
+    let Some(buf) = buf else { return Ok("") };
+    match any_member(buf, depth)? {
+        Some((1, Value::Len(bytes))) => utf8(bytes),
+        Some((number, value)) => check_field(Msg::AnyValue, number, value, depth).map(|_| ""),
+        None => Ok(""),
+    }
+}
+
+// --- decoding ---------------------------------------------------------------------------------------
+
+/// Decodes requests for one set of wanted attribute keys (see `collector.decode`).
+#[pyclass(frozen, module = "agenteval_native")]
+struct Decoder {
+    /// The wanted keys, each mapped to the Python string used as the attribute's dict key.
+    wanted: FxHashMap<Box<str>, Py<PyString>>,
+    /// The class built per span, called with its fields positionally.
+    record: Py<PyAny>,
+    own_scope: String,
+    service_name: String,
+    sdk_language: String,
+    max_chars: usize,
+    max_language_chars: usize,
+    max_error_chars: usize,
+    max_value_depth: u32,
+    status_error: i32,
+}
+
+/// What one request decodes to: (span records, (name, trace id, span id, parent id) of each span
+/// rejected for its ids, spans of our own scope).
+struct Out<'py> {
+    spans: Bound<'py, PyList>,
+    rejected: Bound<'py, PyList>,
+    own: usize,
+}
+
+/// A resource's `service.name` and `telemetry.sdk.language`, None when empty.
+type Resource<'py> = (Option<Bound<'py, PyString>>, Option<Bound<'py, PyString>>);
+
+#[pymethods]
+impl Decoder {
+    #[new]
+    #[pyo3(signature = (wanted, record, *, own_scope, service_name, sdk_language, max_chars,
+                        max_language_chars, max_error_chars, max_value_depth, status_error))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        wanted: &Bound<'_, PyAny>,
+        record: Py<PyAny>,
+        own_scope: String,
+        service_name: String,
+        sdk_language: String,
+        max_chars: usize,
+        max_language_chars: usize,
+        max_error_chars: usize,
+        max_value_depth: u32,
+        status_error: i32,
+    ) -> PyResult<Self> {
+        let wanted = wanted
+            .try_iter()?
+            .map(|key| {
+                let key = key?.cast_into::<PyString>()?;
+                Ok((key.to_str()?.into(), key.unbind()))
+            })
+            .collect::<PyResult<_>>()?;
+        Ok(Decoder {
+            wanted,
+            record,
+            own_scope,
+            service_name,
+            sdk_language,
+            max_chars,
+            max_language_chars,
+            max_error_chars,
+            max_value_depth,
+            status_error,
+        })
+    }
+
+    /// `(spans, rejected, own)` for a serialized request, or None to leave it to protobuf.
+    fn decode<'py>(&self, py: Python<'py>, payload: &[u8]) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let mut out = Out {
+            spans: PyList::empty(py),
+            rejected: PyList::empty(py),
+            own: 0,
+        };
+        match self.request(py, payload, &mut out) {
+            Ok(()) => Ok(Some((out.spans, out.rejected, out.own).into_pyobject(py)?)),
+            Err(Stop::Bail) => Ok(None),
+            Err(Stop::Py(err)) => Err(err),
+        }
+    }
+}
+
+impl Decoder {
+    fn request<'py>(&self, py: Python<'py>, buf: &[u8], out: &mut Out<'py>) -> R<(), Stop> {
+        for field in fields(buf, 1)? {
+            match field? {
+                (1, Value::Len(resource_spans)) => self.resource_spans(py, resource_spans, out)?,
+                (number, value) => check_field(Msg::Request, number, value, 1)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn resource_spans<'py>(&self, py: Python<'py>, buf: &[u8], out: &mut Out<'py>) -> R<(), Stop> {
+        let mut resource = None;
+        for field in fields(buf, 2)? {
+            match field? {
+                (1, Value::Len(bytes)) => {
+                    if resource.replace(bytes).is_some() {
+                        return Err(Stop::Bail); // protobuf merges the two
+                    }
+                }
+                (2, Value::Len(_)) => {} // after the resource, which may come later on the wire
+                (number, value) => check_field(Msg::ResourceSpans, number, value, 2)?,
+            }
+        }
+        let resource = match resource {
+            Some(bytes) => self.resource(py, bytes)?,
+            None => (None, None),
+        };
+        for scope_spans in repeated(buf, 2) {
+            self.scope_spans(py, scope_spans, &resource, out)?;
+        }
+        Ok(())
+    }
+
+    fn resource<'py>(&self, py: Python<'py>, buf: &[u8]) -> R<Resource<'py>> {
+        let (mut subject, mut language) = ("", "");
+        for field in fields(buf, 3)? {
+            match field? {
+                (1, Value::Len(attribute)) => {
+                    let (key, value) = key_value(attribute, 4)?;
+                    if key == self.service_name {
+                        subject = cap(string_value(value, 5)?, self.max_chars);
+                    } else if key == self.sdk_language {
+                        language = cap(string_value(value, 5)?, self.max_language_chars);
+                    } else if let Some(value) = value {
+                        check(Msg::AnyValue, value, 5)?;
+                    }
+                }
+                (number, value) => check_field(Msg::Resource, number, value, 3)?,
+            }
+        }
+        let text = |s: &str| (!s.is_empty()).then(|| PyString::new(py, s));
+        Ok((text(subject), text(language)))
+    }
+
+    fn scope_spans<'py>(
+        &self,
+        py: Python<'py>,
+        buf: &[u8],
+        resource: &Resource<'py>,
+        out: &mut Out<'py>,
+    ) -> R<(), Stop> {
+        let (mut scope, mut spans) = (None, 0);
+        for field in fields(buf, 3)? {
+            match field? {
+                (1, Value::Len(bytes)) => {
+                    if scope.replace(bytes).is_some() {
+                        return Err(Stop::Bail);
+                    }
+                }
+                (2, Value::Len(_)) => spans += 1,
+                (number, value) => check_field(Msg::ScopeSpans, number, value, 3)?,
+            }
+        }
+        let own = match scope {
+            Some(bytes) => self.scope_name(bytes)? == self.own_scope,
+            None => false,
+        };
+        if own {
+            out.own += spans;
+        }
+        for span in repeated(buf, 2) {
+            if own {
+                check(Msg::Span, span, 4)?;
+            } else {
+                self.span(py, span, resource, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn scope_name<'a>(&self, buf: &'a [u8]) -> R<&'a str> {
+        let mut name = "";
+        for field in fields(buf, 4)? {
+            match field? {
+                (1, Value::Len(bytes)) => name = utf8(bytes)?,
+                (number, value) => check_field(Msg::Scope, number, value, 4)?,
+            }
+        }
+        Ok(name)
+    }
+
+    fn span<'py>(&self, py: Python<'py>, buf: &[u8], resource: &Resource<'py>, out: &mut Out<'py>) -> R<(), Stop> {
+        let (mut trace_id, mut span_id, mut parent_id): (&[u8], &[u8], &[u8]) = (&[], &[], &[]);
+        let (mut name, mut start, mut status) = ("", 0u64, None);
+        let attrs = PyDict::new(py);
+        for field in fields(buf, 4)? {
+            match field? {
+                (1, Value::Len(bytes)) => trace_id = bytes,
+                (2, Value::Len(bytes)) => span_id = bytes,
+                (4, Value::Len(bytes)) => parent_id = bytes,
+                (5, Value::Len(bytes)) => name = utf8(bytes)?,
+                (7, Value::I64(nanos)) => start = nanos,
+                (9, Value::Len(attribute)) => self.attribute(py, attribute, &attrs)?,
+                (15, Value::Len(bytes)) => {
+                    if status.replace(bytes).is_some() {
+                        return Err(Stop::Bail);
+                    }
+                }
+                (number, value) => check_field(Msg::Span, number, value, 4)?,
+            }
+        }
+        let error = match status {
+            Some(bytes) => self.status_error(bytes)?,
+            None => None,
+        };
+        let name = PyString::new(py, cap(name, self.max_chars));
+        let usable = trace_id.len() == 16
+            && span_id.len() == 8
+            && (parent_id.is_empty() || parent_id.len() == 8)
+            && trace_id != [0; 16]
+            && span_id != [0; 8];
+        if !usable {
+            let ids = (
+                name,
+                PyBytes::new(py, trace_id),
+                PyBytes::new(py, span_id),
+                PyBytes::new(py, parent_id),
+            );
+            out.rejected.append(ids)?;
+            return Ok(());
+        }
+        if parent_id == [0; 8] {
+            parent_id = &[];
+        }
+        let record = self.record.bind(py).call1((
+            PyBytes::new(py, trace_id),
+            PyBytes::new(py, span_id),
+            PyBytes::new(py, parent_id),
+            name,
+            start,
+            attrs,
+            &resource.0,
+            error.map(|message| PyString::new(py, message)),
+            &resource.1,
+        ))?;
+        out.spans.append(record)?;
+        Ok(())
+    }
+
+    /// The status message (capped) when the status code is ERROR, else None.
+    fn status_error<'a>(&self, buf: &'a [u8]) -> R<Option<&'a str>> {
+        let (mut message, mut code) = ("", 0);
+        for field in fields(buf, 5)? {
+            match field? {
+                (2, Value::Len(bytes)) => message = utf8(bytes)?,
+                (3, Value::Varint(value)) => code = value as i32, // an enum is an int32: truncated
+                (number, value) => check_field(Msg::Status, number, value, 5)?,
+            }
+        }
+        Ok((code == self.status_error).then(|| cap(message, self.max_error_chars)))
+    }
+
+    /// Add one span attribute to `attrs` when its key is wanted (else only check it).
+    fn attribute<'py>(&self, py: Python<'py>, buf: &[u8], attrs: &Bound<'py, PyDict>) -> R<(), Stop> {
+        let (key, value) = key_value(buf, 5)?;
+        match (self.wanted.get(key), value) {
+            (Some(key), Some(value)) => {
+                let member = any_member(value, 6)?;
+                attrs.set_item(key.bind(py), self.value(py, member, 0, 6)?)?;
+            }
+            (Some(key), None) => attrs.set_item(key.bind(py), py.None())?,
+            (None, Some(value)) => check(Msg::AnyValue, value, 6)?,
+            (None, None) => {}
+        }
+        Ok(())
+    }
+
+    /// `collector.decode.any_value` of an `AnyValue` (its member as [`any_member`] found it), which is
+    /// `level` values deep in an attribute and `depth` messages deep in the request.
+    fn value<'py>(
+        &self,
+        py: Python<'py>,
+        member: Option<(u32, Value<'_>)>,
+        level: u32,
+        depth: u32,
+    ) -> R<Bound<'py, PyAny>, Stop> {
+        let Some((number, value)) = member else {
+            return Ok(py.None().into_bound(py));
+        };
+        if level > self.max_value_depth {
+            check_field(Msg::AnyValue, number, value, depth)?;
+            return Ok(py.None().into_bound(py));
+        }
+        Ok(match (number, value) {
+            (1, Value::Len(bytes)) => PyString::new(py, cap(utf8(bytes)?, self.max_chars)).into_any(),
+            (2, Value::Varint(value)) => PyBool::new(py, value != 0).to_owned().into_any(),
+            (3, Value::Varint(value)) => PyInt::new(py, value as i64).into_any(),
+            (4, Value::I64(bits)) => PyFloat::new(py, f64::from_bits(bits)).into_any(),
+            (5, Value::Len(bytes)) => {
+                let list = PyList::empty(py);
+                for field in fields(bytes, depth + 1)? {
+                    match field? {
+                        (1, Value::Len(item)) => {
+                            list.append(self.value(py, any_member(item, depth + 2)?, level + 1, depth + 2)?)?
+                        }
+                        (number, other) => check_field(Msg::ArrayValue, number, other, depth + 1)?,
+                    }
+                }
+                list.into_any()
+            }
+            (6, Value::Len(bytes)) => {
+                let dict = PyDict::new(py);
+                for field in fields(bytes, depth + 1)? {
+                    match field? {
+                        (1, Value::Len(entry)) => {
+                            let (key, value) = key_value(entry, depth + 2)?;
+                            let member = match value {
+                                Some(value) => any_member(value, depth + 3)?,
+                                None => None,
+                            };
+                            dict.set_item(key, self.value(py, member, level + 1, depth + 3)?)?;
+                        }
+                        (number, other) => check_field(Msg::KeyValueList, number, other, depth + 1)?,
+                    }
+                }
+                dict.into_any()
+            }
+            (7, Value::Len(_)) => py.None().into_bound(py), // bytes: nothing the classifier reads
+            _ => return Err(Stop::Bail),
+        })
+    }
+}
+
+/// The number of spans in a serialized request, or None when protobuf may not parse it (it then
+/// says why, or counts them itself).
+#[pyfunction]
+fn count_spans(payload: &[u8]) -> Option<usize> {
+    check(Msg::Request, payload, 1).ok()?;
+    let scopes = repeated(payload, 1).flat_map(|resource_spans| repeated(resource_spans, 2));
+    Some(scopes.map(|scope_spans| repeated(scope_spans, 2).count()).sum())
+}
+
+/// The schema this decoder was written against, `{message: {field number: type}}` with message types
+/// named, for a test to compare with the protobuf package installed.
+#[pyfunction]
+fn schema() -> Vec<(String, Vec<(u32, String)>)> {
+    MESSAGES
+        .iter()
+        .map(|&msg| {
+            let known = (1..=1000).filter_map(|number| kind(msg, number).map(|k| (number, format!("{k:?}"))));
+            (format!("{msg:?}"), known.collect())
+        })
+        .collect()
+}
+
+#[pymodule]
+fn agenteval_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<Decoder>()?;
+    module.add_function(wrap_pyfunction!(count_spans, module)?)?;
+    module.add_function(wrap_pyfunction!(schema, module)?)?;
+    Ok(())
+}

@@ -1,0 +1,463 @@
+"""The compiled decoder (native/, ``agenteval_native``) against the reference, protobuf + ``decode_request``.
+
+For every payload, :func:`decode_bytes` must give exactly what the Python path gives (the same
+:class:`Decoded`, or the same exception type), and the native decoder alone either the same result or
+None (it then leaves the request to protobuf). CI sets AGENTEVAL_REQUIRE_NATIVE=1, so a missing
+extension fails there instead of skipping.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import struct
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import (
+    AnyValue,
+    ArrayValue,
+    InstrumentationScope,
+    KeyValue,
+    KeyValueList,
+)
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
+
+from collector import decode
+from collector.classify import SpanRecord
+from collector.config import CollectorConfig
+from collector.decode import (
+    MAX_VALUE_DEPTH,
+    OWN_SCOPE,
+    SDK_LANGUAGE,
+    SERVICE_NAME,
+    Decoded,
+    count_spans,
+    decode_bytes,
+    decode_request,
+    span_count,
+)
+from mafshape import SCENARIOS, export_request, record
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+from workload import encode, trace_spans  # noqa: E402
+
+WANTED = CollectorConfig().matcher().wanted_keys
+DOTNET = Path(__file__).parent / "fixtures" / "dotnet"
+FUZZ = settings(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck),
+                print_blob=False, max_examples=300)
+
+
+@pytest.fixture(autouse=True)
+def require_native() -> None:
+    """These tests skip without the extension, unless CI requires it."""
+    if not decode.NATIVE:
+        message = "agenteval_native is not installed: `make install` builds it (needs Rust)"
+        if os.environ.get("AGENTEVAL_REQUIRE_NATIVE") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+# --- comparing results ----------------------------------------------------------------------------------
+
+def plain(value: Any) -> Any:
+    """``value`` with its types spelled out (True is not 1) and floats by their bits (NaN equals NaN)."""
+    if isinstance(value, float):
+        return "float", struct.pack("<d", value)
+    if isinstance(value, dict):
+        return "dict", [(k, plain(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return "list", [plain(v) for v in value]
+    return type(value).__name__, value
+
+
+def result(decoded: Decoded) -> tuple:
+    """Every field of every span record, the rejections and the own spans."""
+    spans = [tuple(plain(getattr(span, name)) for name in SpanRecord.__slots__) for span in decoded.spans]
+    return spans, decoded.rejected, decoded.own, decoded.reasons
+
+
+def outcome(fn: Callable[[], Any]) -> tuple:
+    """``fn()``, or the type of what it raised."""
+    try:
+        return "ok", fn()
+    except Exception as exc:  # noqa: BLE001 (the type is the outcome)
+        return "raised", type(exc)
+
+
+def reference(payload: bytes) -> tuple:
+    return outcome(lambda: result(decode_request(ExportTraceServiceRequest.FromString(payload), WANTED)))
+
+
+def received(payload: bytes) -> tuple:
+    """What the receivers get: the span count (checked), then the request decoded."""
+    def run() -> tuple:
+        spans, parsed = count_spans(payload)
+        decoded = decode_bytes(payload, WANTED, parsed)
+        assert spans == span_count(ExportTraceServiceRequest.FromString(payload) if parsed is None else parsed)
+        return result(decoded)
+    return outcome(run)
+
+
+def assert_parity(payload: bytes, native_must_answer: bool = False) -> tuple:
+    """The receivers' path and decode_bytes give what protobuf + decode_request give; the native
+    decoder gives the same or None. Returns the reference outcome."""
+    expected = reference(payload)
+    assert outcome(lambda: result(decode_bytes(payload, WANTED))) == expected
+    assert received(payload) == expected
+    found = decode._native_decode(payload, WANTED)
+    if expected[0] == "raised":
+        assert found is None and decode._native.count_spans(payload) is None
+    elif found is not None:
+        assert ("ok", result(found)) == expected
+    else:
+        assert not native_must_answer, "the native decoder left a canonical request to protobuf"
+    return expected
+
+
+# --- realistic payloads ---------------------------------------------------------------------------------
+
+def dotnet_requests() -> list[bytes]:
+    """The MAF .NET fixtures (OTLP/JSON with hex ids) as protobuf."""
+    bodies = []
+    for path in sorted(DOTNET.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            doc = json.loads(line)
+            for rs in doc.get("resourceSpans", []):
+                for ss in rs.get("scopeSpans", []):
+                    for span in ss.get("spans", []):
+                        for obj in (span, *span.get("links", [])):
+                            for key in ("traceId", "spanId", "parentSpanId"):
+                                if obj.get(key):
+                                    obj[key] = base64.b64encode(bytes.fromhex(obj[key])).decode()
+            bodies.append(json_format.ParseDict(doc, ExportTraceServiceRequest()).SerializeToString())
+    return bodies
+
+
+def test_bench_workload_decodes_natively_and_identically() -> None:
+    bodies = encode([trace_spans(random.Random(seed)) for seed in range(200)], spans_per_request=300)
+    for body in bodies:
+        assert assert_parity(body, native_must_answer=True)[0] == "ok"
+
+
+def test_maf_shaped_sdk_requests_decode_natively_and_identically() -> None:
+    """Every scenario through the real OpenTelemetry SDK and its OTLP encoder (resource, events, status)."""
+    scenarios = [scenario for scenario, _, _ in SCENARIOS.values()]
+    for dotnet in (False, True):
+        spans, _ = record([replace(scenario, dotnet=dotnet) for scenario in scenarios])
+        expected = assert_parity(export_request(spans).SerializeToString(), native_must_answer=True)
+        assert expected[0] == "ok" and len(expected[1][0]) == len(spans)
+
+
+def test_dotnet_fixture_requests_decode_natively_and_identically() -> None:
+    bodies = dotnet_requests()
+    assert len(bodies) >= 6
+    for body in bodies:
+        expected = assert_parity(body, native_must_answer=True)
+        assert expected[0] == "ok" and expected[1][0]
+
+
+def test_without_the_extension_protobuf_decodes_and_parses_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    body = encode([trace_spans(random.Random(3))])[0]
+    expected = reference(body)
+    monkeypatch.setattr(decode, "_native", None)
+    spans, parsed = count_spans(body)
+    assert parsed is not None and spans == len(expected[1][0])
+    assert ("ok", result(decode_bytes(body, WANTED, parsed))) == expected
+    assert ("ok", result(decode_bytes(body, WANTED))) == expected
+    assert received(b"\xff\xfe not protobuf") == reference(b"\xff\xfe not protobuf")
+
+
+def test_native_schema_is_the_installed_protobufs() -> None:
+    """The fields the native decoder knows (it checks them as protobuf would and skips the rest) are
+    the installed opentelemetry-proto's, but for the ones it always leaves to protobuf ("Unsure")."""
+    names = {"ExportTraceServiceRequest": "Request", "InstrumentationScope": "Scope"}
+    kinds = {F.TYPE_STRING: "Str", F.TYPE_BYTES: "Bytes", F.TYPE_FIXED64: "I64", F.TYPE_DOUBLE: "I64",
+             F.TYPE_FIXED32: "I32", **dict.fromkeys([F.TYPE_INT32, F.TYPE_INT64, F.TYPE_UINT32, F.TYPE_BOOL,
+                                                     F.TYPE_ENUM], "Varint")}
+    installed: dict[str, dict[int, str]] = {}
+
+    def walk(descriptor: Any) -> None:
+        name = names.get(descriptor.name, descriptor.name)
+        if name in installed:
+            return
+        installed[name] = {}
+        for f in descriptor.fields:
+            if f.message_type is not None:
+                walk(f.message_type)
+                installed[name][f.number] = f"Message({names.get(f.message_type.name, f.message_type.name)})"
+            else:
+                installed[name][f.number] = kinds.get(f.type, f"type {f.type}")
+
+    walk(ExportTraceServiceRequest.DESCRIPTOR)
+    schema = {name: dict(fields) for name, fields in decode._native.schema()}
+    assert schema.keys() == installed.keys()
+    for name, fields in schema.items():
+        unsure = {number for number, kind in fields.items() if kind == "Unsure"}
+        assert {n: k for n, k in fields.items() if n not in unsure} == \
+               {n: k for n, k in installed[name].items() if n not in unsure}, name
+
+
+# --- generated requests ---------------------------------------------------------------------------------
+
+LONG = ["é" * 1100, "𝟙" * 1030, "x" * 1025, "a" * 1000 + "字" * 30, "é" * 600, "ß" * 70, "x" * 1024]
+texts = st.one_of(st.text(max_size=10), st.sampled_from(["", OWN_SCOPE, *LONG]))
+keys = st.one_of(st.sampled_from(sorted(WANTED)), st.text(max_size=6))
+leaf_values = st.one_of(
+    texts.map(lambda s: AnyValue(string_value=s)),
+    st.booleans().map(lambda b: AnyValue(bool_value=b)),
+    st.integers(-(2**63), 2**63 - 1).map(lambda i: AnyValue(int_value=i)),
+    st.floats().map(lambda d: AnyValue(double_value=d)),
+    st.binary(max_size=6).map(lambda b: AnyValue(bytes_value=b)),
+    st.just(AnyValue()),
+)
+
+
+def array(values: list[AnyValue]) -> AnyValue:
+    return AnyValue(array_value=ArrayValue(values=values))
+
+
+def kvlist(items: list[tuple[str, AnyValue]]) -> AnyValue:
+    return AnyValue(kvlist_value=KeyValueList(values=[KeyValue(key=k, value=v) for k, v in items]))
+
+
+@st.composite
+def deep_values(draw: st.DrawFn) -> AnyValue:
+    """Nested past MAX_VALUE_DEPTH (but within what the native decoder takes on itself)."""
+    value = draw(leaf_values)
+    for kind in draw(st.lists(st.sampled_from("ak"), min_size=MAX_VALUE_DEPTH - 1, max_size=20)):
+        value = array([value]) if kind == "a" else kvlist([("k", value)])
+    return value
+
+
+any_values = st.one_of(
+    st.recursive(leaf_values, lambda kids: st.one_of(st.lists(kids, max_size=3).map(array),
+                                                     st.lists(st.tuples(keys, kids), max_size=3).map(kvlist)),
+                 max_leaves=10),
+    deep_values(),
+)
+attributes = st.lists(st.tuples(keys, st.none() | any_values).map(
+    lambda kv: KeyValue(key=kv[0]) if kv[1] is None else KeyValue(key=kv[0], value=kv[1])), max_size=6)
+
+
+def ids(size: int) -> st.SearchStrategy[bytes]:
+    good = st.binary(min_size=size, max_size=size)
+    return st.one_of(good, good, good, st.just(bytes(size)), st.binary(max_size=size + 2))
+
+
+statuses = st.builds(Status, code=st.one_of(st.sampled_from([0, 1, 2]), st.integers(-3, 5)), message=texts)
+spans = st.builds(
+    Span, trace_id=ids(16), span_id=ids(8), parent_span_id=st.one_of(st.just(b""), st.just(bytes(8)), ids(8)),
+    name=texts, start_time_unix_nano=st.integers(0, 2**64 - 1), end_time_unix_nano=st.integers(0, 2**64 - 1),
+    kind=st.integers(0, 5), trace_state=texts, flags=st.integers(0, 2**32 - 1), attributes=attributes,
+    status=st.none() | statuses,
+    events=st.lists(st.builds(Span.Event, name=texts, attributes=attributes), max_size=2),
+    links=st.lists(st.builds(Span.Link, trace_id=ids(16), trace_state=texts, attributes=attributes), max_size=2),
+)
+resource_attributes = st.lists(st.one_of(
+    st.tuples(st.sampled_from([SERVICE_NAME, SDK_LANGUAGE]),
+              texts.map(lambda s: AnyValue(string_value=s)) | any_values),
+    st.tuples(keys, any_values),
+).map(lambda kv: KeyValue(key=kv[0], value=kv[1])), max_size=4)
+scopes = st.builds(InstrumentationScope, name=st.sampled_from([OWN_SCOPE, "agent_framework", ""]) | texts,
+                   version=texts, attributes=attributes)
+scope_spans = st.builds(ScopeSpans, scope=st.none() | scopes, spans=st.lists(spans, max_size=4), schema_url=texts)
+requests = st.builds(ExportTraceServiceRequest, resource_spans=st.lists(st.builds(
+    ResourceSpans, resource=st.none() | st.builds(Resource, attributes=resource_attributes),
+    scope_spans=st.lists(scope_spans, max_size=3), schema_url=texts), max_size=3))
+
+
+@FUZZ
+@given(request=requests)
+def test_generated_requests_decode_natively_and_identically(request: ExportTraceServiceRequest) -> None:
+    assert_parity(request.SerializeToString(), native_must_answer=True)
+
+
+@settings(FUZZ, max_examples=60)
+@given(case=st.data())
+def test_the_fuzz_suites_hostile_requests_decode_identically(case: st.DataObject) -> None:
+    from test_fuzz import cases, good_trace, to_protobuf
+
+    drawn = case.draw(cases())
+    assert_parity(to_protobuf(drawn, good_trace(drawn.good)[1]).SerializeToString(), native_must_answer=True)
+
+
+# --- hand-made and broken wire data ---------------------------------------------------------------------
+
+def varint(n: int) -> bytes:
+    n &= 2**64 - 1
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes(out + bytes([n]))
+
+
+def tag(number: int, wire: int) -> bytes:
+    return varint(number << 3 | wire)
+
+
+def ld(number: int, data: bytes) -> bytes:
+    return tag(number, 2) + varint(len(data)) + data
+
+
+def request_of(span: bytes, scope: bytes = ld(1, b"agent_framework"), resource: bytes = b"",
+               more: bytes = b"") -> bytes:
+    """A request of one resource, one scope and one span, from their serialized fields (and ``more``
+    fields of the resource spans)."""
+    return ld(1, ld(1, resource) + ld(2, ld(1, scope) + ld(2, span)) + more)
+
+
+#: A span without a status, and with an error status.
+BARE = Span(trace_id=bytes(range(1, 17)), span_id=bytes(range(1, 9)), parent_span_id=bytes(range(9, 17)),
+            name="chat gpt-4o", start_time_unix_nano=1_700_000_000_000_000_000,
+            attributes=[KeyValue(key="gen_ai.operation.name", value=AnyValue(string_value="chat"))]).SerializeToString()
+SPAN = BARE + ld(15, ld(2, b"boom") + tag(3, 0) + varint(Status.STATUS_CODE_ERROR))
+RESOURCE = Resource(attributes=[KeyValue(key=SERVICE_NAME, value=AnyValue(string_value="svc"))]).SerializeToString()
+WANTED_KEY = b"gen_ai.operation.name"
+
+
+def attr(value: bytes, key: bytes = WANTED_KEY) -> bytes:
+    """A span attribute field with a serialized AnyValue."""
+    return ld(9, ld(1, key) + ld(2, value))
+
+
+def nested(levels: int) -> bytes:
+    value = tag(3, 0) + varint(1)
+    for _ in range(levels):
+        value = ld(5, ld(1, value))
+    return value
+
+
+#: (payload, what answers): "native" (the native decoder itself), "protobuf" (native leaves it to
+#: protobuf, which decodes it) or "error" (protobuf refuses it, and so does decode_bytes).
+CASES: dict[str, tuple[bytes, str]] = {
+    "canonical": (request_of(SPAN, resource=RESOURCE), "native"),
+    "empty request": (b"", "native"),
+    "fields in reverse order": (ld(1, ld(2, ld(2, attr(ld(1, b"v")) + ld(5, b"n") + ld(2, b"\x01" * 8)
+                                                + ld(1, b"\x02" * 16)) + ld(1, ld(1, b"scope")))
+                                       + ld(1, RESOURCE)), "native"),
+    "own scope after its spans": (ld(1, ld(2, ld(2, SPAN) + ld(2, SPAN) + ld(1, ld(1, OWN_SCOPE.encode())))), "native"),
+    "key after value": (request_of(SPAN + ld(9, ld(2, ld(1, b"v")) + ld(1, WANTED_KEY))), "native"),
+    "unknown fields of every wire type": (request_of(
+        SPAN + tag(200, 0) + varint(7) + tag(201, 1) + bytes(8) + ld(202, b"\xff\xfe") + tag(203, 5) + bytes(4)),
+        "native"),
+    "capped non-ASCII text": (request_of(
+        BARE + ld(5, "é".encode() * 1030) + attr(ld(1, "字".encode() * 1025)) + ld(15, ld(2, "ß".encode() * 201)
+                                                                                  + tag(3, 0) + varint(2)),
+        resource=ld(1, ld(1, SERVICE_NAME.encode()) + ld(2, ld(1, "𝟙".encode() * 1025)))
+        + ld(1, ld(1, SDK_LANGUAGE.encode()) + ld(2, ld(1, "é".encode() * 65)))), "native"),
+    "all-zero parent": (request_of(BARE + ld(4, bytes(8))), "native"),
+    **{f"rejected: {what}": (request_of(BARE + fields), "native") for what, fields in {
+        "short trace id": ld(1, bytes(15)), "zero trace id": ld(1, bytes(16)), "long span id": ld(2, bytes(9)),
+        "zero span id": ld(2, bytes(8)), "7-byte parent": ld(4, b"\x01" * 7), "no ids": ld(1, b"") + ld(2, b""),
+        "long name": ld(5, "é".encode() * 2000) + ld(1, b"\x01")}.items()},
+    "attribute without a value": (request_of(SPAN + ld(9, ld(1, WANTED_KEY))), "native"),
+    "status code past int32": (request_of(BARE + ld(15, ld(2, b"m") + tag(3, 0) + varint(2 + 2**32))), "native"),
+    "negative status code": (request_of(BARE + ld(15, tag(3, 0) + varint(-1))), "native"),
+    "empty status": (request_of(BARE + ld(15, b"")), "native"),
+    "bool of 2": (request_of(SPAN + attr(tag(2, 0) + varint(2))), "native"),
+    "overlong varint value": (request_of(SPAN + attr(tag(3, 0) + b"\x81\x80\x00")), "native"),
+    "10-byte varint overflowing 64 bits": (request_of(SPAN + attr(tag(3, 0) + b"\xff" * 9 + b"\x7f")), "protobuf"),
+    "duplicated status": (request_of(SPAN + ld(15, ld(2, b"second"))), "protobuf"),
+    "duplicated resource": (request_of(SPAN, resource=RESOURCE, more=ld(1, b"")), "protobuf"),
+    "duplicated scope": (ld(1, ld(2, ld(1, ld(1, OWN_SCOPE.encode())) + ld(1, ld(2, b"1.0")) + ld(2, SPAN))),
+                         "protobuf"),
+    "duplicated attribute value": (request_of(SPAN + ld(9, ld(1, WANTED_KEY) + ld(2, ld(5, ld(1, ld(1, b"a"))))
+                                                        + ld(2, ld(5, ld(1, ld(1, b"b")))))), "protobuf"),
+    "two AnyValue members": (request_of(SPAN + attr(ld(1, b"text") + tag(3, 0) + varint(5))), "protobuf"),
+    "string_value_strindex": (request_of(SPAN + attr(tag(8, 0) + varint(3))), "protobuf"),
+    "key_strindex": (request_of(SPAN + ld(9, ld(1, WANTED_KEY) + tag(3, 0) + varint(3))), "native"),
+    "field 1000 (instrumentation_library_spans)": (ld(1, ld(1000, ld(2, SPAN))), "protobuf"),
+    "name as a varint": (request_of(SPAN + tag(5, 0) + varint(1)), "protobuf"),
+    "start time as a varint": (request_of(SPAN + tag(7, 0) + varint(5)), "protobuf"),
+    "status as a varint": (request_of(SPAN + tag(15, 0) + varint(5)), "protobuf"),
+    "unknown group": (request_of(SPAN + tag(99, 3) + tag(1, 0) + varint(1) + tag(99, 4)), "protobuf"),
+    "nested 31 deep": (request_of(SPAN + attr(nested(31), b"other")), "protobuf"),
+    "nested 31 deep, wanted": (request_of(SPAN + attr(nested(31))), "protobuf"),
+    "nested 60 deep": (request_of(SPAN + attr(nested(60))), "error"),
+    "field number 0": (b"\x00\x01", "error"),
+    "wire type 6": (tag(1, 6), "error"),
+    "wire type 7 in a span": (request_of(SPAN + tag(20, 7)), "error"),
+    "6-byte tag": (request_of(SPAN + b"\xa0\x86\x80\x80\x80\x00" + varint(1)), "error"),  # field 100
+    "length past the end": (ld(1, b"")[:-1] + b"\x05", "error"),
+    "11-byte varint": (request_of(SPAN + attr(tag(3, 0) + b"\xff" * 10 + b"\x01")), "error"),
+    "end group without a start": (request_of(SPAN + tag(99, 4)), "error"),
+    **{f"invalid UTF-8 in {where}": (payload, "error") for where, payload in {
+        "a span name": request_of(SPAN + ld(5, b"chat \xff")),
+        "a surrogate span name": request_of(SPAN + ld(5, b"\xed\xa0\x80")),
+        "an overlong span name": request_of(SPAN + ld(5, b"\xc0\x80")),
+        "a span name past U+10FFFF": request_of(SPAN + ld(5, b"\xf4\x90\x80\x80")),
+        "trace_state": request_of(SPAN + ld(3, b"\xff")),
+        "an event name": request_of(SPAN + ld(11, ld(2, b"\xc3"))),
+        "a link's trace_state": request_of(SPAN + ld(13, ld(3, b"\xff"))),
+        "a link attribute": request_of(SPAN + ld(13, ld(4, ld(1, b"\xff")))),
+        "an unwanted attribute key": request_of(SPAN + ld(9, ld(1, b"k\xff"))),
+        "an unwanted attribute value": request_of(SPAN + attr(ld(1, b"\xff"), b"other")),
+        "a nested kvlist key": request_of(SPAN + attr(ld(6, ld(1, ld(1, b"\xff"))))),
+        "a value nested past MAX_VALUE_DEPTH": request_of(SPAN + attr(ld(5, ld(1, nested(12)[:-2] + ld(1, b"\xff"))))),
+        "a wanted attribute value": request_of(SPAN + attr(ld(1, b"\xff"))),
+        "a status message": request_of(BARE + ld(15, ld(2, b"\xff"))),
+        "the scope name": request_of(SPAN, scope=ld(1, b"\xff")),
+        "the scope version": request_of(SPAN, scope=ld(2, b"\xff")),
+        "a scope attribute": request_of(SPAN, scope=ld(3, ld(1, b"k") + ld(2, ld(1, b"\xff")))),
+        "an own scope's span": request_of(SPAN + ld(5, b"\xff"), scope=ld(1, OWN_SCOPE.encode())),
+        "service.name": request_of(SPAN, resource=ld(1, ld(1, SERVICE_NAME.encode()) + ld(2, ld(1, b"\xff")))),
+        "a resource entity ref": request_of(SPAN, resource=ld(3, ld(2, b"\xff"))),
+        "a scope's schema_url": ld(1, ld(2, ld(3, b"\xff") + ld(2, SPAN))),
+        "a resource's schema_url": ld(1, ld(3, b"\xff")),
+    }.items()},
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_hand_made_requests_decode_identically(name: str) -> None:
+    payload, answers = CASES[name]
+    expected = assert_parity(payload)
+    assert expected[0] == ("raised" if answers == "error" else "ok"), expected
+    assert (decode._native_decode(payload, WANTED) is not None) == (answers == "native")
+
+
+def test_every_truncation_of_a_request_decodes_identically() -> None:
+    body = encode([trace_spans(random.Random(1))], spans_per_request=100)[0]
+    for end in range(len(body)):
+        assert_parity(body[:end])
+
+
+@FUZZ
+@given(body=st.binary(max_size=300))
+def test_random_bytes_decode_identically(body: bytes) -> None:
+    assert_parity(body)
+
+
+MUTATED = [request_of(SPAN, resource=RESOURCE), *dotnet_requests()[:2],
+           encode([trace_spans(random.Random(2), executors=2, chats=1)])[0]]
+
+
+@FUZZ
+@given(base=st.sampled_from(MUTATED), edits=st.lists(st.tuples(st.sampled_from("xid"), st.floats(0, 1),
+                                                                 st.integers(0, 255)), min_size=1, max_size=4))
+def test_mutated_requests_decode_identically(base: bytes, edits: list[tuple[str, float, int]]) -> None:
+    """Bytes changed, inserted or deleted anywhere in real requests."""
+    body = bytearray(base)
+    for op, where, byte in edits:
+        at = min(int(where * len(body)), len(body) - 1)
+        if op == "x":
+            body[at] = byte
+        elif op == "i":
+            body.insert(at, byte)
+        else:
+            del body[at]
+    assert_parity(bytes(body))

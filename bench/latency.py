@@ -6,7 +6,7 @@ capacity of ``bench/throughput.py`` on the project's box. The achieved rate is p
 target. Latency = wall time from sending the request to the run's ``created_at`` in the store
 (the start of the store transaction that writes it).
 
-    .venv/bin/python bench/latency.py [--spans-per-s 10000] [--seconds 20] [--quiet 0.2]
+    .venv/bin/python bench/latency.py [--spans-per-s 10000] [--seconds 20] [--quiet 0.2] [--slowest 50]
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ def main() -> None:
     ap.add_argument("--spans-per-s", type=float, default=10_000)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--quiet", type=float, default=0.2)
+    ap.add_argument("--slowest", type=int, default=0, metavar="N",
+                    help="also list the N slowest traces by send time: traces sent close together and "
+                         "finalized at one moment point at a stall (a full GC, a blocked loop)")
     args = ap.parse_args()
     rng = random.Random(5)
     traces = []
@@ -87,6 +90,12 @@ def main() -> None:
     print(f"{'':6} {'latency ms':>11} {'minus quiet':>12}")
     for name, v in (("p50", p50), ("p99", p99), ("max", lat[-1])):
         print(f"{name:6} {v:11.1f} {v - q:12.1f}")
+    if args.slowest:
+        first = min(sent.values())
+        slow = sorted(sorted(sent.items(), key=lambda kv: kv[1] - stored[kv[0]])[:args.slowest], key=lambda kv: kv[1])
+        print(f"{'sent at s':>10} {'minus quiet ms':>15} {'stored at s':>12}")
+        for tid, t0 in slow:
+            print(f"{t0 - first:10.3f} {(stored[tid] - t0) * 1000 - q:15.1f} {stored[tid] - first:12.3f}")
 
 
 if __name__ == "__main__":

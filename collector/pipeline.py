@@ -15,11 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collector.assembler import Assembler, Backpressure, Failure, Finalized
 from collector.config import CollectorConfig
-from collector.decode import Decoded, decode_request
+from collector.decode import Decoded
 from collector.emit_spans import VerdictSpans
 from collector.journal import Journal
 from collector.metrics import Metrics
@@ -164,10 +163,6 @@ class Pipeline:
         return {"traces_in_flight": a.traces_in_flight, "spans_in_flight": a.spans_in_flight,
                 "late_traces": a.late_traces, "late_bytes": a.late_bytes, "store_queued_runs": self.writer.backlog,
                 "journal_bytes": self.journal.size if self.journal is not None else 0}
-
-    def ingest(self, request: ExportTraceServiceRequest, transport: str) -> IngestResult:
-        """Accept a protobuf request, or raise :class:`Backpressure` having accepted none of it."""
-        return self.ingest_decoded(decode_request(request, self.matcher.wanted_keys), transport)
 
     def admit(self, spans: int, transport: str) -> None:
         """Refuse a request of ``spans`` spans before it is decoded when the journal or the store

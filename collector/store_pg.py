@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Any
 
 import psycopg
@@ -32,6 +33,7 @@ _MIGRATION_LOCK = 0x616765_6E7465
 _CATCH_UP_MARGIN = 30.0
 
 
+@lru_cache(maxsize=128)
 def _pg(sql: str) -> str:
     """``:name`` (the shared SQL) -> psycopg's ``%(name)s``."""
     return re.sub(r"(?<!:):([a-z_][a-z0-9_]*)", r"%(\1)s", sql)
@@ -47,6 +49,8 @@ def safe_url(url: str) -> str:
 
 class PostgresRunStore(RunStore):
     notifies_all_writers = True
+    _mark = "%s"
+    _lock_rows = " FOR UPDATE"
 
     def __init__(self, url: str, password: str | None = None, pool_size: int = 4,
                  connect_timeout: float = 10.0) -> None:
@@ -84,15 +88,16 @@ class PostgresRunStore(RunStore):
                 log.info("store_migrated", store=self.display, to_version=number + 1)
 
     @contextmanager
-    def _transaction(self) -> Iterator[Callable[[str, dict[str, Any]], int]]:
+    def _transaction(self) -> Iterator[Callable[[str, Any], Any]]:
         try:
             with self._pool.connection() as conn, conn.transaction():
-                yield lambda sql, params: conn.execute(_pg(sql), params).rowcount
+                yield lambda sql, params: conn.execute(_pg(sql), params)
         except (psycopg.Error, PoolTimeout) as exc:
             raise StoreError(f"{self.display}: {str(exc).strip() or type(exc).__name__}") from exc
 
-    def _written(self, execute: Callable[[str, dict[str, Any]], int], run_id: str) -> None:
-        execute("SELECT pg_notify(:channel, :run_id)", {"channel": CHANNEL, "run_id": run_id})
+    def _written(self, execute: Callable[[str, Any], Any], run_ids: list[str]) -> None:
+        execute("SELECT pg_notify(:channel, run_id) FROM unnest(CAST(:run_ids AS text[])) AS run_id",
+                {"channel": CHANNEL, "run_ids": run_ids})
 
     def _query(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         try:

@@ -7,18 +7,34 @@ import socket
 import sys
 import threading
 import time
+from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import structlog
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry.sdk.metrics import Histogram as SdkHistogram
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Histogram as HistogramData,
+    HistogramDataPoint,
+    Metric,
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    MetricsData,
+    PeriodicExportingMetricReader,
+    ResourceMetrics,
+    ScopeMetrics,
+)
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from collector.config import CollectorConfig, split_endpoint
@@ -30,8 +46,147 @@ DELTA_BUCKETS = (0, 1, 10, 50, 100, 500, 1_000, 5_000, 10_000, 50_000)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
-#: One attributes dict per delta direction, made once.
-_DIRECTIONS = {d: {"direction": d} for d in ("under", "over", "equal")}
+SCOPE = InstrumentationScope("agenteval.collector")
+#: What the SDK's Prometheus reader puts on every series; our histograms carry the same.
+_SCOPE_LABELS = {"otel_scope_name": SCOPE.name, "otel_scope_schema_url": "", "otel_scope_version": ""}
+
+
+@dataclass(slots=True)
+class _Series:
+    counts: list[int]  # per bucket, the last one above every bound
+    total: float = 0.0
+    low: float = float("inf")
+    high: float = float("-inf")
+    #: Sum and extremes since the delta exporter last took them (a delta point carries its interval's).
+    since_total: float = 0.0
+    since_low: float = float("inf")
+    since_high: float = float("-inf")
+
+
+class Histogram:
+    """A cumulative explicit-bucket histogram, by the value of at most one label.
+
+    Recorded in about a microsecond; the SDK's ``Histogram.record`` validates and hashes its
+    attributes on every call (7-10 µs), and a run records one per checked unit. Both sinks read it:
+    the Prometheus registry through :class:`_PrometheusHistograms`, the OTLP push through
+    :class:`_WithHistograms`, in the shape the SDK gives its own histograms.
+    """
+
+    def __init__(self, name: str, prometheus_name: str, unit: str, description: str,
+                 buckets: Sequence[float], label: str | None = None) -> None:
+        self.name, self.prometheus_name, self.unit, self.description = name, prometheus_name, unit, description
+        self.buckets = tuple(float(b) for b in buckets)
+        #: Bucket bounds as Prometheus labels, spelt as configured (``0`` or ``0.0``), as the SDK's reader does.
+        self.le = (*(str(b) for b in buckets), "+Inf")
+        self.label = label
+        self.start_ns = time.time_ns()
+        self._series: dict[str | None, _Series] = {}
+        self._lock = threading.Lock()
+
+    def record(self, value: float, label_value: str | None = None) -> None:
+        with self._lock:
+            series = self._series.get(label_value)
+            if series is None:
+                series = self._series[label_value] = _Series([0] * (len(self.buckets) + 1))
+            series.counts[bisect_left(self.buckets, value)] += 1  # bucket i holds (bound[i-1], bound[i]]
+            series.total += value
+            series.since_total += value
+            if value < series.low:
+                series.low = value
+            if value > series.high:
+                series.high = value
+            if value < series.since_low:
+                series.since_low = value
+            if value > series.since_high:
+                series.since_high = value
+
+    def snapshot(self, interval: bool = False) -> list[tuple[str | None, _Series]]:
+        """A copy of each series by label value; with ``interval`` its sum and extremes are those
+        since the last such call (which starts a new interval), its counts still cumulative."""
+        with self._lock:
+            out = []
+            for key, s in self._series.items():
+                if interval:
+                    out.append((key, _Series(list(s.counts), s.since_total, s.since_low, s.since_high)))
+                    s.since_total, s.since_low, s.since_high = 0.0, float("inf"), float("-inf")
+                else:
+                    out.append((key, _Series(list(s.counts), s.total, s.low, s.high)))
+            return out
+
+    def attributes(self, label_value: str | None) -> dict[str, str]:
+        return {} if self.label is None or label_value is None else {self.label: label_value}
+
+
+class _PrometheusHistograms:
+    """A prometheus_client collector for :class:`Histogram` (cumulative ``le`` buckets)."""
+
+    def __init__(self, histograms: Sequence[Histogram]) -> None:
+        self.histograms = histograms
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        for h in self.histograms:
+            labels = [*([h.label] if h.label else []), *_SCOPE_LABELS]
+            family = HistogramMetricFamily(h.prometheus_name, h.description, labels=labels)
+            for key, series in h.snapshot():
+                running, buckets = 0, []
+                for le, count in zip(h.le, series.counts):
+                    running += count
+                    buckets.append((le, running))
+                family.add_metric([*([key] if h.label else []), *_SCOPE_LABELS.values()], buckets, series.total)
+            yield family
+
+
+class _WithHistograms(MetricExporter):
+    """The OTLP metric exporter, with :class:`Histogram` s added to each export under our scope,
+    cumulative or delta as the exporter prefers for histograms."""
+
+    def __init__(self, inner: MetricExporter, histograms: Sequence[Histogram], resource: Resource) -> None:
+        super().__init__(preferred_temporality=inner._preferred_temporality,  # noqa: SLF001 - the reader reads them
+                         preferred_aggregation=inner._preferred_aggregation)  # noqa: SLF001
+        self.inner, self.histograms, self.resource = inner, histograms, resource
+        self.temporality = inner._preferred_temporality.get(SdkHistogram,  # noqa: SLF001
+                                                            AggregationTemporality.CUMULATIVE)
+        self._last: dict[tuple[str, str | None], list[int]] = {}  # cumulative counts at the last export
+        self._last_ns: int | None = None
+
+    def _metrics(self) -> list[Metric]:
+        now = time.time_ns()
+        delta = self.temporality is AggregationTemporality.DELTA
+        out = []
+        for h in self.histograms:
+            points = []
+            for key, series in h.snapshot(interval=delta):
+                counts, total, start = series.counts, series.total, h.start_ns
+                if delta:  # what was recorded since the last export
+                    before = self._last.get((h.name, key), [0] * len(counts))
+                    self._last[(h.name, key)] = counts
+                    counts = [a - b for a, b in zip(counts, before)]
+                    start = self._last_ns or h.start_ns
+                    if not any(counts):
+                        continue
+                points.append(HistogramDataPoint(h.attributes(key), start, now, sum(counts), total, counts,
+                                                 h.buckets, series.low, series.high))
+            if points:
+                out.append(Metric(h.name, h.description, h.unit, HistogramData(points, self.temporality)))
+        self._last_ns = now
+        return out
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object) -> MetricExportResult:
+        ours = self._metrics()
+        if ours:
+            resources = list(metrics_data.resource_metrics) or [ResourceMetrics(self.resource, [], "")]
+            first = resources[0]
+            scopes = [s for s in first.scope_metrics if s.scope.name != SCOPE.name]
+            scope = next((s for s in first.scope_metrics if s.scope.name == SCOPE.name), ScopeMetrics(SCOPE, [], ""))
+            scopes.append(replace(scope, metrics=[*scope.metrics, *ours]))
+            metrics_data = MetricsData([replace(first, scope_metrics=scopes), *resources[1:]])
+        return self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+        self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
 
 
 class Metrics:
@@ -43,34 +198,33 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._http: WSGIServer | None = None
         self.prometheus_port: int | None = None
+        self.score = Histogram("fidelity.run.score", "fidelity_run_score", "", "Run score (PENDING runs have none)",
+                               SCORE_BUCKETS)
+        self.delta = Histogram("fidelity.token.delta", "fidelity_token_delta", "{token}",
+                               "Absolute framework-vs-truth token delta per checked executor", DELTA_BUCKETS,
+                               label="direction")
+        self.latency = Histogram("fidelity.verdict.latency", "fidelity_verdict_latency_seconds", "s",
+                                 "Root span arrival to stored verdict", LATENCY_BUCKETS)
+        histograms = (self.score, self.delta, self.latency)
         prom = config.exporters.prometheus
         if prom.enabled:
             readers.append(PrometheusMetricReader(registry=self.registry))
+            self.registry.register(_PrometheusHistograms(histograms))
             host, port = split_endpoint(prom.endpoint)
             self._http = scrape_server(host, port, self.registry, scrape_auth, config.receivers.http.read_timeout)
             self.prometheus_port = self._http.server_port
         otlp = config.exporters.otlp
         if otlp.endpoint and otlp.push_metrics:
             readers.append(PeriodicExportingMetricReader(
-                _otlp_metric_exporter(otlp.endpoint, otlp.protocol, otlp.insecure),
+                _WithHistograms(_otlp_metric_exporter(otlp.endpoint, otlp.protocol, otlp.insecure), histograms,
+                                resource),
                 export_interval_millis=otlp.metrics_interval * 1000,
             ))
-        views = [
-            View(instrument_name="fidelity.run.score", aggregation=ExplicitBucketHistogramAggregation(SCORE_BUCKETS)),
-            View(instrument_name="fidelity.token.delta", aggregation=ExplicitBucketHistogramAggregation(DELTA_BUCKETS)),
-            View(instrument_name="fidelity.verdict.latency",
-                 aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS)),
-        ]
-        self.provider = MeterProvider(metric_readers=readers, resource=resource, views=views)
-        meter = self.provider.get_meter("agenteval.collector")
+        self.provider = MeterProvider(metric_readers=readers, resource=resource)
+        meter = self.provider.get_meter(SCOPE.name)
         self.runs = meter.create_counter("fidelity.runs", description="Run verdicts by status (revisions included)")
         self.verdicts = meter.create_counter("fidelity.executor.verdicts", description="Executor verdicts by verdict")
         self.no_truth = meter.create_counter("fidelity.no_truth.executors", description="NoTruth executors by reason")
-        self.score = meter.create_histogram("fidelity.run.score", description="Run score (PENDING runs have none)")
-        self.delta = meter.create_histogram("fidelity.token.delta", unit="{token}",
-                                            description="Absolute framework-vs-truth token delta per checked executor")
-        self.latency = meter.create_histogram("fidelity.verdict.latency", unit="s",
-                                              description="Root span arrival to stored verdict")
         self.received = meter.create_counter("collector.spans.received", description="Spans accepted, by transport")
         self.refused = meter.create_counter("collector.spans.refused",
                                             description="Spans refused with a retryable status (over capacity)")
@@ -105,7 +259,8 @@ class Metrics:
 
     def record_runs(self, runs: list[RunVerdict]) -> None:
         """A sweep's verdicts: counted locally, then one ``add`` per attribute set (the SDK hashes a
-        record's attributes on every call, which per run and per unit was a tenth of the main thread)."""
+        record's attributes on every call, which per run and per unit was a tenth of the main thread);
+        scores and deltas go to our own histograms."""
         statuses: Counter[str] = Counter()
         verdicts: Counter[str] = Counter()
         reasons: Counter[str] = Counter()
@@ -118,7 +273,7 @@ class Metrics:
                 if e.no_truth_reason is not None:
                     reasons[e.no_truth_reason.value] += 1
                 elif e.evidence.delta is not None:
-                    self.delta.record(abs(e.evidence.delta), _DIRECTIONS[e.evidence.direction or "equal"])
+                    self.delta.record(abs(e.evidence.delta), e.evidence.direction or "equal")
         for counter, counts, key in ((self.runs, statuses, "status"), (self.verdicts, verdicts, "verdict"),
                                      (self.no_truth, reasons, "reason")):
             for value, n in counts.items():

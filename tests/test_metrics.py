@@ -1,0 +1,137 @@
+"""The collector's own histograms (recorded without the SDK's per-record cost) read the same as the
+OpenTelemetry SDK's would, on the Prometheus scrape and on the OTLP push, cumulative and delta."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import CaptureReceiver
+from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import AggregationTemporality, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from collector.config import CollectorConfig
+from collector.metrics import DELTA_BUCKETS, LATENCY_BUCKETS, SCORE_BUCKETS, Metrics
+
+#: Values on, between, below and above the bounds, per label value.
+VALUES = {"under": [0, 1, 1, 9, 10, 11, 340, 50_000, 50_001, 10**9], "over": [5, 500], "equal": [0]}
+SCORES = [0.0, 0.25, 0.5, 0.75, 0.76, 0.99, 1.0, 1.0]
+LATENCIES = [0.001, 0.005, 0.2, 0.25, 31.0]
+
+
+def _samples(registry: CollectorRegistry, prefix: str) -> dict[tuple, float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(generate_latest(registry).decode())
+            for s in f.samples if s.name.startswith(prefix)}
+
+
+def _sdk(readers: list) -> tuple[MeterProvider, dict]:
+    """The SDK's own histograms, as the collector configured them before it kept its own."""
+    views = [View(instrument_name="fidelity.run.score", aggregation=ExplicitBucketHistogramAggregation(SCORE_BUCKETS)),
+             View(instrument_name="fidelity.token.delta", aggregation=ExplicitBucketHistogramAggregation(DELTA_BUCKETS)),
+             View(instrument_name="fidelity.verdict.latency",
+                  aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS))]
+    provider = MeterProvider(metric_readers=readers, views=views)
+    meter = provider.get_meter("agenteval.collector")
+    return provider, {"score": meter.create_histogram("fidelity.run.score", description="Run score (PENDING runs have none)"),
+                      "delta": meter.create_histogram("fidelity.token.delta", unit="{token}",
+                                                      description="Absolute framework-vs-truth token delta per "
+                                                                  "checked executor"),
+                      "latency": meter.create_histogram("fidelity.verdict.latency", unit="s",
+                                                        description="Root span arrival to stored verdict")}
+
+
+def _record(ours: Metrics | None, sdk: dict | None, scale: int = 1) -> None:
+    for direction, values in VALUES.items():
+        for v in values * scale:
+            if ours is not None:
+                ours.delta.record(v, direction)
+            if sdk is not None:
+                sdk["delta"].record(v, {"direction": direction})
+    for v in SCORES * scale:
+        ours is not None and ours.score.record(v)
+        sdk is not None and sdk["score"].record(v)
+    for v in LATENCIES * scale:
+        ours is not None and ours.latency.record(v)
+        sdk is not None and sdk["latency"].record(v)
+
+
+def _gauges() -> dict[str, int]:
+    return dict.fromkeys(("traces_in_flight", "spans_in_flight", "late_traces", "late_bytes", "journal_bytes",
+                          "watchers", "store_queued_runs"), 0)
+
+
+def test_the_scrape_reads_as_the_sdks_histograms_did():
+    ours = Metrics(CollectorConfig(exporters={"prometheus": {"endpoint": "127.0.0.1:0"}}), Resource.create({}), _gauges)
+    registry = CollectorRegistry()
+    provider, sdk = _sdk([PrometheusMetricReader(registry=registry)])
+    _record(ours, sdk)
+    try:
+        for prefix in ("fidelity_run_score", "fidelity_token_delta", "fidelity_verdict_latency_seconds"):
+            want = _samples(registry, prefix)
+            assert want and _samples(ours.registry, prefix) == want, prefix
+        count = _samples(ours.registry, "fidelity_token_delta_count")
+        assert count[("fidelity_token_delta_count", (("direction", "under"), *(
+            (k, v) for k, v in sorted({"otel_scope_name": "agenteval.collector", "otel_scope_schema_url": "",
+                                       "otel_scope_version": ""}.items()))))] == len(VALUES["under"])
+    finally:
+        ours.shutdown()
+        provider.shutdown()
+
+
+def _points(receiver: CaptureReceiver, request: int) -> dict[tuple, tuple]:
+    """name, attributes -> (count, sum, min, max, bucket counts, bounds, temporality) in one export."""
+    out = {}
+    for rm in receiver.metrics.requests[request].resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.HasField("histogram"):
+                    for p in m.histogram.data_points:
+                        attrs = tuple(sorted((a.key, a.value.string_value) for a in p.attributes))
+                        out[(sm.scope.name, m.name, m.unit, m.description, attrs)] = (
+                            p.count, p.sum, p.min, p.max, tuple(p.bucket_counts), tuple(p.explicit_bounds),
+                            m.histogram.aggregation_temporality)
+    return out
+
+
+def _wait(receiver: CaptureReceiver, n: int) -> None:
+    deadline = time.monotonic() + 10
+    while len(receiver.metrics.requests) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(receiver.metrics.requests) >= n
+
+
+@pytest.mark.parametrize("preference", ["cumulative", "delta"])
+def test_the_otlp_push_carries_what_the_sdk_pushed(preference, monkeypatch):
+    """Two exports, with more values between them: every point as the SDK exports it, whichever
+    temporality the user asks the exporter for (the SDK's own environment variable)."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", preference)
+    ours_rx, sdk_rx = CaptureReceiver(), CaptureReceiver()
+    try:
+        cfg = CollectorConfig(exporters={"prometheus": {"enabled": False},
+                                         "otlp": {"endpoint": f"127.0.0.1:{ours_rx.port}", "metrics_interval": 3600}})
+        ours = Metrics(cfg, Resource.create({}), _gauges)
+        provider, sdk = _sdk([PeriodicExportingMetricReader(
+            OTLPMetricExporter(endpoint=f"127.0.0.1:{sdk_rx.port}", insecure=True), export_interval_millis=3_600_000)])
+        for round_, scale in enumerate((1, 2)):
+            _record(ours, sdk, scale)
+            ours.provider.force_flush()
+            provider.force_flush()
+            _wait(ours_rx, round_ + 1)
+            _wait(sdk_rx, round_ + 1)
+            got, want = _points(ours_rx, round_), _points(sdk_rx, round_)
+            assert len(want) == 5 and got == want, round_
+        under = next(v for k, v in got.items() if k[1] == "fidelity.token.delta" and k[4] == (("direction", "under"),))
+        assert under[0] == len(VALUES["under"]) * (2 if preference == "delta" else 3)
+        assert under[6] == (AggregationTemporality.DELTA if preference == "delta" else AggregationTemporality.CUMULATIVE)
+        ours.shutdown()
+        provider.shutdown()
+    finally:
+        ours_rx.server.stop(0)
+        sdk_rx.server.stop(0)

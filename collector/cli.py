@@ -165,7 +165,7 @@ def bench_workflow_trace_fidelity(
 
     def flush() -> None:
         nonlocal stored
-        written = {doc["run_id"] for doc in db.save_many(batch)}
+        written = set(db.save_many(batch))
         stored_docs = {doc["run_id"]: doc for doc in db.docs(written)}  # as stored: one shape everywhere
         for doc in (stored_docs[item.run_id] for item in batch if item.run_id in written):
             if as_json:

@@ -30,7 +30,7 @@ import platformdirs
 import structlog
 
 from collector.model import RunVerdict
-from collector.serialize import from_json, run_to_dict, to_json
+from collector.serialize import from_json, run_to_json
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -257,19 +257,19 @@ class RunStore(ABC):
     def save(self, run: StoredRun) -> None:
         self.save_many([run])
 
-    def save_many(self, runs: Iterable[StoredRun]) -> list[dict[str, Any]]:
+    def save_many(self, runs: Iterable[StoredRun]) -> list[str]:
         """Write a batch in one transaction, as if each run were written alone and in order, in a
-        few statements whatever its size; returns the documents written (stale revisions are not)."""
+        few statements whatever its size; returns the ids of the runs written (stale revisions are
+        not), in order."""
         start = time.time()
-        docs, rows = [], []
+        rows = []
         for index, item in enumerate(runs):
             run = item.verdict
-            doc = run_to_dict(run, run_id=item.run_id, source=item.source, finalized_by=item.finalized_by)
-            docs.append(doc)
+            doc = run_to_json(run, run_id=item.run_id, source=item.source, finalized_by=item.finalized_by)
             now = start + index * 1e-6  # distinct times keep a batch's order in "newest first"
             rows.append((item.run_id, run.trace_id, run.subject, run.status.value, run.score, run.preset, item.source,
                          run.revision, int(run.incomplete), run.checked, run.unchecked, now, now,
-                         to_json(doc).decode(), item.finalized_by))
+                         doc.decode(), item.finalized_by))
         if not rows:
             return []
         with self._transaction() as execute:
@@ -291,9 +291,9 @@ class RunStore(ABC):
                     execute(_SUPERSEDE.format(ids=_marks(self._mark, len(ids))), ids)
             if written:
                 self._written(execute, [rows[i][0] for i in written])
-        if written and not self.notifies_all_writers:
-            self._notify([docs[i] | {"created_at": None, "updated_at": rows[i][12]} for i in written])
-        return [docs[i] for i in written]
+        if written and self._subscribers and not self.notifies_all_writers:
+            self._notify([from_json(rows[i][13]) | {"created_at": None, "updated_at": rows[i][12]} for i in written])
+        return [rows[i][0] for i in written]
 
     def list_runs(self, statuses: Iterable[str] = (), subject: str | None = None, limit: int = 50,
                   with_docs: bool = False) -> list[dict[str, Any]]:

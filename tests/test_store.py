@@ -203,16 +203,13 @@ def test_a_batch_keeps_the_meaning_of_its_runs_in_order(url):
              StoredRun(trace, "live", cut),  # a trace cut short: stored under its trace id
              StoredRun(f"{trace}-01", "live", _verdict(1, 100, trace_id=trace)),  # its run: supersedes it
              StoredRun("b", "live", _verdict(1, 100))]
-    written = store.save_many(batch)
-    assert [(d["run_id"], d["revision"]) for d in written] == [
-        ("a", 1), ("a", 3), (trace, 1), (f"{trace}-01", 1), ("b", 1)]
+    assert store.save_many(batch) == ["a", "a", trace, f"{trace}-01", "b"]
     assert sorted(r["run_id"] for r in store.list_runs()) == ["a", "b", f"{trace}-01"]
     doc = store.get_run("a")
     assert doc["revision"] == 3 and doc["status"] == "FAIL" and len(doc["executors"]) == 3
     # a complete verdict replaces an incomplete one of a higher revision, whose number it then passes
     store.save(StoredRun("c", "live", replace(_verdict(5, 100), incomplete=True)))
-    assert [d["revision"] for d in store.save_many([StoredRun("c", "live", _verdict(2, 100)),
-                                                    StoredRun("c", "live", _verdict(4, 100))])] == [2]
+    assert store.save_many([StoredRun("c", "live", _verdict(2, 100)), StoredRun("c", "live", _verdict(4, 100))]) == ["c"]
     assert store.get_run("c")["revision"] == 6 and not store.get_run("c")["incomplete"]
     store.close()
 

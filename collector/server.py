@@ -79,7 +79,8 @@ class Collector:
         self.pipeline = Pipeline(cfg, self.store, self.metrics, self.spans, cfg.store.url or "")
         if replayed := self.pipeline.replay():  # before any receiver opens: journaled spans first
             log.info("journal_replayed", spans=replayed, journal=str(self.pipeline.journal.directory))
-        self.store.subscribe(self.hub.publish_threadsafe)
+        hub = self.hub
+        self.store.subscribe(hub.publish_threadsafe, lambda: hub.watchers > 0)
         grpc_addr = http_addr = None
         tls = cfg.receivers.tls
         scheme = "https" if tls.enabled else "http"

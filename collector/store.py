@@ -220,7 +220,7 @@ class RunStore(ABC):
     notifies_all_writers = False
 
     def __init__(self) -> None:
-        self._subscribers: list[Subscriber] = []
+        self._subscribers: list[tuple[Subscriber, Callable[[], bool]]] = []
 
     # --- backend hooks ---------------------------------------------------------------------------
     #: The driver's positional parameter mark.
@@ -243,15 +243,16 @@ class RunStore(ABC):
     def close(self) -> None: ...
 
     # --- shared logic ----------------------------------------------------------------------------
-    def subscribe(self, subscriber: Subscriber) -> None:
-        """Call ``subscriber`` with the documents of runs written, once they are durable.
+    def subscribe(self, subscriber: Subscriber, listening: Callable[[], bool] = lambda: True) -> None:
+        """Call ``subscriber`` with the documents of runs written, once they are durable, while
+        ``listening()`` says someone wants them (SQLite then skips building the documents).
 
         SQLite reports this process's own writes; PostgreSQL reports every writer's (LISTEN/NOTIFY).
         """
-        self._subscribers.append(subscriber)
+        self._subscribers.append((subscriber, listening))
 
     def _notify(self, docs: list[dict[str, Any]]) -> None:
-        for subscriber in self._subscribers:
+        for subscriber, _ in self._subscribers:
             subscriber(docs)
 
     def save(self, run: StoredRun) -> None:
@@ -291,7 +292,7 @@ class RunStore(ABC):
                     execute(_SUPERSEDE.format(ids=_marks(self._mark, len(ids))), ids)
             if written:
                 self._written(execute, [rows[i][0] for i in written])
-        if written and self._subscribers and not self.notifies_all_writers:
+        if written and not self.notifies_all_writers and any(listening() for _, listening in self._subscribers):
             self._notify([from_json(rows[i][13]) | {"created_at": None, "updated_at": rows[i][12]} for i in written])
         return [rows[i][0] for i in written]
 

@@ -106,8 +106,9 @@ class PostgresRunStore(RunStore):
         except (psycopg.Error, PoolTimeout) as exc:
             raise StoreError(f"{self.display}: {str(exc).strip() or type(exc).__name__}") from exc
 
-    def subscribe(self, subscriber: Callable[[list[dict[str, Any]]], None]) -> None:
-        super().subscribe(subscriber)
+    def subscribe(self, subscriber: Callable[[list[dict[str, Any]]], None],
+                  listening: Callable[[], bool] = lambda: True) -> None:
+        super().subscribe(subscriber, listening)
         if self._listener is None:
             self._listener = threading.Thread(target=self._listen_forever, name="store-listener", daemon=True)
             self._listener.start()

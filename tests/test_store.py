@@ -227,3 +227,17 @@ def test_a_batch_costs_a_few_statements_not_one_per_run(tmp_path):
     writes = [s for s in statements if s.split()[0] in ("INSERT", "DELETE", "UPDATE")]
     assert len(statements) <= 6 and len(writes) <= 2, statements
     store.close()
+
+
+def test_subscribers_hear_only_while_listening(tmp_path):
+    """The live collector's stream hub listens only while a watcher is attached: without one, the
+    store does not build documents for it."""
+    store = open_store(tmp_path / "runs.db")
+    heard: list[str] = []
+    listening = False
+    store.subscribe(lambda docs: heard.extend(d["run_id"] for d in docs), lambda: listening)
+    store.save(StoredRun("unheard", "live", _verdict(1, 100)))
+    listening = True
+    store.save(StoredRun("heard", "live", _verdict(1, 100)))
+    assert heard == ["heard"]
+    store.close()

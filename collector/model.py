@@ -143,10 +143,6 @@ class Usage:
     total_tokens: int | None = None
 
     @property
-    def known(self) -> bool:
-        return self.total is not None
-
-    @property
     def total(self) -> int | None:
         """input + output where both are known, else the reported total."""
         if self.input_tokens is not None and self.output_tokens is not None:
@@ -176,14 +172,6 @@ class ChatTurn:
     invocation: str | None = None
     span_id: str | None = None
     error: str | None = None
-
-    @property
-    def is_response(self) -> bool:
-        return self.usage.known or (self.finish_reason is not None and self.error is None)
-
-    @property
-    def failed(self) -> bool:
-        return self.error is not None and not self.usage.known
 
 
 @dataclass(slots=True)

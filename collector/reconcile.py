@@ -115,18 +115,22 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
     turns = sorted(record.turns, key=_SEQ)
     responses: list[ChatTurn] = []
     failed = bare = 0
-    for t in turns:
-        if t.is_response:
+    summed: int | None = None  # over the responses that carry usage
+    for t in turns:  # a response: usage, or a finish reason and no error; failed: an error and no usage
+        total = t.usage.total
+        if total is not None:
             responses.append(t)
-        elif t.failed:
+            summed = total if summed is None else summed + total
+        elif t.finish_reason is not None and t.error is None:
+            responses.append(t)
+        elif t.error is not None:
             failed += 1
         else:
             bare += 1
 
     framework_tokens = sum(e.usage.total or 0 for e in ledger)
-    known = [t.usage.total for t in responses if t.usage.total is not None]
     # Failed calls add 0: a unit whose every answered call failed has a truth of 0 tokens.
-    truth_tokens = sum(known) if known else 0 if failed and not responses else None
+    truth_tokens = summed if summed is not None else 0 if failed and not responses else None
 
     delta = direction = None
     token_diverged = False

@@ -55,6 +55,9 @@ class Decoded:
     rejected: int = 0
     own: int = 0
     reasons: list[str] = field(default_factory=list)
+    #: ``spans`` as their crash-journal line, when the compiled decoder wrote it (else the journal encodes
+    #: them); derived from ``spans``, so not part of equality.
+    journal_line: bytes | None = field(default=None, compare=False, repr=False)
 
     def reject(self, reason: str) -> None:
         self.rejected += 1
@@ -122,8 +125,8 @@ def _native_decode(payload: bytes, wanted: frozenset[str]) -> Decoded | None:
     """The compiled decoder's result, or None when it is not installed or leaves the payload to protobuf."""
     if _native is None or (found := _native_decoder(wanted).decode(payload)) is None:
         return None
-    spans, rejected, own = found
-    out = Decoded(spans, own=own)
+    spans, rejected, own, line = found
+    out = Decoded(spans, own=own, journal_line=line)
     for ids in rejected:  # (name, trace id, span id, parent id): the reason is worded here only
         _reject_ids(out, *ids)
     return out

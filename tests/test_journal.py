@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import signal
 import subprocess
 import time
+from typing import Any
 
+import pytest
 from conftest import AGENTEVAL, CollectorProcess, export_spans, post
 from mafshape import SCENARIOS, export_request, record, run_id
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
+
+from collector import decode
+from collector.classify import SpanRecord
+from collector.config import CollectorConfig
+from collector.journal import Journal, _decode, _encode
 
 LONG = {"assembly": {"quiet_period": 60, "max_trace_wait": 600}}
 
@@ -94,3 +107,56 @@ def test_a_torn_last_record_is_skipped_and_the_rest_replayed(tmp_path):
         assert second.run(trace_id)["status"] == "PASS"
     finally:
         second.stop()
+
+
+def typed(value: Any) -> Any:
+    """``value`` with its types spelled out (True is not 1, 1.0 is not 1)."""
+    if isinstance(value, dict):
+        return {k: typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [typed(v) for v in value]
+    return type(value).__name__, value
+
+
+def fields(spans: list[SpanRecord]) -> list[tuple]:
+    return [tuple(typed(getattr(s, name)) for name in SpanRecord.__slots__) for s in spans]
+
+
+def test_a_native_journal_line_is_written_as_is_and_replayed_as_its_spans(tmp_path):
+    if not decode.NATIVE:
+        if os.environ.get("AGENTEVAL_REQUIRE_NATIVE") == "1":
+            pytest.fail("agenteval_native is not installed")
+        pytest.skip("agenteval_native is not installed: `make install` builds it (needs Rust)")
+    values = [AnyValue(string_value='quote " backslash \\ newline \n nul \x00 é 😀'), AnyValue(int_value=-(2**63)),
+              AnyValue(double_value=1e16), AnyValue(double_value=-0.0), AnyValue(bool_value=True),
+              AnyValue(bytes_value=b"\xff"), AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=1)])),
+              AnyValue(kvlist_value=KeyValueList(values=[KeyValue(key="", value=AnyValue(double_value=2.0))]))]
+    keys = sorted(CollectorConfig().matcher().wanted_keys)
+    spans = [Span(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="chat \t", start_time_unix_nano=2**64 - 1,
+                  attributes=[KeyValue(key=k, value=v) for k, v in zip(keys, values)],
+                  status=Status(code=Status.STATUS_CODE_ERROR, message="boom")),
+             Span(trace_id=b"\x01" * 16, span_id=b"\x03" * 8, parent_span_id=b"\x02" * 8, name="invoke_agent")]
+    payload = ExportTraceServiceRequest(resource_spans=[
+        ResourceSpans(resource=Resource(attributes=[KeyValue(key="service.name", value=AnyValue(string_value="svc"))]),
+                      scope_spans=[ScopeSpans(spans=spans[:1])]),
+        ResourceSpans(scope_spans=[ScopeSpans(spans=spans[1:])]),  # no resource subject
+    ]).SerializeToString()
+    decoded = decode._native_decode(payload, frozenset(keys))
+    assert decoded is not None and decoded.journal_line is not None
+
+    async def append() -> None:
+        journal = Journal(tmp_path, 1 << 20, 1 << 30)
+        try:
+            await journal.append(decoded.spans, decoded.journal_line)
+        finally:
+            journal.close()
+
+    asyncio.run(append())
+    (segment,) = tmp_path.glob("*.jsonl")
+    assert segment.read_bytes() == decoded.journal_line  # the line as given, not encoded again
+    journal = Journal(tmp_path, 1 << 20, 1 << 30)  # a restart: the segment is replayed
+    try:
+        (replayed,) = journal.replay()
+    finally:
+        journal.close()
+    assert fields(replayed) == fields(decoded.spans) == fields(_decode(_encode(decoded.spans)))

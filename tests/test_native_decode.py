@@ -2,14 +2,16 @@
 
 For every payload, :func:`decode_bytes` must give exactly what the Python path gives (the same
 :class:`Decoded`, or the same exception type), and the native decoder alone either the same result or
-None (it then leaves the request to protobuf). CI sets AGENTEVAL_REQUIRE_NATIVE=1, so a missing
-extension fails there instead of skipping.
+None (it then leaves the request to protobuf). Its journal line must replay as what
+``collector.journal._encode`` of its spans replays as. CI sets AGENTEVAL_REQUIRE_NATIVE=1, so a
+missing extension fails there instead of skipping.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import random
 import struct
@@ -39,6 +41,7 @@ from collector import decode
 from collector.classify import SpanRecord
 from collector.config import CollectorConfig
 from collector.decode import (
+    MAX_ATTR_CHARS,
     MAX_VALUE_DEPTH,
     OWN_SCOPE,
     SDK_LANGUAGE,
@@ -49,6 +52,7 @@ from collector.decode import (
     decode_request,
     span_count,
 )
+from collector.journal import _decode, _encode
 from mafshape import SCENARIOS, export_request, record
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
@@ -97,6 +101,55 @@ def outcome(fn: Callable[[], Any]) -> tuple:
         return "raised", type(exc)
 
 
+def journaled(value: Any) -> Any:
+    """``value`` as JSON holds it: NaN and infinities become None (orjson writes them as null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: journaled(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [journaled(v) for v in value]
+    return value
+
+
+def records(spans: list[SpanRecord]) -> list[tuple]:
+    return result(Decoded(spans))[0]
+
+
+def repeats_a_key(payload: bytes) -> bool:
+    """Whether a span the decoder keeps has a wanted attribute, or a key of a kvlist within one, twice
+    (the one case the native decoder writes no journal line for)."""
+    def repeats(value: AnyValue, depth: int) -> bool:
+        kind = value.WhichOneof("value")
+        if depth > MAX_VALUE_DEPTH or kind not in ("array_value", "kvlist_value"):
+            return False
+        if kind == "array_value":
+            return any(repeats(v, depth + 1) for v in value.array_value.values)
+        entries = value.kvlist_value.values
+        return len({kv.key for kv in entries}) < len(entries) or any(repeats(kv.value, depth + 1) for kv in entries)
+
+    for rs in ExportTraceServiceRequest.FromString(payload).resource_spans:
+        for ss in rs.scope_spans:
+            for span in ss.spans if ss.scope.name != OWN_SCOPE else ():
+                if decode._id_problem(span.name, span.trace_id, span.span_id, span.parent_span_id) is None:
+                    wanted = [kv for kv in span.attributes if kv.key in WANTED]
+                    if len({kv.key for kv in wanted}) < len(wanted) or any(repeats(kv.value, 0) for kv in wanted):
+                        return True
+    return False
+
+
+def assert_journal_line(payload: bytes, found: Decoded) -> None:
+    """The native journal line replays as ``_encode`` of the spans does, and as the spans themselves
+    (but for what JSON cannot hold: NaN and infinities, which orjson writes as null); it is missing
+    only for a repeated key."""
+    if found.journal_line is None:
+        assert repeats_a_key(payload)
+        return
+    replayed = records(_decode(found.journal_line))
+    assert replayed == records(_decode(_encode(found.spans)))
+    assert replayed == records([replace(s, attrs=journaled(s.attrs)) for s in found.spans])
+
+
 def reference(payload: bytes) -> tuple:
     return outcome(lambda: result(decode_request(ExportTraceServiceRequest.FromString(payload), WANTED)))
 
@@ -122,6 +175,7 @@ def assert_parity(payload: bytes, native_must_answer: bool = False) -> tuple:
         assert found is None and decode._native.count_spans(payload) is None
     elif found is not None:
         assert ("ok", result(found)) == expected
+        assert_journal_line(payload, found)
     else:
         assert not native_must_answer, "the native decoder left a canonical request to protobuf"
     return expected
@@ -461,3 +515,127 @@ def test_mutated_requests_decode_identically(base: bytes, edits: list[tuple[str,
         else:
             del body[at]
     assert_parity(bytes(body))
+
+
+# --- the journal line -------------------------------------------------------------------------------
+
+KEYS = sorted(WANTED)
+FLOATS = [math.nan, -math.nan, math.inf, -math.inf, 0.0, -0.0, 5e-324, 2.2250738585072014e-308, 1e-7, 2.5e-7,
+          1e-6, 1e-5, 1.2345e-5, 0.1, 1.0, 100.0, 123.456, 9007199254740993.0, 9999999999999998.0, 1e16,
+          1.2345e16, -1.5e20, 1e22, 1.7976931348623157e308]
+TEXTS = ["", "plain", 'a "quoted" \\ back\\slash', "".join(map(chr, range(32))) + "\x7f", "é字 ß", "😀🧪",
+         "\u2028\u2029\ufeff", "\\u0000 not an escape", "é" * (MAX_ATTR_CHARS + 10), "😀" * (MAX_ATTR_CHARS + 1)]
+
+
+def deep_around(value: AnyValue, levels: int, kinds: str = "ak") -> AnyValue:
+    """``value`` nested ``levels`` arrays / kvlists deep (taking turns as ``kinds`` says)."""
+    for level in range(levels):
+        value = array([value]) if kinds[level % len(kinds)] == "a" else kvlist([("k", value)])
+    return value
+
+
+def deep(levels: int, kinds: str = "ak") -> AnyValue:
+    return deep_around(AnyValue(int_value=7), levels, kinds)
+
+
+def request(*spans: Span, resource: Resource | None = None, scope: str = "agent_framework") -> bytes:
+    return ExportTraceServiceRequest(resource_spans=[ResourceSpans(
+        resource=resource, scope_spans=[ScopeSpans(scope=InstrumentationScope(name=scope), spans=list(spans))])],
+    ).SerializeToString()
+
+
+def span(*values: AnyValue, n: int = 1, **fields: Any) -> Span:
+    """A span with ``values`` as its wanted attributes (a key each), ids from ``n`` and other ``fields``."""
+    attributes = [KeyValue(key=KEYS[i % len(KEYS)], value=v) for i, v in enumerate(values)]
+    return Span(**{"trace_id": bytes([n]) * 16, "span_id": bytes([n + 1]) * 8, "parent_span_id": bytes([n + 2]) * 8,
+                   "name": "chat", "start_time_unix_nano": 1_700_000_000_000_000_000, "attributes": attributes,
+                   **fields})
+
+
+def resource(**attributes: str) -> Resource:
+    return Resource(attributes=[KeyValue(key=k, value=AnyValue(string_value=v)) for k, v in attributes.items()])
+
+
+SERVICE = {SERVICE_NAME: "svc \"quoted\" é", SDK_LANGUAGE: "dotnet"}
+JOURNAL_CASES: dict[str, bytes] = {
+    "no spans": b"",
+    "floats": request(span(*(AnyValue(double_value=f) for f in FLOATS[:len(KEYS)])),
+                      span(*(AnyValue(double_value=f) for f in FLOATS[len(KEYS):]), n=9)),
+    "floats in an array": request(span(array([AnyValue(double_value=f) for f in FLOATS]))),
+    "ints": request(span(*(AnyValue(int_value=i) for i in (0, -1, 1, -(2**63), 2**63 - 1, 2**53 + 1, -(2**31))))),
+    "bools": request(span(AnyValue(bool_value=True), AnyValue(bool_value=False), array([AnyValue(bool_value=True)]))),
+    "texts": request(span(*(AnyValue(string_value=t) for t in TEXTS))),
+    "texts as kvlist keys": request(span(kvlist([(t, AnyValue(string_value=t)) for t in TEXTS]))),
+    "bytes and empty values": request(span(AnyValue(bytes_value=b"\x00\xff"), AnyValue(), array([AnyValue()]))),
+    "attribute without a value": request(span(AnyValue(int_value=1)), span(n=5, attributes=[KeyValue(key=KEYS[0])])),
+    "empty array and kvlist": request(span(array([]), kvlist([]), kvlist([("", array([]))]))),
+    **{f"nested {levels} deep": request(span(deep(levels), deep(levels, "a"), deep(levels, "k")))
+       for levels in (MAX_VALUE_DEPTH, MAX_VALUE_DEPTH + 1, MAX_VALUE_DEPTH + 3)},
+    "no attributes": request(span()),
+    "unwanted attributes only": request(span(attributes=[KeyValue(key="x", value=AnyValue(string_value="y"))])),
+    "names": request(*(span(n=n, name=t) for n, t in enumerate(TEXTS, 1))),
+    "start times": request(span(start_time_unix_nano=0), span(n=3, start_time_unix_nano=2**64 - 1)),
+    "parents: none, zero, self": request(span(parent_span_id=b""), span(n=3, parent_span_id=bytes(8)),
+                                         span(n=5, parent_span_id=b"\x06" * 8)),
+    "status errors": request(*(span(n=n, status=Status(code=code, message=message)) for n, (code, message) in
+                               enumerate([(2, "boom"), (2, ""), (2, 'x"\n' * 100), (1, "ok"), (0, "")], 1))),
+    "resource subject and language": request(span(), resource=resource(**SERVICE)),
+    "empty resource subject": request(span(), resource=resource(**{SERVICE_NAME: "", SDK_LANGUAGE: "python"})),
+    "long resource subject": request(span(), resource=resource(**{SERVICE_NAME: "é" * 2000, SDK_LANGUAGE: "l" * 99})),
+    "rejected and own spans around kept ones": request(span(), span(n=3, span_id=b""), span(n=5))
+    + request(span(n=7), scope=OWN_SCOPE),
+    "a wanted attribute twice": request(span(n=3), span(attributes=[
+        KeyValue(key=KEYS[0], value=AnyValue(int_value=1)), KeyValue(key=KEYS[0], value=AnyValue(int_value=2))])),
+    "a kvlist key twice": request(span(kvlist([("a", AnyValue(int_value=1)), ("b", AnyValue()),
+                                               ("a", AnyValue(int_value=2))]))),
+    "a kvlist key twice past the depth limit": request(span(deep_around(
+        kvlist([("a", AnyValue()), ("a", AnyValue())]), MAX_VALUE_DEPTH + 1))),
+    "a kvlist key twice in a rejected span": request(span(n=3), span(kvlist([("a", AnyValue()), ("a", AnyValue())]),
+                                                                     trace_id=bytes(16))),
+}
+#: The cases whose line the native decoder leaves to ``_encode``.
+NO_LINE = {"a wanted attribute twice", "a kvlist key twice"}
+
+
+@pytest.mark.parametrize("name", JOURNAL_CASES)
+def test_hand_made_requests_journal_lines_replay_as_their_spans(name: str) -> None:
+    payload = JOURNAL_CASES[name]
+    assert assert_parity(payload, native_must_answer=True)[0] == "ok"  # checks the line, too
+    found = decode._native_decode(payload, WANTED)
+    assert (found.journal_line is None) == (name in NO_LINE)
+
+
+def test_journal_lines_are_orjsons_bytes() -> None:
+    """Not the contract (that is what the line replays as), but the native writer follows orjson's
+    format (floats, escapes, key order), so the journal reads the same whichever wrote it."""
+    bodies = [*JOURNAL_CASES.values(), *encode([trace_spans(random.Random(seed)) for seed in range(20)])]
+    found = [decode._native_decode(body, WANTED) for body in bodies]
+    lines = [(f.journal_line, _encode(f.spans)) for f in found if f.journal_line is not None]
+    assert len(lines) == len(bodies) - len(NO_LINE)
+    for line, encoded in lines:
+        assert line == encoded
+
+
+@FUZZ
+@given(values=st.lists(st.floats() | st.integers(-(2**63), 2**63 - 1), max_size=8))
+def test_numbers_are_journaled_as_orjson_writes_them(values: list[float | int]) -> None:
+    attributes = [AnyValue(double_value=v) if isinstance(v, float) else AnyValue(int_value=v) for v in values]
+    found = decode._native_decode(request(span(*attributes), span(array(attributes), n=3)), WANTED)
+    assert found.journal_line == _encode(found.spans)
+
+
+#: Each key once: a wanted key given twice leaves the line to ``_encode`` (JOURNAL_CASES has that).
+wanted_attributes = st.lists(st.tuples(st.sampled_from(KEYS), any_values).map(
+    lambda kv: KeyValue(key=kv[0], value=kv[1])), max_size=8, unique_by=lambda kv: kv.key)
+
+
+@FUZZ
+@given(attributes=st.lists(wanted_attributes, min_size=1, max_size=4), names=st.lists(texts, min_size=4),
+       service=st.none() | st.builds(resource, **{SERVICE_NAME: texts, SDK_LANGUAGE: texts}),
+       status=st.none() | statuses)
+def test_generated_wanted_attributes_are_journaled_exactly(attributes: list[list[KeyValue]], names: list[str],
+                                                          service: Resource | None, status: Status | None) -> None:
+    """Every kind of value under wanted keys (the generated requests above rarely keep a span)."""
+    kept = [span(n=2 * i + 1, name=name, attributes=attrs, status=status)
+            for i, (attrs, name) in enumerate(zip(attributes, names))]
+    assert assert_parity(request(*kept, resource=service), native_must_answer=True)[0] == "ok"

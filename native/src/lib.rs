@@ -7,6 +7,9 @@
 //! type, groups, a repeated singular message (protobuf would merge it), several `AnyValue` members,
 //! fields whose meaning depends on the proto version installed, or nesting near protobuf's depth
 //! limit. The caller then decodes the request with protobuf, which gives the same answer, or raises.
+//!
+//! In the same pass it writes the spans' crash-journal line (`collector.journal._encode`), so the
+//! journal costs the event loop no Python work per span.
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
@@ -352,6 +355,128 @@ fn string_value(buf: Option<&[u8]>, depth: u32) -> R<&str> {
     }
 }
 
+// --- the journal line -------------------------------------------------------------------------------
+
+/// JSON as `orjson.dumps` writes it, for the values a decoded span holds.
+mod write {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+
+    pub fn hex(out: &mut Vec<u8>, bytes: &[u8]) {
+        out.reserve(2 * bytes.len() + 2);
+        out.push(b'"');
+        for &byte in bytes {
+            out.extend_from_slice(&[HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 15)]]);
+        }
+        out.push(b'"');
+    }
+
+    /// A string: quote, backslash and control characters escaped, the rest raw UTF-8.
+    pub fn str(out: &mut Vec<u8>, text: &str) {
+        let bytes = text.as_bytes();
+        // Most strings need no escape: one branch-free pass (vectorized) finds out.
+        let plain = !bytes
+            .iter()
+            .fold(false, |any, &b| any | (b < 0x20) | (b == b'"') | (b == b'\\'));
+        out.reserve(bytes.len() + 2);
+        out.push(b'"');
+        if plain {
+            out.extend_from_slice(bytes);
+            out.push(b'"');
+            return;
+        }
+        let mut start = 0;
+        for (i, &byte) in bytes.iter().enumerate() {
+            let short = match byte {
+                b'"' => b'"',
+                b'\\' => b'\\',
+                b'\n' => b'n',
+                b'\r' => b'r',
+                b'\t' => b't',
+                0x08 => b'b',
+                0x0c => b'f',
+                0..=0x1f => 0,
+                _ => continue,
+            };
+            out.extend_from_slice(&bytes[start..i]);
+            if short == 0 {
+                out.extend_from_slice(b"\\u00");
+                out.extend_from_slice(&[HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 15)]]);
+            } else {
+                out.extend_from_slice(&[b'\\', short]);
+            }
+            start = i + 1;
+        }
+        out.extend_from_slice(&bytes[start..]);
+        out.push(b'"');
+    }
+
+    pub fn opt_str(out: &mut Vec<u8>, text: Option<&str>) {
+        match text {
+            Some(text) => str(out, text),
+            None => out.extend_from_slice(b"null"),
+        }
+    }
+
+    /// An integer (`negative`: minus `magnitude`), without the formatting machinery.
+    pub fn int(out: &mut Vec<u8>, negative: bool, mut magnitude: u64) {
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (magnitude % 10) as u8;
+            magnitude /= 10;
+            if magnitude == 0 {
+                break;
+            }
+        }
+        if negative {
+            out.push(b'-');
+        }
+        out.extend_from_slice(&digits[at..]);
+    }
+
+    /// A float as orjson writes it: NaN and infinities as null (`_decode` reads None, as it does
+    /// from orjson); otherwise the shortest digits that read back as the same float, positional
+    /// from 1e-5 to below 1e16 (always with a fraction, so it reads back as a float, not an int),
+    /// else as `1.5e-7` / `1e+16`.
+    pub fn float(out: &mut Vec<u8>, value: f64) {
+        use std::io::Write;
+        if !value.is_finite() {
+            out.extend_from_slice(b"null");
+            return;
+        }
+        let sci = format!("{value:e}"); // shortest round-trip digits: "-1.2345e-7", "0e0"
+        let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+        let exp: i32 = exp.parse().unwrap_or(0);
+        if !(-5..16).contains(&exp) {
+            let _ = write!(out, "{mantissa}e{}{exp}", if exp > 0 { "+" } else { "" });
+            return;
+        }
+        let (sign, mantissa) = match mantissa.strip_prefix('-') {
+            Some(rest) => ("-", rest),
+            None => ("", mantissa),
+        };
+        let digits: Vec<u8> = mantissa.bytes().filter(|&b| b != b'.').collect();
+        out.extend_from_slice(sign.as_bytes());
+        if exp < 0 {
+            out.extend_from_slice(b"0.");
+            out.resize(out.len() + (-exp - 1) as usize, b'0');
+            out.extend_from_slice(&digits);
+            return;
+        }
+        let whole = exp as usize + 1;
+        if digits.len() > whole {
+            out.extend_from_slice(&digits[..whole]);
+            out.push(b'.');
+            out.extend_from_slice(&digits[whole..]);
+        } else {
+            out.extend_from_slice(&digits);
+            out.resize(out.len() + whole - digits.len(), b'0');
+            out.extend_from_slice(b".0");
+        }
+    }
+}
+
 // --- decoding ---------------------------------------------------------------------------------------
 
 /// Decodes requests for one set of wanted attribute keys (see `collector.decode`).
@@ -372,15 +497,50 @@ struct Decoder {
 }
 
 /// What one request decodes to: (span records, (name, trace id, span id, parent id) of each span
-/// rejected for its ids, spans of our own scope).
+/// rejected for its ids, spans of our own scope, the records' journal line).
 struct Out<'py> {
     spans: Bound<'py, PyList>,
     rejected: Bound<'py, PyList>,
     own: usize,
+    /// The journal line so far: `[` and the rows of the records built, each followed by `,`.
+    line: Vec<u8>,
+    /// The current span's attributes as a JSON object (the row needs them after its ids).
+    attrs: Json,
+    /// Whether every row so far reads back as exactly its record.
+    exact: bool,
 }
 
-/// A resource's `service.name` and `telemetry.sdk.language`, None when empty.
-type Resource<'py> = (Option<Bound<'py, PyString>>, Option<Bound<'py, PyString>>);
+/// JSON being written, and whether it still reads back as exactly the Python values built with it.
+struct Json {
+    buf: Vec<u8>,
+    /// False once a kvlist gave a key twice (the line is not worth making depend on how a JSON reader
+    /// treats a repeated key).
+    exact: bool,
+}
+
+impl Json {
+    fn clear(&mut self) {
+        self.buf.clear();
+        self.exact = true;
+    }
+
+    /// An object's next key (the object is open: `{` or a value ends the buffer).
+    fn key(&mut self, key: &str) {
+        if self.buf.last() != Some(&b'{') {
+            self.buf.push(b',');
+        }
+        write::str(&mut self.buf, key);
+        self.buf.push(b':');
+    }
+}
+
+/// A resource's `service.name` and `telemetry.sdk.language` (None when empty), each with its JSON.
+struct Resource<'py> {
+    subject: Option<Bound<'py, PyString>>,
+    language: Option<Bound<'py, PyString>>,
+    subject_json: Vec<u8>,
+    language_json: Vec<u8>,
+}
 
 #[pymethods]
 impl Decoder {
@@ -421,15 +581,35 @@ impl Decoder {
         })
     }
 
-    /// `(spans, rejected, own)` for a serialized request, or None to leave it to protobuf.
+    /// `(spans, rejected, own, line)` for a serialized request, or None to leave it to protobuf.
+    /// `line` is `collector.journal._encode(spans)` in meaning (and in bytes, as orjson writes it),
+    /// or None when it could not be written exactly (a wanted attribute, or a key in a kvlist value of
+    /// one, given twice: Python keeps the last value at the first one's place).
     fn decode<'py>(&self, py: Python<'py>, payload: &[u8]) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let mut out = Out {
             spans: PyList::empty(py),
             rejected: PyList::empty(py),
             own: 0,
+            line: Vec::new(),
+            attrs: Json {
+                buf: Vec::new(),
+                exact: true,
+            },
+            exact: true,
         };
+        out.line.push(b'[');
         match self.request(py, payload, &mut out) {
-            Ok(()) => Ok(Some((out.spans, out.rejected, out.own).into_pyobject(py)?)),
+            Ok(()) => {
+                let line = out.exact.then(|| {
+                    match out.line.last_mut() {
+                        Some(last @ b',') => *last = b']', // after the last row
+                        _ => out.line.push(b']'),
+                    }
+                    out.line.push(b'\n');
+                    PyBytes::new(py, &out.line)
+                });
+                Ok(Some((out.spans, out.rejected, out.own, line).into_pyobject(py)?))
+            }
             Err(Stop::Bail) => Ok(None),
             Err(Stop::Py(err)) => Err(err),
         }
@@ -460,10 +640,7 @@ impl Decoder {
                 (number, value) => check_field(Msg::ResourceSpans, number, value, 2)?,
             }
         }
-        let resource = match resource {
-            Some(bytes) => self.resource(py, bytes)?,
-            None => (None, None),
-        };
+        let resource = self.resource(py, resource.unwrap_or_default())?;
         for scope_spans in repeated(buf, 2) {
             self.scope_spans(py, scope_spans, &resource, out)?;
         }
@@ -488,7 +665,17 @@ impl Decoder {
             }
         }
         let text = |s: &str| (!s.is_empty()).then(|| PyString::new(py, s));
-        Ok((text(subject), text(language)))
+        let text_json = |s: &str| {
+            let mut out = Vec::new();
+            write::opt_str(&mut out, (!s.is_empty()).then_some(s));
+            out
+        };
+        Ok(Resource {
+            subject: text(subject),
+            language: text(language),
+            subject_json: text_json(subject),
+            language_json: text_json(language),
+        })
     }
 
     fn scope_spans<'py>(
@@ -542,6 +729,9 @@ impl Decoder {
         let (mut trace_id, mut span_id, mut parent_id): (&[u8], &[u8], &[u8]) = (&[], &[], &[]);
         let (mut name, mut start, mut status) = ("", 0u64, None);
         let attrs = PyDict::new(py);
+        let mut keys = 0; // attributes set, to notice a key given twice
+        out.attrs.clear();
+        out.attrs.buf.push(b'{');
         for field in fields(buf, 4)? {
             match field? {
                 (1, Value::Len(bytes)) => trace_id = bytes,
@@ -549,7 +739,9 @@ impl Decoder {
                 (4, Value::Len(bytes)) => parent_id = bytes,
                 (5, Value::Len(bytes)) => name = utf8(bytes)?,
                 (7, Value::I64(nanos)) => start = nanos,
-                (9, Value::Len(attribute)) => self.attribute(py, attribute, &attrs)?,
+                (9, Value::Len(attribute)) => {
+                    keys += usize::from(self.attribute(py, attribute, &attrs, &mut out.attrs)?)
+                }
                 (15, Value::Len(bytes)) => {
                     if status.replace(bytes).is_some() {
                         return Err(Stop::Bail);
@@ -562,7 +754,8 @@ impl Decoder {
             Some(bytes) => self.status_error(bytes)?,
             None => None,
         };
-        let name = PyString::new(py, cap(name, self.max_chars));
+        let name_text = cap(name, self.max_chars);
+        let name = PyString::new(py, name_text);
         let usable = trace_id.len() == 16
             && span_id.len() == 8
             && (parent_id.is_empty() || parent_id.len() == 8)
@@ -581,6 +774,27 @@ impl Decoder {
         if parent_id == [0; 8] {
             parent_id = &[];
         }
+        if !out.attrs.exact || keys != attrs.len() {
+            out.exact = false;
+        }
+        let line = &mut out.line;
+        line.push(b'[');
+        for id in [trace_id, span_id, parent_id] {
+            write::hex(line, id);
+            line.push(b',');
+        }
+        write::str(line, name_text);
+        line.push(b',');
+        write::int(line, false, start);
+        line.push(b',');
+        line.extend_from_slice(&out.attrs.buf);
+        line.extend_from_slice(b"},");
+        line.extend_from_slice(&resource.subject_json);
+        line.push(b',');
+        write::opt_str(line, error);
+        line.push(b',');
+        line.extend_from_slice(&resource.language_json);
+        line.extend_from_slice(b"],");
         let record = self.record.bind(py).call1((
             PyBytes::new(py, trace_id),
             PyBytes::new(py, span_id),
@@ -588,9 +802,9 @@ impl Decoder {
             name,
             start,
             attrs,
-            &resource.0,
+            &resource.subject,
             error.map(|message| PyString::new(py, message)),
-            &resource.1,
+            &resource.language,
         ))?;
         out.spans.append(record)?;
         Ok(())
@@ -609,56 +823,96 @@ impl Decoder {
         Ok((code == self.status_error).then(|| cap(message, self.max_error_chars)))
     }
 
-    /// Add one span attribute to `attrs` when its key is wanted (else only check it).
-    fn attribute<'py>(&self, py: Python<'py>, buf: &[u8], attrs: &Bound<'py, PyDict>) -> R<(), Stop> {
+    /// Add one span attribute to `attrs` (and its JSON to `json`) when its key is wanted (else only
+    /// check it); whether it was.
+    fn attribute<'py>(
+        &self,
+        py: Python<'py>,
+        buf: &[u8],
+        attrs: &Bound<'py, PyDict>,
+        json: &mut Json,
+    ) -> R<bool, Stop> {
         let (key, value) = key_value(buf, 5)?;
-        match (self.wanted.get(key), value) {
-            (Some(key), Some(value)) => {
-                let member = any_member(value, 6)?;
-                attrs.set_item(key.bind(py), self.value(py, member, 0, 6)?)?;
+        let Some(wanted) = self.wanted.get(key) else {
+            if let Some(value) = value {
+                check(Msg::AnyValue, value, 6)?;
             }
-            (Some(key), None) => attrs.set_item(key.bind(py), py.None())?,
-            (None, Some(value)) => check(Msg::AnyValue, value, 6)?,
-            (None, None) => {}
-        }
-        Ok(())
+            return Ok(false);
+        };
+        json.key(key);
+        let value = match value {
+            Some(value) => self.value(py, any_member(value, 6)?, 0, 6, json)?,
+            None => {
+                json.buf.extend_from_slice(b"null");
+                py.None().into_bound(py)
+            }
+        };
+        attrs.set_item(wanted.bind(py), value)?;
+        Ok(true)
     }
 
     /// `collector.decode.any_value` of an `AnyValue` (its member as [`any_member`] found it), which is
-    /// `level` values deep in an attribute and `depth` messages deep in the request.
+    /// `level` values deep in an attribute and `depth` messages deep in the request; its JSON goes to
+    /// `json`.
     fn value<'py>(
         &self,
         py: Python<'py>,
         member: Option<(u32, Value<'_>)>,
         level: u32,
         depth: u32,
+        json: &mut Json,
     ) -> R<Bound<'py, PyAny>, Stop> {
+        let none = |json: &mut Json| -> R<Bound<'py, PyAny>, Stop> {
+            json.buf.extend_from_slice(b"null");
+            Ok(py.None().into_bound(py))
+        };
         let Some((number, value)) = member else {
-            return Ok(py.None().into_bound(py));
+            return none(json);
         };
         if level > self.max_value_depth {
             check_field(Msg::AnyValue, number, value, depth)?;
-            return Ok(py.None().into_bound(py));
+            return none(json);
         }
         Ok(match (number, value) {
-            (1, Value::Len(bytes)) => PyString::new(py, cap(utf8(bytes)?, self.max_chars)).into_any(),
-            (2, Value::Varint(value)) => PyBool::new(py, value != 0).to_owned().into_any(),
-            (3, Value::Varint(value)) => PyInt::new(py, value as i64).into_any(),
-            (4, Value::I64(bits)) => PyFloat::new(py, f64::from_bits(bits)).into_any(),
+            (1, Value::Len(bytes)) => {
+                let text = cap(utf8(bytes)?, self.max_chars);
+                write::str(&mut json.buf, text);
+                PyString::new(py, text).into_any()
+            }
+            (2, Value::Varint(value)) => {
+                json.buf.extend_from_slice(if value != 0 { b"true" } else { b"false" });
+                PyBool::new(py, value != 0).to_owned().into_any()
+            }
+            (3, Value::Varint(value)) => {
+                let value = value as i64;
+                write::int(&mut json.buf, value < 0, value.unsigned_abs());
+                PyInt::new(py, value).into_any()
+            }
+            (4, Value::I64(bits)) => {
+                write::float(&mut json.buf, f64::from_bits(bits));
+                PyFloat::new(py, f64::from_bits(bits)).into_any()
+            }
             (5, Value::Len(bytes)) => {
                 let list = PyList::empty(py);
+                json.buf.push(b'[');
                 for field in fields(bytes, depth + 1)? {
                     match field? {
                         (1, Value::Len(item)) => {
-                            list.append(self.value(py, any_member(item, depth + 2)?, level + 1, depth + 2)?)?
+                            if !list.is_empty() {
+                                json.buf.push(b',');
+                            }
+                            let member = any_member(item, depth + 2)?;
+                            list.append(self.value(py, member, level + 1, depth + 2, json)?)?
                         }
                         (number, other) => check_field(Msg::ArrayValue, number, other, depth + 1)?,
                     }
                 }
+                json.buf.push(b']');
                 list.into_any()
             }
             (6, Value::Len(bytes)) => {
-                let dict = PyDict::new(py);
+                let (dict, mut keys) = (PyDict::new(py), 0);
+                json.buf.push(b'{');
                 for field in fields(bytes, depth + 1)? {
                     match field? {
                         (1, Value::Len(entry)) => {
@@ -667,14 +921,20 @@ impl Decoder {
                                 Some(value) => any_member(value, depth + 3)?,
                                 None => None,
                             };
-                            dict.set_item(key, self.value(py, member, level + 1, depth + 3)?)?;
+                            json.key(key);
+                            dict.set_item(key, self.value(py, member, level + 1, depth + 3, json)?)?;
+                            keys += 1;
                         }
                         (number, other) => check_field(Msg::KeyValueList, number, other, depth + 1)?,
                     }
                 }
+                json.buf.push(b'}');
+                if keys != dict.len() {
+                    json.exact = false;
+                }
                 dict.into_any()
             }
-            (7, Value::Len(_)) => py.None().into_bound(py), // bytes: nothing the classifier reads
+            (7, Value::Len(_)) => return none(json), // bytes: nothing the classifier reads
             _ => return Err(Stop::Bail),
         })
     }

@@ -63,8 +63,8 @@ class Finalized:
 
 
 #: Memory a finalized trace keeps per span it received (its compact state for late spans), as
-#: measured by bench/late_memory.py (286-425 B); the late-window byte bound counts with this.
-LATE_BYTES_PER_SPAN = 450
+#: measured by bench/late_memory.py (194-377 B); the late-window byte bound counts with this.
+LATE_BYTES_PER_SPAN = 400
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import structlog
@@ -47,8 +48,20 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 SCOPE = InstrumentationScope("agenteval.collector")
-#: What the SDK's Prometheus reader puts on every series; our histograms carry the same.
-_SCOPE_LABELS = {"otel_scope_name": SCOPE.name, "otel_scope_schema_url": "", "otel_scope_version": ""}
+
+
+@lru_cache(maxsize=1)
+def _scope_labels() -> dict[str, str]:
+    """The labels the installed SDK's Prometheus reader puts on our scope's series (``otel_scope_*``
+    since 2026; none before), read off a counter of a throwaway provider: our histograms carry the same."""
+    registry = CollectorRegistry()
+    provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)])
+    provider.get_meter(SCOPE.name).create_counter("probe").add(1)
+    try:
+        return {k: v for family in registry.collect() for sample in family.samples
+                for k, v in sample.labels.items() if k.startswith("otel_scope_")}
+    finally:
+        provider.shutdown()
 
 
 @dataclass(slots=True)
@@ -84,6 +97,8 @@ class Histogram:
         self._lock = threading.Lock()
 
     def record(self, value: float, label_value: str | None = None) -> None:
+        if value < 0:  # as the SDK's histogram: a negative measurement is dropped
+            return
         with self._lock:
             series = self._series.get(label_value)
             if series is None:
@@ -125,14 +140,15 @@ class _PrometheusHistograms:
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         for h in self.histograms:
-            labels = [*([h.label] if h.label else []), *_SCOPE_LABELS]
+            scope = _scope_labels()
+            labels = [*([h.label] if h.label else []), *scope]
             family = HistogramMetricFamily(h.prometheus_name, h.description, labels=labels)
             for key, series in h.snapshot():
                 running, buckets = 0, []
                 for le, count in zip(h.le, series.counts):
                     running += count
                     buckets.append((le, running))
-                family.add_metric([*([key] if h.label else []), *_SCOPE_LABELS.values()], buckets, series.total)
+                family.add_metric([*([key] if h.label else []), *scope.values()], buckets, series.total)
             yield family
 
 

@@ -139,7 +139,7 @@ class GrpcTraceService:
                 # Not RESOURCE_EXHAUSTED: OTLP exporters retry that code, and this request can never succeed.
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
             result = self.pipeline.ingest_decoded(decoded, "grpc")
-            del decoded, parsed  # taken (classified, or parked in their trace): not held while the journal syncs
+            del decoded, parsed  # the span records are taken: not held while the journal syncs (the payload is)
             await _durable(result)
         except Backpressure as exc:
             retry = _retry_info(exc.retry_after)
@@ -265,7 +265,7 @@ class HttpTraceReceiver:
             return self._error(413, reason, ctype)
         try:
             result = self.pipeline.ingest_decoded(decoded, "http")
-            del decoded  # taken: not held while the journal syncs
+            del decoded  # the span records are taken: not held while the journal syncs (the body is)
             await _durable(result)
         except Backpressure as exc:
             return self._overloaded(exc, ctype)

@@ -1,9 +1,10 @@
 """The run store (DESIGN §5): embedded SQLite (WAL) by default, PostgreSQL for a shared history.
 
 One config value picks the backend (``store.url``: a file path, or a ``postgresql://`` URL). Both run
-the same SQL (named ``:params``), the same versioned migrations on open (refusing a schema newer
-than this code), and the same revision guard: a run is replaced only by a higher revision, in one
-statement, so concurrent writers can neither lose nor duplicate a run.
+the same SQL (named ``:params``, or the driver's positional mark for the batched writes), the same
+versioned migrations on open (refusing a schema newer than this code), and the same revision guard:
+a run is replaced only by a higher revision, in the upsert itself, so concurrent writers can neither
+lose nor duplicate a run.
 
 Rows hold verdicts and evidence (numbers, reasons, span ids), never prompt or response text: the
 classifier never extracts any, so there is none to store.
@@ -68,7 +69,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 SCHEMA_VERSION = len(MIGRATIONS)
 
 #: A run is replaced only by a higher revision, or an incomplete verdict by a complete one (which
-#: then passes the stored revision's number). :class:`_Batch` mirrors this rule to know what it wrote.
+#: then passes the stored revision's number). :func:`_plan` mirrors this rule to know what it wrote.
 _UPSERT = """
 INSERT INTO runs (run_id, trace_id, subject, status, score, preset, source, revision, incomplete,
                   checked, unchecked, created_at, updated_at, doc, finalized_by)
@@ -84,21 +85,27 @@ WHERE excluded.revision > runs.revision OR (runs.incomplete = 1 AND excluded.inc
 #: A workflow run's verdict supersedes the incomplete verdict its trace got when it was cut short
 #: before its workflow-run span arrived (e.g. by a restart): that one was stored under the trace id.
 _SUPERSEDE = "DELETE FROM runs WHERE incomplete = 1 AND run_id IN ({ids})"
-_CURRENT = "SELECT run_id, revision, incomplete FROM runs WHERE run_id IN ({ids}) ORDER BY run_id{lock}"
-#: Rows per statement at most (SQLite allows 32,766 parameters, PostgreSQL 65,535; a row has 15).
+_CURRENT = "SELECT run_id, revision, incomplete FROM runs WHERE run_id IN ({ids})"
+#: Rows per upsert at most; fewer where the database allows fewer parameters (a row has 15).
 _ROWS_PER_STATEMENT = 256
+_COLUMNS = 15
 
 
 @lru_cache(maxsize=128)
 def _upsert(rows: int, mark: str) -> str:
     """The upsert of ``rows`` rows with positional parameters (SQLite looks a named one up by a
     linear search, which made a 256-row statement cost 4x more per row than one row alone)."""
-    row = "(" + ", ".join([mark] * 15) + ")"
+    row = "(" + ", ".join([mark] * _COLUMNS) + ")"
     return _UPSERT.format(rows=", ".join([row] * rows))
 
 
 def _marks(mark: str, n: int) -> str:
     return ", ".join([mark] * n)
+
+
+def _chunks(items: list, size: int) -> Iterator[list]:
+    for at in range(0, len(items), size):
+        yield items[at:at + size]
 
 
 _SUMMARY = ("run_id, trace_id, subject, status, score, preset, source, revision, incomplete, checked, "
@@ -123,8 +130,8 @@ def _plan(rows: list[_Row], current: dict[str, tuple[int, bool]]) -> tuple[list[
     """Which rows of a batch are written (by index), applying the revision guard in order against
     ``current`` (run id -> stored revision, incomplete), and the statements that write them.
 
-    Exact where the transaction holds the write lock (SQLite); on PostgreSQL the upsert's own guard
-    still decides between replicas that first-insert the same run at once.
+    Exact because no other writer changes these runs meanwhile: SQLite's transaction holds the write
+    lock, PostgreSQL's takes :meth:`RunStore._lock_keys`.
     """
     written: list[int] = []
     groups = [_Group()]
@@ -136,7 +143,7 @@ def _plan(rows: list[_Row], current: dict[str, tuple[int, bool]]) -> tuple[list[
         current[run_id] = (revision if before is None or revision > before[0] else before[0] + 1, bool(incomplete))
         supersedes = trace_id if trace_id and trace_id != run_id and not incomplete else None
         group = groups[-1]
-        if run_id in group.run_ids or run_id in group.superseded or supersedes in group.run_ids:
+        if run_id in group.run_ids or run_id in group.superseded:  # its order against the group's would matter
             group = _Group()
             groups.append(group)
         group.rows.append(row)
@@ -225,8 +232,6 @@ class RunStore(ABC):
     # --- backend hooks ---------------------------------------------------------------------------
     #: The driver's positional parameter mark.
     _mark = "?"
-    #: Appended to the query reading a batch's stored revisions, to lock them until it commits.
-    _lock_rows = ""
 
     @abstractmethod
     def _transaction(self) -> Iterator[Callable[[str, Any], Any]]:
@@ -240,6 +245,14 @@ class RunStore(ABC):
         """Called inside the transaction with the runs actually written (PostgreSQL notifies)."""
 
     @abstractmethod
+    def _max_params(self) -> int:
+        """Parameters one statement may carry."""
+
+    def _lock_keys(self, execute: Callable[[str, Any], Any], keys: list[str]) -> None:
+        """Called first in a batch's transaction with every run id it touches: keeps other writers
+        off those runs until it commits (SQLite's transaction already holds the write lock)."""
+
+    @abstractmethod
     def close(self) -> None: ...
 
     # --- shared logic ----------------------------------------------------------------------------
@@ -251,9 +264,13 @@ class RunStore(ABC):
         """
         self._subscribers.append((subscriber, listening))
 
+    def _listening(self) -> bool:
+        return any(listening() for _, listening in self._subscribers)
+
     def _notify(self, docs: list[dict[str, Any]]) -> None:
-        for subscriber, _ in self._subscribers:
-            subscriber(docs)
+        for subscriber, listening in self._subscribers:
+            if listening():
+                subscriber(docs)
 
     def save(self, run: StoredRun) -> None:
         self.save_many([run])
@@ -273,26 +290,24 @@ class RunStore(ABC):
                          doc.decode(), item.finalized_by))
         if not rows:
             return []
+        limit = self._max_params()
+        per_upsert, per_list = max(1, min(_ROWS_PER_STATEMENT, limit // _COLUMNS)), min(2 * _ROWS_PER_STATEMENT, limit)
         with self._transaction() as execute:
+            keys = list({row[0]: None for row in rows} | {row[1]: None for row in rows if row[1]})
+            self._lock_keys(execute, keys)
             current: dict[str, tuple[int, bool]] = {}
-            keys = sorted({row[0] for row in rows} | {row[1] for row in rows if row[1]})
-            for at in range(0, len(keys), 2 * _ROWS_PER_STATEMENT):
-                part = keys[at:at + 2 * _ROWS_PER_STATEMENT]
-                sql = _CURRENT.format(ids=_marks(self._mark, len(part)), lock=self._lock_rows)
-                for r in execute(sql, part).fetchall():
+            for part in _chunks(keys, per_list):
+                for r in execute(_CURRENT.format(ids=_marks(self._mark, len(part))), part).fetchall():
                     current[r["run_id"]] = (r["revision"], bool(r["incomplete"]))
             written, groups = _plan(rows, current)
             for group in groups:
-                chunk = sorted(group.rows)  # one order for every writer: PostgreSQL replicas never deadlock
-                for at in range(0, len(chunk), _ROWS_PER_STATEMENT):
-                    part = chunk[at:at + _ROWS_PER_STATEMENT]
+                for part in _chunks(group.rows, per_upsert):
                     execute(_upsert(len(part), self._mark), [value for row in part for value in row])
-                if group.superseded:
-                    ids = sorted(group.superseded)
-                    execute(_SUPERSEDE.format(ids=_marks(self._mark, len(ids))), ids)
+                for part in _chunks(list(group.superseded), per_list):
+                    execute(_SUPERSEDE.format(ids=_marks(self._mark, len(part))), part)
             if written:
                 self._written(execute, [rows[i][0] for i in written])
-        if written and not self.notifies_all_writers and any(listening() for _, listening in self._subscribers):
+        if written and not self.notifies_all_writers and self._listening():
             self._notify([from_json(rows[i][13]) | {"created_at": None, "updated_at": rows[i][12]} for i in written])
         return [rows[i][0] for i in written]
 
@@ -418,6 +433,9 @@ class SqliteRunStore(RunStore):
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise
+
+    def _max_params(self) -> int:
+        return self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)  # 999 by default before SQLite 3.32
 
     def _query(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         with self._lock:

@@ -29,6 +29,9 @@ log = structlog.get_logger("agenteval.collector")
 
 #: Any fixed key: concurrent replicas starting on a fresh database migrate one at a time.
 _MIGRATION_LOCK = 0x616765_6E7465
+#: Transaction-scoped advisory locks on a batch's run ids, by hash bucket, in ascending order.
+_LOCK_KEYS = ("SELECT pg_advisory_xact_lock(bucket) FROM (SELECT DISTINCT mod(hashtextextended(key, 0), 256) AS bucket "
+              "FROM unnest(CAST(%s AS text[])) AS key ORDER BY bucket) AS buckets")
 #: Catch-up after a lost LISTEN connection looks this far behind the last notification (clock skew).
 _CATCH_UP_MARGIN = 30.0
 
@@ -50,7 +53,6 @@ def safe_url(url: str) -> str:
 class PostgresRunStore(RunStore):
     notifies_all_writers = True
     _mark = "%s"
-    _lock_rows = " FOR UPDATE"
 
     def __init__(self, url: str, password: str | None = None, pool_size: int = 4,
                  connect_timeout: float = 10.0) -> None:
@@ -95,6 +97,14 @@ class PostgresRunStore(RunStore):
         except (psycopg.Error, PoolTimeout) as exc:
             raise StoreError(f"{self.display}: {str(exc).strip() or type(exc).__name__}") from exc
 
+    def _max_params(self) -> int:
+        return 65_535
+
+    def _lock_keys(self, execute: Callable[[str, Any], Any], keys: list[str]) -> None:
+        """Advisory locks on the keys' hash buckets, taken in one order by every writer: replicas
+        writing the same runs wait for each other (so a batch's plan stays exact) and never deadlock."""
+        execute(_LOCK_KEYS, [keys])
+
     def _written(self, execute: Callable[[str, Any], Any], run_ids: list[str]) -> None:
         execute("SELECT pg_notify(:channel, run_id) FROM unnest(CAST(:run_ids AS text[])) AS run_id",
                 {"channel": CHANNEL, "run_ids": run_ids})
@@ -126,7 +136,9 @@ class PostgresRunStore(RunStore):
                     delay = 0.5
                     while not self._closing.is_set():
                         ids = {n.payload for n in conn.notifies(timeout=0.5, stop_after=256)}
-                        if ids:
+                        if ids and not self._listening():  # nobody to tell: fetch nothing
+                            last = time.time()
+                        elif ids:
                             docs = self.docs(ids)
                             last = max([last or 0.0, *(d["updated_at"] for d in docs)])
                             self._deliver(seen, docs)

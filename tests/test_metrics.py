@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from collector.config import CollectorConfig
 from collector.metrics import DELTA_BUCKETS, LATENCY_BUCKETS, SCORE_BUCKETS, Metrics
 
-#: Values on, between, below and above the bounds, per label value.
-VALUES = {"under": [0, 1, 1, 9, 10, 11, 340, 50_000, 50_001, 10**9], "over": [5, 500], "equal": [0]}
+#: Values on, between, below and above the bounds, per label value (a negative one is dropped).
+VALUES = {"under": [0, 1, 1, 9, 10, 11, 340, 50_000, 50_001, 10**9], "over": [5, 500, -5], "equal": [0]}
 SCORES = [0.0, 0.25, 0.5, 0.75, 0.76, 0.99, 1.0, 1.0]
 LATENCIES = [0.001, 0.005, 0.2, 0.25, 31.0]
 

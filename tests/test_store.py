@@ -231,13 +231,57 @@ def test_a_batch_costs_a_few_statements_not_one_per_run(tmp_path):
 
 def test_subscribers_hear_only_while_listening(tmp_path):
     """The live collector's stream hub listens only while a watcher is attached: without one, the
-    store does not build documents for it."""
+    store does not build documents for it, and a subscriber not listening is not called."""
     store = open_store(tmp_path / "runs.db")
     heard: list[str] = []
+    deaf: list[str] = []
     listening = False
     store.subscribe(lambda docs: heard.extend(d["run_id"] for d in docs), lambda: listening)
+    store.subscribe(lambda docs: deaf.extend(d["run_id"] for d in docs), lambda: False)
     store.save(StoredRun("unheard", "live", _verdict(1, 100)))
     listening = True
     store.save(StoredRun("heard", "live", _verdict(1, 100)))
-    assert heard == ["heard"]
+    assert heard == ["heard"] and deaf == []
     store.close()
+
+
+def test_a_batch_fits_an_older_sqlites_parameter_limit(tmp_path):
+    """SQLite before 3.32 allows 999 parameters a statement: a 300-run batch is still written."""
+    store = open_store(tmp_path / "runs.db")
+    store._db.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+    trace = "ab" * 16
+    ids = store.save_many([StoredRun(f"{trace}-{i:03d}", "live", _verdict(1, 100, trace_id=trace)) for i in range(300)])
+    assert len(ids) == 300 and len(store.list_runs(limit=1000)) == 300
+    store.close()
+
+
+def test_racing_writers_of_the_same_new_runs_neither_deadlock_nor_misreport(url):
+    """Two writers (two replicas) save batches naming the same new runs in opposite orders, with
+    repeats: no transaction fails, and each run is reported written exactly as often as its
+    revisions were taken (the first insert, then each higher revision)."""
+    stores = [open_store(url), open_store(url)]
+    errors: list[Exception] = []
+    reported: list[list[str]] = [[], []]
+    names = [f"race{i:02d}" for i in range(40)]
+
+    def writer(k: int) -> None:
+        order = names if k == 0 else names[::-1]
+        try:
+            for rev in (1, 2):
+                batch = [StoredRun(r, "live", _verdict(rev, 100)) for r in order]
+                batch += [StoredRun(r, "live", _verdict(rev, 100)) for r in order[:5]]  # repeats: stale
+                reported[k] += stores[k].save_many(batch)
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for name in names:  # revision 1 taken once, revision 2 once: never both writers for either
+        assert reported[0].count(name) + reported[1].count(name) == 2, name
+    assert {r["revision"] for r in stores[0].list_runs(limit=100)} == {2}
+    for s in stores:
+        s.close()

@@ -358,6 +358,10 @@ class RunStore(ABC):
                                              "ORDER BY updated_at LIMIT :limit", {"since": since, "limit": limit})]
 
 
+#: Seconds between a SQLite store's background WAL checkpoints (see :meth:`SqliteRunStore._checkpoint_forever`).
+CHECKPOINT_INTERVAL = 1.0
+
+
 class SqliteRunStore(RunStore):
     """Thread-safe: one connection behind a lock; writes of a batch share one transaction."""
 
@@ -366,6 +370,8 @@ class SqliteRunStore(RunStore):
         self.path = Path(path)
         self.display = str(self.path)
         self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._checkpointer: threading.Thread | None = None
         self._open()
 
     def _open(self) -> None:
@@ -380,7 +386,8 @@ class SqliteRunStore(RunStore):
             parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._db.row_factory = sqlite3.Row
-            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=5000"):
+            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=5000",
+                           "wal_autocheckpoint=0"):  # checkpoints run beside the writer: _checkpoint_forever
                 self._db.execute(f"PRAGMA {pragma}")
             self._migrate()
             self._inode = os.stat(self.path).st_ino
@@ -417,9 +424,36 @@ class SqliteRunStore(RunStore):
             self._db.execute("ROLLBACK")
             raise
 
+    def _checkpoint_forever(self) -> None:
+        """Copy the WAL into the database file every :data:`CHECKPOINT_INTERVAL`, beside the writer.
+
+        SQLite's automatic checkpoint runs inside the COMMIT that takes the WAL past 1,000 pages, so
+        its fsync of the database file stalled the store writer, and every verdict queued behind it
+        (bench/latency.py's rare 100+ ms maxima). A passive checkpoint from a connection of its own
+        waits for nobody and nobody waits for it; once it has caught up, the next write starts the
+        WAL over, so the WAL stays bounded. A fresh connection each time follows a store file that
+        was replaced, and ``mode=rw`` never creates one that was deleted.
+        """
+        uri = f"{self.path.absolute().as_uri()}?mode=rw"
+        while not self._closing.wait(CHECKPOINT_INTERVAL):
+            if not self.path.exists():  # deleted under us: the writer reopens it on its next write
+                continue
+            try:
+                db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+                try:
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                finally:
+                    db.close()
+            except sqlite3.Error as exc:
+                log.warning("store_checkpoint_failed", store=self.display, error=str(exc))
+
     @contextmanager
     def _transaction(self) -> Iterator[Callable[[str, Any], Any]]:
         with self._lock:
+            if self._checkpointer is None:  # started by the first write: a store only read needs none
+                self._checkpointer = threading.Thread(target=self._checkpoint_forever, name="store-checkpoint",
+                                                      daemon=True)
+                self._checkpointer.start()
             self._still_there()
             try:
                 self._db.execute("BEGIN IMMEDIATE")
@@ -445,8 +479,11 @@ class SqliteRunStore(RunStore):
                 raise StoreError(f"{self.path}: {exc}") from exc
 
     def close(self) -> None:
+        self._closing.set()
+        if self._checkpointer is not None:
+            self._checkpointer.join(10)
         with self._lock:
-            self._db.close()
+            self._db.close()  # the last connection: SQLite checkpoints the WAL and removes it
 
 
 class SeenRuns:

@@ -14,7 +14,7 @@ from test_cli import ROOT, bench, run
 
 from collector.model import ChatTurn, ExecutorRecord, LedgerEntry, NoTruthReason, RunInput, Usage
 from collector.reconcile import reconcile
-from collector.store import MIGRATIONS, SCHEMA_VERSION, StoredRun, StoreError, open_store
+from collector.store import CHECKPOINT_INTERVAL, MIGRATIONS, SCHEMA_VERSION, StoredRun, StoreError, open_store
 
 
 def _verdict(revision: int, truth: int, trace_id: str = "ab" * 16, executors: int = 1):
@@ -285,3 +285,22 @@ def test_racing_writers_of_the_same_new_runs_neither_deadlock_nor_misreport(url)
     assert {r["revision"] for r in stores[0].list_runs(limit=100)} == {2}
     for s in stores:
         s.close()
+
+
+def test_the_wal_is_checkpointed_beside_the_writer_and_stays_bounded(tmp_path):
+    """The writer's own COMMIT never checkpoints (that fsync stalled every verdict queued behind it);
+    a connection of its own does, so the runs reach the database file and the WAL starts over."""
+    path = tmp_path / "runs.db"
+    store = open_store(path)
+    assert store._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    wal = path.with_name(path.name + "-wal")
+    sizes = []
+    for round_ in range(4):  # ~2 MB of WAL a round
+        store.save_many([StoredRun(f"r{round_}-{i:03d}", "live", _verdict(1, 100, executors=6)) for i in range(300)])
+        sizes.append(wal.stat().st_size)
+        time.sleep(CHECKPOINT_INTERVAL * 1.5)
+    assert path.stat().st_size > 2_000_000  # the runs are in the database file
+    assert max(sizes) < 1.5 * sizes[0], sizes  # without checkpoints the WAL grows by a round each time
+    assert len(store.list_runs(limit=2000)) == 1200
+    store.close()
+    assert not wal.exists()  # the last connection checkpointed it and removed it

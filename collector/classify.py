@@ -286,11 +286,8 @@ class TraceState:
             if executor is None and agent is None:
                 run.unattributed += 1
             else:
-                m = self.matcher
-                run.units[(executor, agent)].turns.append((
-                    _int(_first(attrs, m.input_keys)), _int(_first(attrs, m.output_keys)),
-                    _int(_first(attrs, m.total_keys)), self._finish(attrs), s.start_ns, invocation, s.span_id,
-                    self._error(s)))
+                run.units[(executor, agent)].turns.append(
+                    (*self._tokens(attrs), self._finish(attrs), s.start_ns, invocation, s.span_id, self._error(s)))
         return parent
 
     def _ledger_span(self, s: SpanRecord, parent: Context) -> None:
@@ -309,13 +306,13 @@ class TraceState:
         entry = LedgerEntry(self._usage(s.attrs), self._finish(s.attrs), s.start_ns, invocation, s.span_id.hex())
         self._run(run_key).units[(executor, key)].ledger.append(entry)
 
-    def _usage(self, attrs: dict[str, Any]) -> Usage:
+    def _tokens(self, attrs: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
+        """Input, output and total tokens."""
         m = self.matcher
-        return Usage(
-            _int(_first(attrs, m.input_keys)),
-            _int(_first(attrs, m.output_keys)),
-            _int(_first(attrs, m.total_keys)),
-        )
+        return _int(_first(attrs, m.input_keys)), _int(_first(attrs, m.output_keys)), _int(_first(attrs, m.total_keys))
+
+    def _usage(self, attrs: dict[str, Any]) -> Usage:
+        return Usage(*self._tokens(attrs))
 
     def _finish(self, attrs: dict[str, Any]) -> str | None:
         return finish_reason(_first(attrs, self.matcher.finish_keys))

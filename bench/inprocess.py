@@ -38,7 +38,7 @@ def main() -> None:
     n = sum(len(t) for t in payload)
     bodies = encode(payload)
     cfg = CollectorConfig(assembly={"quiet_period": 0.0001}, journal={"enabled": False})
-    wanted = cfg.matcher().wanted_keys
+    matcher = cfg.matcher()
 
     def timed(fn: Callable[[], object]) -> float:
         t = time.perf_counter()
@@ -46,13 +46,13 @@ def main() -> None:
         return n / (time.perf_counter() - t)
 
     parse = timed(lambda: [ExportTraceServiceRequest.FromString(b) for b in bodies])
-    decode = timed(lambda: [decode_request(ExportTraceServiceRequest.FromString(b), wanted) for b in bodies])
-    decode_native = timed(lambda: [decode_bytes(b, wanted) for b in bodies])
+    decode = timed(lambda: [decode_request(ExportTraceServiceRequest.FromString(b), matcher) for b in bodies])
+    decode_native = timed(lambda: [decode_bytes(b, matcher) for b in bodies])
     with tempfile.TemporaryDirectory(prefix="agenteval-inprocess-") as tmp:
         pipeline = Pipeline(cfg, open_store(Path(tmp) / "runs.db"), None, None)
         t0 = time.perf_counter()
         for b in bodies:
-            pipeline.ingest_decoded(decode_bytes(b, wanted), "grpc")  # the receivers' path
+            pipeline.ingest_decoded(decode_bytes(b, matcher), "grpc")  # the receivers' path
         ingest_s = time.perf_counter() - t0
         time.sleep(0.01)
         t1 = time.perf_counter()

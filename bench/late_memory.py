@@ -30,7 +30,7 @@ def main() -> None:
         n = sum(len(t) for t in payload)
         cfg = CollectorConfig(assembly={"quiet_period": 0.0001, "max_late_traces": 100_000})
         matcher = cfg.matcher()
-        requests = [decode_request(ExportTraceServiceRequest.FromString(b), matcher.wanted_keys).spans
+        requests = [decode_request(ExportTraceServiceRequest.FromString(b), matcher).spans
                     for b in encode(payload)]
         gc.collect()
         tracemalloc.start()

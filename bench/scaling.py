@@ -39,10 +39,10 @@ def run(bodies: list[bytes], traces: int) -> float:
                                     "max_traces_in_flight": 1_000_000}, journal={"enabled": False})
     with tempfile.TemporaryDirectory(prefix="agenteval-scaling-") as tmp:
         pipeline = Pipeline(cfg, open_store(Path(tmp) / "runs.db"), None, None)
-        wanted = pipeline.matcher.wanted_keys
+        matcher = pipeline.matcher
         start = time.perf_counter()
         for body in bodies:
-            pipeline.ingest_decoded(decode_bytes(body, wanted), "grpc")  # the receivers' path
+            pipeline.ingest_decoded(decode_bytes(body, matcher), "grpc")  # the receivers' path
         assert pipeline.sweep(force=True) == traces
         pipeline.close()
         return time.perf_counter() - start

@@ -37,16 +37,28 @@ from collector.profiles import (
 LEDGER_SOURCE_AGENT_SPAN = "invoke_agent"
 
 
+#: What classification reads of a span, worked out once as it is decoded (by the compiled decoder in
+#: the same pass, else by :func:`span_facts` from its wanted attributes), so the classifier looks up
+#: no attribute: its kind by name (:data:`RUN`, :data:`EXECUTOR`, :data:`AGENT` or :data:`OTHER`),
+#: whether it is an AgentResponseEvent, whether it is a chat call, the agent, executor and bridge
+#: executor names, whether its executor type hosts an agent, the subject, the error type, the input,
+#: output and total tokens, and the finish reason.
+Facts = tuple[int, bool, bool, str | None, str | None, str | None, bool, str | None, str | None,
+              int | None, int | None, int | None, str | None]
+FACTS = 13  # values in Facts
+
+
 @dataclass(slots=True)
 class SpanRecord:
-    """The part of a span that classification reads (attributes filtered to the wanted keys)."""
+    """The part of a span that classification reads."""
 
     trace_id: bytes
     span_id: bytes
     parent_id: bytes
     name: str
     start_ns: int
-    attrs: dict[str, Any]
+    #: What classification reads of the span's attributes (:data:`Facts`).
+    facts: Facts
     resource_subject: str | None = None
     #: The span's error status description ("" when it has none); None when the status is not ERROR.
     status_error: str | None = None
@@ -162,6 +174,25 @@ def _text(value: Any) -> str | None:
     return None
 
 
+def span_facts(m: Matcher, name: str, attrs: dict[str, Any]) -> Facts:
+    """A span's :data:`Facts` from its wanted attributes (the reference the compiled decoder matches)."""
+    return (
+        m.kind(name),
+        attrs.get(LEDGER_SOURCE_ATTRIBUTE) == LEDGER_SOURCE_BRIDGE,
+        m.is_chat(name, attrs),
+        _text(_first(attrs, m.agent_id_keys)),
+        _text(_first(attrs, m.executor_id_keys)),
+        _text(attrs.get(BRIDGE_EXECUTOR_ATTRIBUTE)),
+        m.is_agent_executor_type(_first(attrs, m.executor_type_keys)),
+        _text(_first(attrs, m.subject_keys)),
+        _text(_first(attrs, m.error_keys)),
+        _int(_first(attrs, m.input_keys)),
+        _int(_first(attrs, m.output_keys)),
+        _int(_first(attrs, m.total_keys)),
+        finish_reason(_first(attrs, m.finish_keys)),
+    )
+
+
 class TraceState:
     """Everything known about one trace, updated span batch by span batch."""
 
@@ -194,12 +225,12 @@ class TraceState:
             return False
         if span.parent_id == sid:  # self-parented: treat as a root rather than wait for itself
             span.parent_id = b""
-        if self.matcher.is_run(span.name):
+        if span.facts[0] == RUN:
             self.run_spans_seen += 1
         if not span.parent_id:
             if self.root_span_id is None:
                 self.root_span_id = sid
-                self.subject = _text(_first(span.attrs, self.matcher.subject_keys))
+                self.subject = span.facts[7]
             self._resolve(span, _NO_CONTEXT)
         elif span.parent_id in self._context:
             self._resolve(span, self._context[span.parent_id])
@@ -238,17 +269,16 @@ class TraceState:
         return run
 
     def _classify(self, s: SpanRecord, parent: Context) -> Context:
-        m, attrs = self.matcher, s.attrs
+        kind, bridge, chat, agent_id, executor_id, _, hosts_agent, subject, _, i, o, t, finish = s.facts
         run_key, executor, agent, invocation = parent
-        if attrs.get(LEDGER_SOURCE_ATTRIBUTE) == LEDGER_SOURCE_BRIDGE:
+        if bridge:
             self._ledger_span(s, parent)
             return parent
-        kind = m.kind(s.name)
         if kind == RUN:
             if run_key is None:  # an outermost workflow run; a nested one (sub-workflow) is its outer run's
                 run = self._run(s.span_id.hex())
                 run.seen = True
-                run.subject = _text(_first(attrs, m.subject_keys))
+                run.subject = subject
                 if error := self._error(s):
                     run.errors.append(f"workflow: {error}")
                 return (run.span_id, None, None, None)
@@ -256,46 +286,45 @@ class TraceState:
                 self._run(run_key).errors.append(f"sub-workflow: {error}")
             return parent
         if kind == EXECUTOR:
-            name = _text(_first(attrs, m.executor_id_keys)) or _suffix(s.name, m.executor_prefixes)
+            name = executor_id or _suffix(s.name, self.matcher.executor_prefixes)
             if not name:
                 return parent
             key = self._key(name)
             run = self._run(run_key)
             seen = run.executors[key]
             seen.spans.append((s.start_ns, s.span_id.hex()))
-            seen.hosts_agent = seen.hosts_agent or m.is_agent_executor_type(_first(attrs, m.executor_type_keys))
+            seen.hosts_agent = seen.hosts_agent or hosts_agent
             if error := self._error(s):
                 run.errors.append(f"{name}: {error}")
             return (run_key, key, None, None)
         if kind == AGENT:
-            name = _text(_first(attrs, m.agent_id_keys)) or _suffix(s.name, m.agent_prefixes)
+            name = agent_id or _suffix(s.name, self.matcher.agent_prefixes)
             if not name:
                 return parent
             key = self._key(name)
             unit = self._run(run_key).units[(executor, key)]
             unit.top_level = unit.top_level or agent is None
             if self._error(s) is None:  # an agent that raised reported nothing
-                if m.agent_span_is_ledger(s.sdk_language):
+                if self.matcher.agent_span_is_ledger(s.sdk_language):
                     sid = s.span_id.hex()
-                    unit.agent_spans.append(LedgerEntry(self._usage(attrs), self._finish(attrs), s.start_ns, sid, sid))
+                    unit.agent_spans.append(LedgerEntry(Usage(i, o, t), finish, s.start_ns, sid, sid))
                 else:
                     unit.derived_agent_spans += 1
             return (run_key, executor, key, s.span_id.hex())
-        if m.is_chat(s.name, attrs):
+        if chat:
             run = self._run(run_key)
             if executor is None and agent is None:
                 run.unattributed += 1
             else:
-                run.units[(executor, agent)].turns.append(
-                    (*self._tokens(attrs), self._finish(attrs), s.start_ns, invocation, s.span_id, self._error(s)))
+                run.units[(executor, agent)].turns.append((i, o, t, finish, s.start_ns, invocation, s.span_id,
+                                                           self._error(s)))
         return parent
 
     def _ledger_span(self, s: SpanRecord, parent: Context) -> None:
         """An AgentResponseEvent: the response the agent's caller received, where that agent ran."""
         run_key, executor, agent, invocation = parent
-        name = _text(_first(s.attrs, self.matcher.agent_id_keys))
+        _, _, _, name, _, bridge_executor, _, _, _, i, o, t, finish = s.facts
         if name is None:  # written by the pre-instrumentation bridge: names its executor instead
-            bridge_executor = _text(s.attrs.get(BRIDGE_EXECUTOR_ATTRIBUTE))
             if bridge_executor is None:
                 return
             executor, key, invocation = self._key(bridge_executor), None, None
@@ -303,23 +332,13 @@ class TraceState:
             key = self._key(name)
             if key != agent:  # emitted beside the agent span, not under it: not aligned to an invocation
                 invocation = None
-        entry = LedgerEntry(self._usage(s.attrs), self._finish(s.attrs), s.start_ns, invocation, s.span_id.hex())
+        entry = LedgerEntry(Usage(i, o, t), finish, s.start_ns, invocation, s.span_id.hex())
         self._run(run_key).units[(executor, key)].ledger.append(entry)
 
-    def _tokens(self, attrs: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
-        """Input, output and total tokens."""
-        m = self.matcher
-        return _int(_first(attrs, m.input_keys)), _int(_first(attrs, m.output_keys)), _int(_first(attrs, m.total_keys))
-
-    def _usage(self, attrs: dict[str, Any]) -> Usage:
-        return Usage(*self._tokens(attrs))
-
-    def _finish(self, attrs: dict[str, Any]) -> str | None:
-        return finish_reason(_first(attrs, self.matcher.finish_keys))
-
-    def _error(self, s: SpanRecord) -> str | None:
+    @staticmethod
+    def _error(s: SpanRecord) -> str | None:
         """The span's error (its ``error.type``, its status description, or "error"), or None."""
-        kind = _text(_first(s.attrs, self.matcher.error_keys)) if s.attrs else None
+        kind = s.facts[8]
         if s.status_error is None:
             return kind
         detail = " ".join(p for p in (kind, s.status_error) if p)
@@ -336,7 +355,7 @@ class TraceState:
         orphans = [p for p in self._pending if p not in self._pending_ids and p not in self._context]
         for parent_id in orphans:
             children = self._pending.get(parent_id, [])
-            keep = [c for c in children if not (everything or self.matcher.is_run(c.name))]
+            keep = [c for c in children if not (everything or c.facts[0] == RUN)]
             for child in children:
                 if child not in keep:
                     self._pending_ids.discard(child.span_id)

@@ -17,7 +17,17 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from collector.classify import SpanRecord
+from collector.classify import MAX_TOKENS, SpanRecord, finish_reason, span_facts
+from collector.profiles import (
+    AGENT,
+    BRIDGE_EXECUTOR_ATTRIBUTE,
+    EXECUTOR,
+    LEDGER_SOURCE_ATTRIBUTE,
+    LEDGER_SOURCE_BRIDGE,
+    OTHER,
+    RUN,
+    Matcher,
+)
 
 try:  # the compiled decoder (native/, built by `make install`); protobuf's stays the reference
     import agenteval_native as _native
@@ -111,19 +121,19 @@ def count_spans(payload: bytes) -> tuple[int, ExportTraceServiceRequest | None]:
     return span_count(request), request
 
 
-def decode_bytes(payload: bytes, wanted: frozenset[str],
+def decode_bytes(payload: bytes, matcher: Matcher,
                  request: ExportTraceServiceRequest | None = None) -> Decoded:
     """:func:`decode_request` of a serialized request (``request``: the payload already parsed, from
     :func:`count_spans`). The compiled decoder answers whenever it is certain to give the same
     result; otherwise, or without it, protobuf parses the payload (and raises its ``DecodeError``)."""
-    if request is None and (decoded := _native_decode(payload, wanted)) is not None:
+    if request is None and (decoded := _native_decode(payload, matcher)) is not None:
         return decoded
-    return decode_request(ExportTraceServiceRequest.FromString(payload) if request is None else request, wanted)
+    return decode_request(ExportTraceServiceRequest.FromString(payload) if request is None else request, matcher)
 
 
-def _native_decode(payload: bytes, wanted: frozenset[str]) -> Decoded | None:
+def _native_decode(payload: bytes, matcher: Matcher) -> Decoded | None:
     """The compiled decoder's result, or None when it is not installed or leaves the payload to protobuf."""
-    if _native is None or (found := _native_decoder(wanted).decode(payload)) is None:
+    if _native is None or (found := _native_decoder(matcher).decode(payload)) is None:
         return None
     spans, rejected, own, line = found
     out = Decoded(spans, own=own, journal_line=line)
@@ -133,18 +143,28 @@ def _native_decode(payload: bytes, wanted: frozenset[str]) -> Decoded | None:
 
 
 @lru_cache(maxsize=8)
-def _native_decoder(wanted: frozenset[str]) -> Any:
-    """The compiled decoder for one set of wanted keys, given this module's constants."""
+def _native_decoder(matcher: Matcher) -> Any:
+    """The compiled decoder for one matcher, given this module's constants. ``keys``: each role's
+    attribute keys, in the order :func:`span_facts` reads them and the decoder expects them."""
     assert _native is not None
-    return _native.Decoder(wanted, SpanRecord, own_scope=OWN_SCOPE, service_name=SERVICE_NAME,
-                           sdk_language=SDK_LANGUAGE, max_chars=MAX_ATTR_CHARS,
+    m = matcher
+    keys = ((LEDGER_SOURCE_ATTRIBUTE,), m.operation_keys, m.agent_id_keys, m.executor_id_keys,
+            (BRIDGE_EXECUTOR_ATTRIBUTE,), m.executor_type_keys, m.subject_keys, m.error_keys, m.input_keys,
+            m.output_keys, m.total_keys, m.finish_keys)
+    return _native.Decoder(SpanRecord, keys=keys, run_names=sorted(m.run_names), executor_prefixes=m.executor_prefixes,
+                           agent_prefixes=m.agent_prefixes, chat_prefixes=m.chat_prefixes,
+                           chat_operations=sorted(m.chat_operations), ledger_source=LEDGER_SOURCE_BRIDGE,
+                           kinds=(RUN, EXECUTOR, AGENT, OTHER), finish_reason=finish_reason,
+                           hosts_agent=m.is_agent_executor_type, max_tokens=MAX_TOKENS, own_scope=OWN_SCOPE,
+                           service_name=SERVICE_NAME, sdk_language=SDK_LANGUAGE, max_chars=MAX_ATTR_CHARS,
                            max_language_chars=MAX_LANGUAGE_CHARS, max_error_chars=MAX_ERROR_CHARS,
                            max_value_depth=MAX_VALUE_DEPTH, status_error=STATUS_ERROR)
 
 
-def decode_request(request: ExportTraceServiceRequest, wanted: frozenset[str]) -> Decoded:
+def decode_request(request: ExportTraceServiceRequest, matcher: Matcher) -> Decoded:
     """Extract span records, rejecting (and counting) spans whose ids are unusable."""
     out = Decoded()
+    wanted = matcher.wanted_keys
     for rs in request.resource_spans:
         subject = language = None
         for kv in rs.resource.attributes:
@@ -179,8 +199,8 @@ def decode_request(request: ExportTraceServiceRequest, wanted: frozenset[str]) -
                 if span.HasField("status") and span.status.code == STATUS_ERROR:
                     error = span.status.message[:MAX_ERROR_CHARS]
                 out.spans.append(
-                    SpanRecord(tid, sid, pid if pid != _ZERO_SPAN else b"", name,
-                               span.start_time_unix_nano, attrs, subject, error, language)
+                    SpanRecord(tid, sid, pid if pid != _ZERO_SPAN else b"", name, span.start_time_unix_nano,
+                               span_facts(matcher, name, attrs), subject, error, language)
                 )
     return out
 
@@ -291,7 +311,7 @@ def _list(obj: Any, key: str, path: str) -> list:
     return value
 
 
-def decode_otlp_json(doc: Any, wanted: frozenset[str], location: str = "", strict: bool = True) -> Decoded:
+def decode_otlp_json(doc: Any, matcher: Matcher, location: str = "", strict: bool = True) -> Decoded:
     """Decode one OTLP/JSON ``ExportTraceServiceRequest`` (already ``json.loads``-ed).
 
     A malformed document raises :class:`DecodeError`. A span with unusable ids raises it too with
@@ -299,6 +319,7 @@ def decode_otlp_json(doc: Any, wanted: frozenset[str], location: str = "", stric
     ``partial_success``.
     """
     out = Decoded()
+    wanted = matcher.wanted_keys
     where = f"{location} " if location else ""
     resources: dict[int, tuple[str | None, str | None]] = {}
     for rs, ss, path in _scopes(doc):
@@ -344,8 +365,8 @@ def decode_otlp_json(doc: Any, wanted: frozenset[str], location: str = "", stric
                 continue
             except (AttributeError, TypeError, ValueError, binascii.Error) as exc:
                 raise DecodeError(f"malformed span: {exc}", f"{where}{span_path}") from exc
-            out.spans.append(SpanRecord(tid, sid, pid if pid != _ZERO_SPAN else b"", name, start, attrs, subject,
-                                        error, language))
+            out.spans.append(SpanRecord(tid, sid, pid if pid != _ZERO_SPAN else b"", name, start,
+                                        span_facts(matcher, name, attrs), subject, error, language))
     return out
 
 

@@ -1,8 +1,8 @@
 """The crash journal (DESIGN §3 Durability): accepted span records are on disk before the receiver
 answers, and replayed on start, so a kill -9 loses no acknowledged span.
 
-- What is written is the classifier's compact span record (ids, name, start, the few attributes it
-  reads), never the request: prompt and response text never reach the disk.
+- What is written is the classifier's compact span record (ids, name, start, the facts it reads of
+  the span's attributes), never the request: prompt and response text never reach the disk.
 - Group commit: requests append to a shared buffer; one writer thread writes whatever accumulated
   while the previous fsync ran, fsyncs once, and then releases every request of that group.
 - Segments: files of about ``segment_bytes``; a segment is deleted once every trace with spans in it
@@ -23,7 +23,8 @@ from typing import IO
 
 import structlog
 
-from collector.classify import SpanRecord
+from collector.classify import FACTS, Facts, SpanRecord, span_facts
+from collector.profiles import Matcher
 from collector.serialize import from_json, to_json
 
 log = structlog.get_logger("agenteval.collector")
@@ -34,14 +35,25 @@ class JournalError(Exception):
 
 
 def _encode(spans: list[SpanRecord]) -> bytes:
-    rows = [[s.trace_id.hex(), s.span_id.hex(), s.parent_id.hex(), s.name, s.start_ns, s.attrs, s.resource_subject,
+    rows = [[s.trace_id.hex(), s.span_id.hex(), s.parent_id.hex(), s.name, s.start_ns, s.facts, s.resource_subject,
              s.status_error, s.sdk_language] for s in spans]
     return to_json(rows) + b"\n"
 
 
-def _decode(line: bytes) -> list[SpanRecord]:
-    return [SpanRecord(bytes.fromhex(t), bytes.fromhex(s), bytes.fromhex(p), name, start, attrs, subject, error, lang)
-            for t, s, p, name, start, attrs, subject, error, lang in from_json(line)]
+def _decode(line: bytes, matcher: Matcher) -> list[SpanRecord]:
+    """The records of a journal line. A line of an older collector holds a span's wanted attributes (a
+    dict) where its facts now stand: they are worked out from them."""
+    return [SpanRecord(bytes.fromhex(t), bytes.fromhex(s), bytes.fromhex(p), name, start, _facts(facts, name, matcher),
+                       subject, error, lang)
+            for t, s, p, name, start, facts, subject, error, lang in from_json(line)]
+
+
+def _facts(value: list | dict, name: str, matcher: Matcher) -> Facts:
+    if isinstance(value, dict):
+        return span_facts(matcher, name, value)
+    if not isinstance(value, list) or len(value) != FACTS:
+        raise ValueError(f"span facts: expected a list of {FACTS}")
+    return tuple(value)
 
 
 class Journal:
@@ -94,7 +106,7 @@ class Journal:
         return self.size >= self.max_bytes
 
     # --- replay ---------------------------------------------------------------------------------
-    def replay(self) -> Iterator[list[SpanRecord]]:
+    def replay(self, matcher: Matcher) -> Iterator[list[SpanRecord]]:
         """The span records of every earlier segment, oldest first; they stay journaled (and counted)
         until their traces are done again. A torn last line (a crash mid-write) is skipped."""
         for number in self._segments():
@@ -106,7 +118,7 @@ class Journal:
             with path.open("rb") as fh:
                 for line in fh:
                     try:
-                        spans = _decode(line)
+                        spans = _decode(line, matcher)
                     except (ValueError, TypeError):
                         log.warning("journal_record_skipped", segment=path.name, reason="torn or unreadable line")
                         continue

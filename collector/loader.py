@@ -212,7 +212,7 @@ def iter_runs(path: Path, matcher: Matcher, on_bytes: Callable[[int], None] = la
                 yield _single_document(doc, where)
                 return
             seen_any = True
-            for span in decode_otlp_json(doc, matcher.wanted_keys, where).spans:
+            for span in decode_otlp_json(doc, matcher, where).spans:
                 tid = span.trace_id
                 if tid in closed:
                     raise TraceFileError(

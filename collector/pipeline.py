@@ -226,7 +226,7 @@ class Pipeline:
         if self.journal is None:
             return 0
         spans = 0
-        for batch in self.journal.replay():
+        for batch in self.journal.replay(self.matcher):
             spans += self.assembler.offer(batch).accepted
         return spans
 

@@ -134,7 +134,7 @@ class GrpcTraceService:
                                 clip(f"cannot decode ExportTraceServiceRequest: {exc}"))
         try:
             self.pipeline.admit(spans, "grpc")
-            decoded = _clip_reasons(decode_bytes(payload, self.pipeline.matcher.wanted_keys, parsed))
+            decoded = _clip_reasons(decode_bytes(payload, self.pipeline.matcher, parsed))
             if reason := _never_fits(self.pipeline, decoded, "grpc"):
                 # Not RESOURCE_EXHAUSTED: OTLP exporters retry that code, and this request can never succeed.
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
@@ -245,14 +245,14 @@ class HttpTraceReceiver:
             if self.pipeline.metrics:
                 self.pipeline.metrics.rejected.add(1, {"transport": "http", "reason": "read_timeout"})
             return self._closing(self._error(408, f"request body not received within {self.read_timeout}s", ctype))
-        wanted = self.pipeline.matcher.wanted_keys
+        matcher = self.pipeline.matcher
         try:
             if ctype == PROTOBUF:
                 spans, parsed = count_spans(body)
                 self.pipeline.admit(spans, "http")
-                decoded = decode_bytes(body, wanted, parsed)
+                decoded = decode_bytes(body, matcher, parsed)
             else:
-                decoded = decode_otlp_json(json.loads(body), wanted, strict=False)
+                decoded = decode_otlp_json(json.loads(body), matcher, strict=False)
         except Backpressure as exc:
             return self._overloaded(exc, ctype)
         except (ProtoDecodeError, RuntimeError, ValueError, DecodeError, RecursionError) as exc:

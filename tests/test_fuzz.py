@@ -630,9 +630,8 @@ def classify_and_reconcile(decoded: Decoded) -> list[RunVerdict]:
 def test_decode_classify_reconcile_in_process_never_raises(case: Case) -> None:
     trace_id, good = good_trace(case.good)
     _, status, units = SCENARIOS[case.good]
-    wanted = MATCHER.wanted_keys
-    for decoded in (decode_request(to_protobuf(case, good), wanted),
-                    decode_otlp_json(json.loads(to_json(case, good)), wanted, strict=False)):
+    for decoded in (decode_request(to_protobuf(case, good), MATCHER),
+                    decode_otlp_json(json.loads(to_json(case, good)), MATCHER, strict=False)):
         verdicts = classify_and_reconcile(decoded)
         for verdict in verdicts:
             doc = run_to_dict(verdict, run_id=verdict.trace_id, source="live")

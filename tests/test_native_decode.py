@@ -58,7 +58,8 @@ from mafshape import SCENARIOS, export_request, record
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 from workload import encode, trace_spans  # noqa: E402
 
-WANTED = CollectorConfig().matcher().wanted_keys
+MATCHER = CollectorConfig().matcher()
+WANTED = MATCHER.wanted_keys
 DOTNET = Path(__file__).parent / "fixtures" / "dotnet"
 FUZZ = settings(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck),
                 print_blob=False, max_examples=300)
@@ -101,64 +102,38 @@ def outcome(fn: Callable[[], Any]) -> tuple:
         return "raised", type(exc)
 
 
-def journaled(value: Any) -> Any:
-    """``value`` as JSON holds it: NaN and infinities become None (orjson writes them as null)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: journaled(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [journaled(v) for v in value]
-    return value
-
-
 def records(spans: list[SpanRecord]) -> list[tuple]:
     return result(Decoded(spans))[0]
 
 
-def repeats_a_key(payload: bytes) -> bool:
-    """Whether a span the decoder keeps has a wanted attribute, or a key of a kvlist within one, twice
-    (the one case the native decoder writes no journal line for)."""
-    def repeats(value: AnyValue, depth: int) -> bool:
-        kind = value.WhichOneof("value")
-        if depth > MAX_VALUE_DEPTH or kind not in ("array_value", "kvlist_value"):
-            return False
-        if kind == "array_value":
-            return any(repeats(v, depth + 1) for v in value.array_value.values)
-        entries = value.kvlist_value.values
-        return len({kv.key for kv in entries}) < len(entries) or any(repeats(kv.value, depth + 1) for kv in entries)
+def assert_journal_line(payload: bytes, found: Decoded) -> None:
+    """The native journal line replays as ``_encode`` of the spans does, and as the spans themselves;
+    it is missing only for a finish reason UTF-8 cannot hold (a lone surrogate from a JSON escape)."""
+    if found.journal_line is None:
+        assert any(not s.facts[-1].isascii() and _lone_surrogate(s.facts[-1]) for s in found.spans if s.facts[-1])
+        return
+    replayed = records(_decode(found.journal_line, MATCHER))
+    assert replayed == records(_decode(_encode(found.spans), MATCHER))
+    assert replayed == records(found.spans)
 
-    for rs in ExportTraceServiceRequest.FromString(payload).resource_spans:
-        for ss in rs.scope_spans:
-            for span in ss.spans if ss.scope.name != OWN_SCOPE else ():
-                if decode._id_problem(span.name, span.trace_id, span.span_id, span.parent_span_id) is None:
-                    wanted = [kv for kv in span.attributes if kv.key in WANTED]
-                    if len({kv.key for kv in wanted}) < len(wanted) or any(repeats(kv.value, 0) for kv in wanted):
-                        return True
+
+def _lone_surrogate(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
     return False
 
 
-def assert_journal_line(payload: bytes, found: Decoded) -> None:
-    """The native journal line replays as ``_encode`` of the spans does, and as the spans themselves
-    (but for what JSON cannot hold: NaN and infinities, which orjson writes as null); it is missing
-    only for a repeated key."""
-    if found.journal_line is None:
-        assert repeats_a_key(payload)
-        return
-    replayed = records(_decode(found.journal_line))
-    assert replayed == records(_decode(_encode(found.spans)))
-    assert replayed == records([replace(s, attrs=journaled(s.attrs)) for s in found.spans])
-
-
 def reference(payload: bytes) -> tuple:
-    return outcome(lambda: result(decode_request(ExportTraceServiceRequest.FromString(payload), WANTED)))
+    return outcome(lambda: result(decode_request(ExportTraceServiceRequest.FromString(payload), MATCHER)))
 
 
 def received(payload: bytes) -> tuple:
     """What the receivers get: the span count (checked), then the request decoded."""
     def run() -> tuple:
         spans, parsed = count_spans(payload)
-        decoded = decode_bytes(payload, WANTED, parsed)
+        decoded = decode_bytes(payload, MATCHER, parsed)
         assert spans == span_count(ExportTraceServiceRequest.FromString(payload) if parsed is None else parsed)
         return result(decoded)
     return outcome(run)
@@ -168,9 +143,9 @@ def assert_parity(payload: bytes, native_must_answer: bool = False) -> tuple:
     """The receivers' path and decode_bytes give what protobuf + decode_request give; the native
     decoder gives the same or None. Returns the reference outcome."""
     expected = reference(payload)
-    assert outcome(lambda: result(decode_bytes(payload, WANTED))) == expected
+    assert outcome(lambda: result(decode_bytes(payload, MATCHER))) == expected
     assert received(payload) == expected
-    found = decode._native_decode(payload, WANTED)
+    found = decode._native_decode(payload, MATCHER)
     if expected[0] == "raised":
         assert found is None and decode._native.count_spans(payload) is None
     elif found is not None:
@@ -229,8 +204,8 @@ def test_without_the_extension_protobuf_decodes_and_parses_once(monkeypatch: pyt
     monkeypatch.setattr(decode, "_native", None)
     spans, parsed = count_spans(body)
     assert parsed is not None and spans == len(expected[1][0])
-    assert ("ok", result(decode_bytes(body, WANTED, parsed))) == expected
-    assert ("ok", result(decode_bytes(body, WANTED))) == expected
+    assert ("ok", result(decode_bytes(body, MATCHER, parsed))) == expected
+    assert ("ok", result(decode_bytes(body, MATCHER))) == expected
     assert received(b"\xff\xfe not protobuf") == reference(b"\xff\xfe not protobuf")
 
 
@@ -481,7 +456,7 @@ def test_hand_made_requests_decode_identically(name: str) -> None:
     payload, answers = CASES[name]
     expected = assert_parity(payload)
     assert expected[0] == ("raised" if answers == "error" else "ok"), expected
-    assert (decode._native_decode(payload, WANTED) is not None) == (answers == "native")
+    assert (decode._native_decode(payload, MATCHER) is not None) == (answers == "native")
 
 
 def test_every_truncation_of_a_request_decodes_identically() -> None:
@@ -592,16 +567,18 @@ JOURNAL_CASES: dict[str, bytes] = {
         kvlist([("a", AnyValue()), ("a", AnyValue())]), MAX_VALUE_DEPTH + 1))),
     "a kvlist key twice in a rejected span": request(span(n=3), span(kvlist([("a", AnyValue()), ("a", AnyValue())]),
                                                                      trace_id=bytes(16))),
+    "a finish reason with a lone surrogate": request(span(attributes=[KeyValue(
+        key="gen_ai.response.finish_reasons", value=AnyValue(string_value='["\\ud800 "]'))])),
 }
 #: The cases whose line the native decoder leaves to ``_encode``.
-NO_LINE = {"a wanted attribute twice", "a kvlist key twice"}
+NO_LINE = {"a finish reason with a lone surrogate"}
 
 
 @pytest.mark.parametrize("name", JOURNAL_CASES)
 def test_hand_made_requests_journal_lines_replay_as_their_spans(name: str) -> None:
     payload = JOURNAL_CASES[name]
     assert assert_parity(payload, native_must_answer=True)[0] == "ok"  # checks the line, too
-    found = decode._native_decode(payload, WANTED)
+    found = decode._native_decode(payload, MATCHER)
     assert (found.journal_line is None) == (name in NO_LINE)
 
 
@@ -609,7 +586,7 @@ def test_journal_lines_are_orjsons_bytes() -> None:
     """Not the contract (that is what the line replays as), but the native writer follows orjson's
     format (floats, escapes, key order), so the journal reads the same whichever wrote it."""
     bodies = [*JOURNAL_CASES.values(), *encode([trace_spans(random.Random(seed)) for seed in range(20)])]
-    found = [decode._native_decode(body, WANTED) for body in bodies]
+    found = [decode._native_decode(body, MATCHER) for body in bodies]
     lines = [(f.journal_line, _encode(f.spans)) for f in found if f.journal_line is not None]
     assert len(lines) == len(bodies) - len(NO_LINE)
     for line, encoded in lines:
@@ -620,13 +597,12 @@ def test_journal_lines_are_orjsons_bytes() -> None:
 @given(values=st.lists(st.floats() | st.integers(-(2**63), 2**63 - 1), max_size=8))
 def test_numbers_are_journaled_as_orjson_writes_them(values: list[float | int]) -> None:
     attributes = [AnyValue(double_value=v) if isinstance(v, float) else AnyValue(int_value=v) for v in values]
-    found = decode._native_decode(request(span(*attributes), span(array(attributes), n=3)), WANTED)
+    found = decode._native_decode(request(span(*attributes), span(array(attributes), n=3)), MATCHER)
     assert found.journal_line == _encode(found.spans)
 
 
-#: Each key once: a wanted key given twice leaves the line to ``_encode`` (JOURNAL_CASES has that).
 wanted_attributes = st.lists(st.tuples(st.sampled_from(KEYS), any_values).map(
-    lambda kv: KeyValue(key=kv[0], value=kv[1])), max_size=8, unique_by=lambda kv: kv.key)
+    lambda kv: KeyValue(key=kv[0], value=kv[1])), max_size=8)
 
 
 @FUZZ
@@ -639,3 +615,50 @@ def test_generated_wanted_attributes_are_journaled_exactly(attributes: list[list
     kept = [span(n=2 * i + 1, name=name, attributes=attrs, status=status)
             for i, (attrs, name) in enumerate(zip(attributes, names))]
     assert assert_parity(request(*kept, resource=service), native_must_answer=True)[0] == "ok"
+
+
+# --- span facts -------------------------------------------------------------------------------------------
+
+def test_strip_is_pythons_for_every_code_point() -> None:
+    """The compiled decoder strips names and token strings as ``str.strip`` does."""
+    points = [chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF]
+    assert [decode._native.py_strip(f"{c}a{c}") for c in points] == [f"{c}a{c}".strip() for c in points]
+
+
+FINISH = "gen_ai.response.finish_reasons"
+#: Values read as names, token counts and finish reasons, where Python's reading has corners.
+FACT_VALUES = [
+    *(AnyValue(string_value=t) for t in (
+        "42", " 42 ", "\u300042\u2029", "\x1c7\x1f", "٤٢", "+5", "-5", "4 2", "1" * 32, "1" * 33, "0" * 40,
+        "9" * 32, "", " ", "\xa0", "x", " agent one ", "stop", '["stop"]', ' ["", " length "] ', "[1, \"x\"]",
+        "[", "[]", '["a" "b"]', '["stop"] x', '["\\u0041"]', '[null, "n"]', '["\\t"]', "[\"\t\"]",
+        "workflow.run", "AgentExecutor", "x.HandoffAgentExecutor", "agentexecutor", "AGENTEXECUTOR", "ß",
+        "AgentResponseEvent", "agentresponseevent", "chat", "Chat", "invoke_agent")),
+    *(AnyValue(int_value=i) for i in (0, 1, -1, 10**12, 10**12 + 1, 2**63 - 1, -(2**63))),
+    *(AnyValue(double_value=f) for f in (0.0, -0.0, 3.0, 3.5, -2.0, 1e12, 1e12 + 1, 1e300, math.nan, math.inf)),
+    AnyValue(bool_value=True), AnyValue(), AnyValue(bytes_value=b"7"),
+    array([AnyValue(string_value=" "), AnyValue(int_value=1), AnyValue(string_value=" stop ")]), array([]),
+    array([AnyValue(), AnyValue(string_value="length")]), kvlist([("stop", AnyValue(string_value="x"))]),
+]
+NAMES = ["chat gpt", "chat", "workflow.run", "workflow.run x", "workflow.runner", "executor.process e",
+         "invoke_agent a", "invoke_agent", "other"]
+
+
+@pytest.mark.parametrize("key", sorted(WANTED))
+def test_every_wanted_key_reads_as_python_reads_it(key: str) -> None:
+    """Each corner value under each wanted key, behind a second key of the same role and before a
+    repeat of itself, in spans of every kind of name: the same facts either way."""
+    spans = []
+    for n, value in enumerate(FACT_VALUES):
+        attributes = [KeyValue(key=key, value=value)]
+        if n % 3 == 0:
+            attributes.append(KeyValue(key=key, value=FACT_VALUES[n - 1]))  # a repeat: the last one counts
+        spans.append(span(n=2 * n + 1, name=NAMES[n % len(NAMES)], attributes=attributes))
+    assert assert_parity(request(*spans), native_must_answer=True)[0] == "ok"
+
+
+def test_a_finish_reason_decodes_once_per_distinct_string() -> None:
+    reasons = [f'["r{i % 3}"]' for i in range(30)]
+    found = decode._native_decode(request(*(span(n=2 * i + 1, attributes=[KeyValue(key=FINISH, value=AnyValue(
+        string_value=r))]) for i, r in enumerate(reasons))), MATCHER)
+    assert [s.facts[-1] for s in found.spans] == [f"r{i % 3}" for i in range(30)]

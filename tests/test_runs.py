@@ -71,7 +71,7 @@ def _usage(i: int, o: int, finish: str = "stop") -> dict:
 
 
 def offer(assembler: Assembler, spans: list) -> None:
-    decoded = decode_request(encode_spans(spans), MATCHER.wanted_keys)
+    decoded = decode_request(encode_spans(spans), MATCHER)
     assembler.offer(decoded.spans)
 
 
@@ -180,16 +180,19 @@ def test_a_sub_workflow_run_span_belongs_to_its_outer_run():
 
 
 def test_spans_in_a_parent_cycle_are_reconciled_not_dropped():
-    from collector.classify import SpanRecord, TraceState
+    from collector.classify import SpanRecord, TraceState, span_facts
+
+    def record(sid: bytes, parent: bytes, name: str, start: int, attrs: dict) -> SpanRecord:
+        return SpanRecord(tid, sid, parent, name, start, span_facts(MATCHER, name, attrs))
 
     tid = bytes(range(1, 17))
     state = TraceState(MATCHER, tid)
     a, b, c = (bytes([9] * 7 + [n]) for n in (1, 2, 3))
-    state.add(SpanRecord(tid, a, b, "invoke_agent x", 1, {"gen_ai.agent.name": "x"}))
-    state.add(SpanRecord(tid, b, a, "executor.process e", 2, {"executor.id": "e"}))
-    state.add(SpanRecord(tid, c, a, "chat m", 3, {"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 5,
-                                                    "gen_ai.usage.output_tokens": 1}))
-    state.add(SpanRecord(tid, c[:7] + b"\x04", c[:7] + b"\x04", "chat m", 4, {"gen_ai.operation.name": "chat"}))
+    state.add(record(a, b, "invoke_agent x", 1, {"gen_ai.agent.name": "x"}))
+    state.add(record(b, a, "executor.process e", 2, {"executor.id": "e"}))
+    state.add(record(c, a, "chat m", 3, {"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 5,
+                                         "gen_ai.usage.output_tokens": 1}))
+    state.add(record(c[:7] + b"\x04", c[:7] + b"\x04", "chat m", 4, {"gen_ai.operation.name": "chat"}))
     (run, _), = state.run_inputs(everything=True)
     (x,) = run.executors
     assert (x.executor_id, len(x.turns), x.turns[0].usage.total) == ("x", 1, 6)  # the cycle's chat call

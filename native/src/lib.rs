@@ -12,8 +12,9 @@
 //! journal costs the event loop no Python work per span.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
 use rustc_hash::FxHashMap;
+use std::sync::Mutex;
 
 /// Message nesting past which a request is left to protobuf (upb refuses past 100 levels).
 const MAX_DEPTH: u32 = 64;
@@ -434,58 +435,78 @@ mod write {
         }
         out.extend_from_slice(&digits[at..]);
     }
-
-    /// A float as orjson writes it: NaN and infinities as null (`_decode` reads None, as it does
-    /// from orjson); otherwise the shortest digits that read back as the same float, positional
-    /// from 1e-5 to below 1e16 (always with a fraction, so it reads back as a float, not an int),
-    /// else as `1.5e-7` / `1e+16`.
-    pub fn float(out: &mut Vec<u8>, value: f64) {
-        use std::io::Write;
-        if !value.is_finite() {
-            out.extend_from_slice(b"null");
-            return;
-        }
-        let sci = format!("{value:e}"); // shortest round-trip digits: "-1.2345e-7", "0e0"
-        let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-        let exp: i32 = exp.parse().unwrap_or(0);
-        if !(-5..16).contains(&exp) {
-            let _ = write!(out, "{mantissa}e{}{exp}", if exp > 0 { "+" } else { "" });
-            return;
-        }
-        let (sign, mantissa) = match mantissa.strip_prefix('-') {
-            Some(rest) => ("-", rest),
-            None => ("", mantissa),
-        };
-        let digits: Vec<u8> = mantissa.bytes().filter(|&b| b != b'.').collect();
-        out.extend_from_slice(sign.as_bytes());
-        if exp < 0 {
-            out.extend_from_slice(b"0.");
-            out.resize(out.len() + (-exp - 1) as usize, b'0');
-            out.extend_from_slice(&digits);
-            return;
-        }
-        let whole = exp as usize + 1;
-        if digits.len() > whole {
-            out.extend_from_slice(&digits[..whole]);
-            out.push(b'.');
-            out.extend_from_slice(&digits[whole..]);
-        } else {
-            out.extend_from_slice(&digits);
-            out.resize(out.len() + whole - digits.len(), b'0');
-            out.extend_from_slice(b".0");
-        }
-    }
 }
+
+// --- span facts -----------------------------------------------------------------------------------
+
+/// Whether Python's `str.isspace()` holds for `c` (what `str.strip()` strips; a test checks every
+/// code point against the running Python).
+fn py_space(c: char) -> bool {
+    matches!(c, '\t'..='\r' | '\x1c'..='\x1f' | ' ' | '\u{85}' | '\u{a0}' | '\u{1680}' | '\u{2000}'..='\u{200a}'
+        | '\u{2028}' | '\u{2029}' | '\u{202f}' | '\u{205f}' | '\u{3000}')
+}
+
+/// `text.strip()`, as Python strips.
+#[pyfunction]
+fn py_strip(text: &str) -> &str {
+    text.trim_matches(py_space)
+}
+
+/// The attribute roles of `collector.classify.span_facts`, in the order `collector.decode` passes
+/// their keys.
+#[derive(Clone, Copy)]
+enum Role {
+    LedgerSource,
+    Operation,
+    AgentId,
+    ExecutorId,
+    BridgeExecutor,
+    ExecutorType,
+    Subject,
+    Error,
+    Input,
+    Output,
+    Total,
+    Finish,
+}
+
+const ROLES: usize = 12;
+
+/// Finish-reason strings whose answers a decoder remembers.
+const FINISH_REASONS: usize = 4096;
+
+/// A wanted attribute's value as the wire holds it (its `AnyValue` member); None where
+/// `collector.decode.any_value` gives None (no member, bytes).
+type Member<'a> = Option<(u32, Value<'a>)>;
 
 // --- decoding ---------------------------------------------------------------------------------------
 
-/// Decodes requests for one set of wanted attribute keys (see `collector.decode`).
+/// Decodes requests into span records with their facts (`collector.classify.Facts`) for one matcher
+/// (see `collector.decode`).
 #[pyclass(frozen, module = "agenteval_native")]
 struct Decoder {
-    /// The wanted keys, each mapped to the Python string used as the attribute's dict key.
-    wanted: FxHashMap<Box<str>, Py<PyString>>,
+    /// Each wanted key's slot in a span's values.
+    slots: FxHashMap<Box<str>, usize>,
+    /// Per role, the slots of its keys, in the order `_first` tries them.
+    roles: [Vec<usize>; ROLES],
     /// The class built per span, called with its fields positionally.
     record: Py<PyAny>,
+    /// `collector.classify.finish_reason`, called with a finish-reason string.
+    finish_reason: Py<PyAny>,
+    /// Its answers so far: a handful of distinct strings recur on every chat span.
+    finish_reasons: Mutex<FxHashMap<Box<str>, Py<PyAny>>>,
+    /// `Matcher.is_agent_executor_type`, called with an executor-type string.
+    hosts_agent: Py<PyAny>,
+    run_names: Vec<String>,
+    executor_prefixes: Vec<String>,
+    agent_prefixes: Vec<String>,
+    chat_prefixes: Vec<String>,
+    chat_operations: Vec<String>,
+    /// The ledger-source value of an AgentResponseEvent span.
+    ledger_source: String,
+    /// The kinds by name: run, executor, agent, other.
+    kinds: [i64; 4],
+    max_tokens: u64,
     own_scope: String,
     service_name: String,
     sdk_language: String,
@@ -504,34 +525,8 @@ struct Out<'py> {
     own: usize,
     /// The journal line so far: `[` and the rows of the records built, each followed by `,`.
     line: Vec<u8>,
-    /// The current span's attributes as a JSON object (the row needs them after its ids).
-    attrs: Json,
     /// Whether every row so far reads back as exactly its record.
     exact: bool,
-}
-
-/// JSON being written, and whether it still reads back as exactly the Python values built with it.
-struct Json {
-    buf: Vec<u8>,
-    /// False once a kvlist gave a key twice (the line is not worth making depend on how a JSON reader
-    /// treats a repeated key).
-    exact: bool,
-}
-
-impl Json {
-    fn clear(&mut self) {
-        self.buf.clear();
-        self.exact = true;
-    }
-
-    /// An object's next key (the object is open: `{` or a value ends the buffer).
-    fn key(&mut self, key: &str) {
-        if self.buf.last() != Some(&b'{') {
-            self.buf.push(b',');
-        }
-        write::str(&mut self.buf, key);
-        self.buf.push(b':');
-    }
 }
 
 /// A resource's `service.name` and `telemetry.sdk.language` (None when empty), each with its JSON.
@@ -542,15 +537,67 @@ struct Resource<'py> {
     language_json: Vec<u8>,
 }
 
+/// A span's facts being written: the Python values and their JSON (`[` and each value followed by `,`).
+struct Facts<'py> {
+    items: Vec<Bound<'py, PyAny>>,
+    json: Vec<u8>,
+}
+
+impl<'py> Facts<'py> {
+    fn int(&mut self, py: Python<'py>, value: Option<u64>) {
+        match value {
+            Some(value) => {
+                write::int(&mut self.json, false, value);
+                self.items.push(PyInt::new(py, value).into_any());
+            }
+            None => self.none(py),
+        }
+        self.json.push(b',');
+    }
+
+    fn bool(&mut self, py: Python<'py>, value: bool) {
+        self.json.extend_from_slice(if value { b"true," } else { b"false," });
+        self.items.push(PyBool::new(py, value).to_owned().into_any());
+    }
+
+    fn text(&mut self, py: Python<'py>, value: Option<&str>) {
+        match value {
+            Some(text) => {
+                write::str(&mut self.json, text);
+                self.items.push(PyString::new(py, text).into_any());
+            }
+            None => self.none(py),
+        }
+        self.json.push(b',');
+    }
+
+    fn none(&mut self, py: Python<'py>) {
+        self.json.extend_from_slice(b"null");
+        self.items.push(py.None().into_bound(py));
+    }
+}
+
 #[pymethods]
 impl Decoder {
     #[new]
-    #[pyo3(signature = (wanted, record, *, own_scope, service_name, sdk_language, max_chars,
-                        max_language_chars, max_error_chars, max_value_depth, status_error))]
+    #[pyo3(signature = (record, *, keys, run_names, executor_prefixes, agent_prefixes, chat_prefixes,
+                        chat_operations, ledger_source, kinds, finish_reason, hosts_agent, max_tokens,
+                        own_scope, service_name, sdk_language, max_chars, max_language_chars,
+                        max_error_chars, max_value_depth, status_error))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        wanted: &Bound<'_, PyAny>,
         record: Py<PyAny>,
+        keys: Vec<Vec<String>>,
+        run_names: Vec<String>,
+        executor_prefixes: Vec<String>,
+        agent_prefixes: Vec<String>,
+        chat_prefixes: Vec<String>,
+        chat_operations: Vec<String>,
+        ledger_source: String,
+        kinds: [i64; 4],
+        finish_reason: Py<PyAny>,
+        hosts_agent: Py<PyAny>,
+        max_tokens: u64,
         own_scope: String,
         service_name: String,
         sdk_language: String,
@@ -560,16 +607,34 @@ impl Decoder {
         max_value_depth: u32,
         status_error: i32,
     ) -> PyResult<Self> {
-        let wanted = wanted
-            .try_iter()?
-            .map(|key| {
-                let key = key?.cast_into::<PyString>()?;
-                Ok((key.to_str()?.into(), key.unbind()))
-            })
-            .collect::<PyResult<_>>()?;
+        if keys.len() != ROLES {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "keys: {ROLES} roles expected"
+            )));
+        }
+        let mut slots = FxHashMap::default();
+        let mut roles: [Vec<usize>; ROLES] = Default::default();
+        for (role, role_keys) in roles.iter_mut().zip(keys) {
+            for key in role_keys {
+                let next = slots.len();
+                role.push(*slots.entry(key.into_boxed_str()).or_insert(next));
+            }
+        }
         Ok(Decoder {
-            wanted,
+            slots,
+            roles,
             record,
+            finish_reason,
+            finish_reasons: Mutex::default(),
+            hosts_agent,
+            run_names,
+            executor_prefixes,
+            agent_prefixes,
+            chat_prefixes,
+            chat_operations,
+            ledger_source,
+            kinds,
+            max_tokens,
             own_scope,
             service_name,
             sdk_language,
@@ -583,18 +648,14 @@ impl Decoder {
 
     /// `(spans, rejected, own, line)` for a serialized request, or None to leave it to protobuf.
     /// `line` is `collector.journal._encode(spans)` in meaning (and in bytes, as orjson writes it),
-    /// or None when it could not be written exactly (a wanted attribute, or a key in a kvlist value of
-    /// one, given twice: Python keeps the last value at the first one's place).
+    /// or None when it could not be written exactly (a finish reason Python decoded to a lone
+    /// surrogate, which UTF-8 cannot hold).
     fn decode<'py>(&self, py: Python<'py>, payload: &[u8]) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let mut out = Out {
             spans: PyList::empty(py),
             rejected: PyList::empty(py),
             own: 0,
             line: Vec::new(),
-            attrs: Json {
-                buf: Vec::new(),
-                exact: true,
-            },
             exact: true,
         };
         out.line.push(b'[');
@@ -728,10 +789,7 @@ impl Decoder {
     fn span<'py>(&self, py: Python<'py>, buf: &[u8], resource: &Resource<'py>, out: &mut Out<'py>) -> R<(), Stop> {
         let (mut trace_id, mut span_id, mut parent_id): (&[u8], &[u8], &[u8]) = (&[], &[], &[]);
         let (mut name, mut start, mut status) = ("", 0u64, None);
-        let attrs = PyDict::new(py);
-        let mut keys = 0; // attributes set, to notice a key given twice
-        out.attrs.clear();
-        out.attrs.buf.push(b'{');
+        let mut values: Vec<Member<'_>> = vec![None; self.slots.len()];
         for field in fields(buf, 4)? {
             match field? {
                 (1, Value::Len(bytes)) => trace_id = bytes,
@@ -739,9 +797,7 @@ impl Decoder {
                 (4, Value::Len(bytes)) => parent_id = bytes,
                 (5, Value::Len(bytes)) => name = utf8(bytes)?,
                 (7, Value::I64(nanos)) => start = nanos,
-                (9, Value::Len(attribute)) => {
-                    keys += usize::from(self.attribute(py, attribute, &attrs, &mut out.attrs)?)
-                }
+                (9, Value::Len(attribute)) => self.attribute(attribute, &mut values)?,
                 (15, Value::Len(bytes)) => {
                     if status.replace(bytes).is_some() {
                         return Err(Stop::Bail);
@@ -774,9 +830,14 @@ impl Decoder {
         if parent_id == [0; 8] {
             parent_id = &[];
         }
-        if !out.attrs.exact || keys != attrs.len() {
-            out.exact = false;
-        }
+        let mut facts = Facts {
+            items: Vec::with_capacity(13),
+            json: Vec::with_capacity(96),
+        };
+        facts.json.push(b'[');
+        self.facts(py, name_text, &values, &mut facts, &mut out.exact)?;
+        facts.json.pop(); // the last value's comma
+        facts.json.push(b']');
         let line = &mut out.line;
         line.push(b'[');
         for id in [trace_id, span_id, parent_id] {
@@ -787,8 +848,8 @@ impl Decoder {
         line.push(b',');
         write::int(line, false, start);
         line.push(b',');
-        line.extend_from_slice(&out.attrs.buf);
-        line.extend_from_slice(b"},");
+        line.extend_from_slice(&facts.json);
+        line.push(b',');
         line.extend_from_slice(&resource.subject_json);
         line.push(b',');
         write::opt_str(line, error);
@@ -801,7 +862,7 @@ impl Decoder {
             PyBytes::new(py, parent_id),
             name,
             start,
-            attrs,
+            PyTuple::new(py, facts.items)?,
             &resource.subject,
             error.map(|message| PyString::new(py, message)),
             &resource.language,
@@ -823,120 +884,220 @@ impl Decoder {
         Ok((code == self.status_error).then(|| cap(message, self.max_error_chars)))
     }
 
-    /// Add one span attribute to `attrs` (and its JSON to `json`) when its key is wanted (else only
-    /// check it); whether it was.
-    fn attribute<'py>(
-        &self,
-        py: Python<'py>,
-        buf: &[u8],
-        attrs: &Bound<'py, PyDict>,
-        json: &mut Json,
-    ) -> R<bool, Stop> {
+    /// Keep one span attribute's value in its slot when its key is wanted (a later one of the same
+    /// key replaces it, as in a dict); check it either way.
+    fn attribute<'a>(&self, buf: &'a [u8], values: &mut [Member<'a>]) -> R<()> {
         let (key, value) = key_value(buf, 5)?;
-        let Some(wanted) = self.wanted.get(key) else {
+        let Some(&slot) = self.slots.get(key) else {
             if let Some(value) = value {
                 check(Msg::AnyValue, value, 6)?;
             }
-            return Ok(false);
+            return Ok(());
         };
-        json.key(key);
-        let value = match value {
-            Some(value) => self.value(py, any_member(value, 6)?, 0, 6, json)?,
-            None => {
-                json.buf.extend_from_slice(b"null");
-                py.None().into_bound(py)
-            }
+        let member = match value {
+            Some(value) => any_member(value, 6)?,
+            None => None,
         };
-        attrs.set_item(wanted.bind(py), value)?;
-        Ok(true)
+        self.check_value(member, 0, 6)?;
+        values[slot] = member.filter(|&(number, _)| number != 7); // bytes: None, as any_value reads them
+        Ok(())
     }
 
-    /// `collector.decode.any_value` of an `AnyValue` (its member as [`any_member`] found it), which is
-    /// `level` values deep in an attribute and `depth` messages deep in the request; its JSON goes to
-    /// `json`.
-    fn value<'py>(
-        &self,
-        py: Python<'py>,
-        member: Option<(u32, Value<'_>)>,
-        level: u32,
-        depth: u32,
-        json: &mut Json,
-    ) -> R<Bound<'py, PyAny>, Stop> {
-        let none = |json: &mut Json| -> R<Bound<'py, PyAny>, Stop> {
-            json.buf.extend_from_slice(b"null");
-            Ok(py.None().into_bound(py))
-        };
+    /// Check a wanted value `level` values deep in an attribute and `depth` messages deep in the
+    /// request as `collector.decode.any_value` reads it: every nested value with one member at most
+    /// (protobuf would keep the last, or merge repeated ones).
+    fn check_value(&self, member: Member<'_>, level: u32, depth: u32) -> R<()> {
         let Some((number, value)) = member else {
-            return none(json);
+            return Ok(());
         };
         if level > self.max_value_depth {
-            check_field(Msg::AnyValue, number, value, depth)?;
-            return none(json);
+            return check_field(Msg::AnyValue, number, value, depth);
         }
-        Ok(match (number, value) {
-            (1, Value::Len(bytes)) => {
-                let text = cap(utf8(bytes)?, self.max_chars);
-                write::str(&mut json.buf, text);
-                PyString::new(py, text).into_any()
-            }
-            (2, Value::Varint(value)) => {
-                json.buf.extend_from_slice(if value != 0 { b"true" } else { b"false" });
-                PyBool::new(py, value != 0).to_owned().into_any()
-            }
-            (3, Value::Varint(value)) => {
-                let value = value as i64;
-                write::int(&mut json.buf, value < 0, value.unsigned_abs());
-                PyInt::new(py, value).into_any()
-            }
-            (4, Value::I64(bits)) => {
-                write::float(&mut json.buf, f64::from_bits(bits));
-                PyFloat::new(py, f64::from_bits(bits)).into_any()
-            }
+        match (number, value) {
+            (1, Value::Len(bytes)) => utf8(bytes).map(drop),
+            (2 | 3, Value::Varint(_)) | (4, Value::I64(_)) | (7, Value::Len(_)) => Ok(()),
             (5, Value::Len(bytes)) => {
-                let list = PyList::empty(py);
-                json.buf.push(b'[');
                 for field in fields(bytes, depth + 1)? {
                     match field? {
                         (1, Value::Len(item)) => {
-                            if !list.is_empty() {
-                                json.buf.push(b',');
-                            }
-                            let member = any_member(item, depth + 2)?;
-                            list.append(self.value(py, member, level + 1, depth + 2, json)?)?
+                            self.check_value(any_member(item, depth + 2)?, level + 1, depth + 2)?
                         }
                         (number, other) => check_field(Msg::ArrayValue, number, other, depth + 1)?,
                     }
                 }
-                json.buf.push(b']');
-                list.into_any()
+                Ok(())
             }
             (6, Value::Len(bytes)) => {
-                let (dict, mut keys) = (PyDict::new(py), 0);
-                json.buf.push(b'{');
                 for field in fields(bytes, depth + 1)? {
                     match field? {
                         (1, Value::Len(entry)) => {
-                            let (key, value) = key_value(entry, depth + 2)?;
-                            let member = match value {
+                            let member = match key_value(entry, depth + 2)?.1 {
                                 Some(value) => any_member(value, depth + 3)?,
                                 None => None,
                             };
-                            json.key(key);
-                            dict.set_item(key, self.value(py, member, level + 1, depth + 3, json)?)?;
-                            keys += 1;
+                            self.check_value(member, level + 1, depth + 3)?;
                         }
                         (number, other) => check_field(Msg::KeyValueList, number, other, depth + 1)?,
                     }
                 }
-                json.buf.push(b'}');
-                if keys != dict.len() {
-                    json.exact = false;
-                }
-                dict.into_any()
+                Ok(())
             }
-            (7, Value::Len(_)) => return none(json), // bytes: nothing the classifier reads
-            _ => return Err(Stop::Bail),
-        })
+            _ => Err(Bail),
+        }
+    }
+
+    /// The first value of `role`'s keys that is not None (`_first`).
+    fn first<'a>(&self, role: Role, values: &[Member<'a>]) -> Member<'a> {
+        self.roles[role as usize].iter().find_map(|&slot| values[slot])
+    }
+
+    /// A string value, capped.
+    fn string<'a>(&self, member: Member<'a>) -> Option<&'a str> {
+        match member {
+            // checked as UTF-8 by `check_value`
+            Some((1, Value::Len(bytes))) => utf8(bytes).ok().map(|text| cap(text, self.max_chars)),
+            _ => None,
+        }
+    }
+
+    /// `_text`: a string value, stripped; None when empty or not a string.
+    fn text<'a>(&self, member: Member<'a>) -> Option<&'a str> {
+        self.string(member).map(py_strip).filter(|text| !text.is_empty())
+    }
+
+    /// `_int`: a token count from an integer, an integral double or ASCII digits, clamped.
+    fn tokens(&self, member: Member<'_>) -> Option<u64> {
+        match member {
+            Some((3, Value::Varint(raw))) => {
+                let value = raw as i64;
+                (value >= 0).then(|| (value as u64).min(self.max_tokens))
+            }
+            Some((4, Value::I64(bits))) => {
+                let value = f64::from_bits(bits);
+                let max = self.max_tokens as f64;
+                (value.is_finite() && value.fract() == 0.0 && value >= 0.0).then_some(if value >= max {
+                    self.max_tokens
+                } else {
+                    value as u64
+                })
+            }
+            Some((1, _)) => {
+                let text = py_strip(self.string(member)?);
+                if text.is_empty() || text.len() > 32 || !text.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                // 32 digits at most: a u128 holds them
+                text.parse::<u128>()
+                    .ok()
+                    .map(|n| n.min(u128::from(self.max_tokens)) as u64)
+            }
+            _ => None,
+        }
+    }
+
+    /// The kind of a span by its name (`Matcher.kind`).
+    fn kind(&self, name: &str) -> i64 {
+        let first_word = name.split(' ').next().unwrap_or(name);
+        let starts = |prefixes: &[String]| prefixes.iter().any(|p| name.starts_with(p.as_str()));
+        let [run, executor, agent, other] = self.kinds;
+        if self.run_names.iter().any(|n| n == name || n == first_word) {
+            run
+        } else if starts(&self.executor_prefixes) {
+            executor
+        } else if starts(&self.agent_prefixes) {
+            agent
+        } else {
+            other
+        }
+    }
+
+    /// `collector.classify.span_facts` of a span, into `facts`; `exact` is cleared when their JSON
+    /// cannot be written.
+    fn facts<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        values: &[Member<'_>],
+        facts: &mut Facts<'py>,
+        exact: &mut bool,
+    ) -> R<(), Stop> {
+        let kind = self.kind(name);
+        write::int(&mut facts.json, kind < 0, kind.unsigned_abs());
+        facts.json.push(b',');
+        facts.items.push(PyInt::new(py, kind).into_any());
+        let bridge = self.string(self.first(Role::LedgerSource, values));
+        facts.bool(py, bridge == Some(self.ledger_source.as_str()));
+        let operation = self.roles[Role::Operation as usize]
+            .iter()
+            .find_map(|&slot| self.string(values[slot]));
+        let chat = match operation {
+            Some(op) => self.chat_operations.iter().any(|c| c == op),
+            None => self.chat_prefixes.iter().any(|p| name.starts_with(p.as_str())),
+        };
+        facts.bool(py, chat);
+        facts.text(py, self.text(self.first(Role::AgentId, values)));
+        facts.text(py, self.text(self.first(Role::ExecutorId, values)));
+        facts.text(py, self.text(self.first(Role::BridgeExecutor, values)));
+        let hosts_agent = match self.string(self.first(Role::ExecutorType, values)) {
+            Some(kind) => self.hosts_agent.bind(py).call1((kind,))?.is_truthy()?,
+            None => false,
+        };
+        facts.bool(py, hosts_agent);
+        facts.text(py, self.text(self.first(Role::Subject, values)));
+        facts.text(py, self.text(self.first(Role::Error, values)));
+        facts.int(py, self.tokens(self.first(Role::Input, values)));
+        facts.int(py, self.tokens(self.first(Role::Output, values)));
+        facts.int(py, self.tokens(self.first(Role::Total, values)));
+        let finish = self.first(Role::Finish, values);
+        if let Some(text) = self.string(finish) {
+            let reason = self.finish_reason(py, text)?;
+            match reason.cast::<PyString>() {
+                Ok(text) => match text.to_str() {
+                    Ok(text) => write::str(&mut facts.json, text),
+                    Err(_) => *exact = false, // a lone surrogate, from a JSON escape
+                },
+                Err(_) => facts.json.extend_from_slice(b"null"),
+            }
+            facts.items.push(reason);
+            facts.json.push(b',');
+        } else if let Some((5, Value::Len(items))) = finish {
+            facts.text(py, self.first_reason(items)?);
+        } else {
+            facts.text(py, None);
+        }
+        Ok(())
+    }
+
+    /// `finish_reason` of a string, remembered (up to [`FINISH_REASONS`] strings at a time).
+    fn finish_reason<'py>(&self, py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyAny>> {
+        let mut known = self
+            .finish_reasons
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(reason) = known.get(text) {
+            return Ok(reason.bind(py).clone());
+        }
+        let reason = self.finish_reason.bind(py).call1((text,))?;
+        if known.len() >= FINISH_REASONS {
+            known.clear(); // hostile variety: memory stays bounded
+        }
+        known.insert(text.into(), reason.clone().unbind());
+        Ok(reason)
+    }
+
+    /// `finish_reason` of an array value: its first string item that is not blank, stripped.
+    fn first_reason<'a>(&self, items: &'a [u8]) -> R<Option<&'a str>> {
+        if self.max_value_depth < 1 {
+            return Ok(None); // the items are too deep: None
+        }
+        for field in fields(items, 7)? {
+            if let (1, Value::Len(item)) = field? {
+                if let Some(text) = self.text(any_member(item, 8)?) {
+                    return Ok(Some(text));
+                }
+            }
+        }
+        Ok(None)
     }
 }
 
@@ -967,5 +1128,6 @@ fn agenteval_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<Decoder>()?;
     module.add_function(wrap_pyfunction!(count_spans, module)?)?;
     module.add_function(wrap_pyfunction!(schema, module)?)?;
+    module.add_function(wrap_pyfunction!(py_strip, module)?)?;
     Ok(())
 }

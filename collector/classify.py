@@ -45,6 +45,9 @@ LEDGER_SOURCE_AGENT_SPAN = "invoke_agent"
 #: output and total tokens, and the finish reason.
 Facts = tuple[int, bool, bool, str | None, str | None, str | None, bool, str | None, str | None,
               int | None, int | None, int | None, str | None]
+#: Positions in :data:`Facts` (the compiled decoder writes them in this order).
+(KIND, BRIDGE, CHAT, AGENT_ID, EXECUTOR_ID, BRIDGE_EXECUTOR, HOSTS_AGENT, SUBJECT, ERROR_TYPE, INPUT, OUTPUT, TOTAL,
+ FINISH) = range(13)
 FACTS = 13  # values in Facts
 
 
@@ -225,12 +228,12 @@ class TraceState:
             return False
         if span.parent_id == sid:  # self-parented: treat as a root rather than wait for itself
             span.parent_id = b""
-        if span.facts[0] == RUN:
+        if span.facts[KIND] == RUN:
             self.run_spans_seen += 1
         if not span.parent_id:
             if self.root_span_id is None:
                 self.root_span_id = sid
-                self.subject = span.facts[7]
+                self.subject = span.facts[SUBJECT]
             self._resolve(span, _NO_CONTEXT)
         elif span.parent_id in self._context:
             self._resolve(span, self._context[span.parent_id])
@@ -338,7 +341,7 @@ class TraceState:
     @staticmethod
     def _error(s: SpanRecord) -> str | None:
         """The span's error (its ``error.type``, its status description, or "error"), or None."""
-        kind = s.facts[8]
+        kind = s.facts[ERROR_TYPE]
         if s.status_error is None:
             return kind
         detail = " ".join(p for p in (kind, s.status_error) if p)
@@ -355,7 +358,7 @@ class TraceState:
         orphans = [p for p in self._pending if p not in self._pending_ids and p not in self._context]
         for parent_id in orphans:
             children = self._pending.get(parent_id, [])
-            keep = [c for c in children if not (everything or c.facts[0] == RUN)]
+            keep = [c for c in children if not (everything or c.facts[KIND] == RUN)]
             for child in children:
                 if child not in keep:
                     self._pending_ids.discard(child.span_id)

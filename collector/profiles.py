@@ -142,9 +142,6 @@ class Matcher:
             self._kinds[name] = known
         return known
 
-    def is_run(self, name: str) -> bool:
-        return self.kind(name) == RUN
-
     def is_agent_executor_type(self, executor_type: object) -> bool:
         return isinstance(executor_type, str) and executor_type.rpartition(".")[2].casefold() in self.agent_executor_types
 

@@ -19,7 +19,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from collector import decode
-from collector.classify import SpanRecord
+from collector.classify import FINISH, INPUT, TOTAL, SpanRecord
 from collector.config import CollectorConfig
 from collector.journal import Journal, _decode, _encode
 
@@ -53,7 +53,7 @@ def test_the_journal_holds_span_records_never_prompt_text(tmp_path):
         (segment,) = segments(proc)
         text = segment.read_text()
         rows = orjson.loads(text)
-        assert trace_id in text and any(row[5][9:12] == [420, 180, None] for row in rows)  # the researcher's call
+        assert trace_id in text and any(row[5][INPUT:TOTAL + 1] == [420, 180, None] for row in rows)  # the researcher's
         assert "SECRET" not in text and "gen_ai" not in text
     finally:
         proc.stop(signal.SIGKILL)
@@ -183,4 +183,4 @@ def test_a_journal_of_the_previous_format_replays_with_its_spans_facts(tmp_path)
     finally:
         journal.close()
     assert fields(replayed) == fields(decoded.spans)
-    assert {s.facts[-1] for s in replayed} >= {"stop"} and any(s.facts[9] for s in replayed)
+    assert {s.facts[FINISH] for s in replayed} >= {"stop"} and any(s.facts[INPUT] for s in replayed)

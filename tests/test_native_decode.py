@@ -15,6 +15,7 @@ import math
 import os
 import random
 import struct
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -38,7 +39,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from collector import decode
-from collector.classify import SpanRecord
+from collector.classify import FINISH, SpanRecord, finish_reason
 from collector.config import CollectorConfig
 from collector.decode import (
     MAX_ATTR_CHARS,
@@ -83,8 +84,8 @@ def plain(value: Any) -> Any:
         return "float", struct.pack("<d", value)
     if isinstance(value, dict):
         return "dict", [(k, plain(v)) for k, v in value.items()]
-    if isinstance(value, list):
-        return "list", [plain(v) for v in value]
+    if isinstance(value, (list, tuple)):
+        return type(value).__name__, [plain(v) for v in value]
     return type(value).__name__, value
 
 
@@ -110,7 +111,7 @@ def assert_journal_line(payload: bytes, found: Decoded) -> None:
     """The native journal line replays as ``_encode`` of the spans does, and as the spans themselves;
     it is missing only for a finish reason UTF-8 cannot hold (a lone surrogate from a JSON escape)."""
     if found.journal_line is None:
-        assert any(not s.facts[-1].isascii() and _lone_surrogate(s.facts[-1]) for s in found.spans if s.facts[-1])
+        assert any(s.facts[FINISH] and _lone_surrogate(s.facts[FINISH]) for s in found.spans)
         return
     replayed = records(_decode(found.journal_line, MATCHER))
     assert replayed == records(_decode(_encode(found.spans), MATCHER))
@@ -584,7 +585,7 @@ def test_hand_made_requests_journal_lines_replay_as_their_spans(name: str) -> No
 
 def test_journal_lines_are_orjsons_bytes() -> None:
     """Not the contract (that is what the line replays as), but the native writer follows orjson's
-    format (floats, escapes, key order), so the journal reads the same whichever wrote it."""
+    format (integers, escapes), so the journal reads the same whichever wrote it."""
     bodies = [*JOURNAL_CASES.values(), *encode([trace_spans(random.Random(seed)) for seed in range(20)])]
     found = [decode._native_decode(body, MATCHER) for body in bodies]
     lines = [(f.journal_line, _encode(f.spans)) for f in found if f.journal_line is not None]
@@ -593,11 +594,20 @@ def test_journal_lines_are_orjsons_bytes() -> None:
         assert line == encoded
 
 
+TOKEN_KEYS = [*MATCHER.input_keys, *MATCHER.output_keys, *MATCHER.total_keys]
+
+
 @FUZZ
-@given(values=st.lists(st.floats() | st.integers(-(2**63), 2**63 - 1), max_size=8))
-def test_numbers_are_journaled_as_orjson_writes_them(values: list[float | int]) -> None:
-    attributes = [AnyValue(double_value=v) if isinstance(v, float) else AnyValue(int_value=v) for v in values]
-    found = decode._native_decode(request(span(*attributes), span(array(attributes), n=3)), MATCHER)
+@given(values=st.lists(st.floats() | st.integers(-(2**63), 2**63 - 1) | st.integers(0, 10**13), min_size=1,
+                       max_size=10))
+def test_token_counts_are_read_and_journaled_as_python_and_orjson_do(values: list[float | int]) -> None:
+    """Numbers under the token keys (each key in turn, so a count also lands behind another of its role)."""
+    attributes = [KeyValue(key=TOKEN_KEYS[i % len(TOKEN_KEYS)],
+                           value=AnyValue(double_value=v) if isinstance(v, float) else AnyValue(int_value=v))
+                  for i, v in enumerate(values)]
+    payload = request(span(attributes=attributes), span(attributes=attributes[::-1], n=3))
+    assert assert_parity(payload, native_must_answer=True)[0] == "ok"
+    found = decode._native_decode(payload, MATCHER)
     assert found.journal_line == _encode(found.spans)
 
 
@@ -625,7 +635,7 @@ def test_strip_is_pythons_for_every_code_point() -> None:
     assert [decode._native.py_strip(f"{c}a{c}") for c in points] == [f"{c}a{c}".strip() for c in points]
 
 
-FINISH = "gen_ai.response.finish_reasons"
+FINISH_KEY = "gen_ai.response.finish_reasons"
 #: Values read as names, token counts and finish reasons, where Python's reading has corners.
 FACT_VALUES = [
     *(AnyValue(string_value=t) for t in (
@@ -644,21 +654,71 @@ NAMES = ["chat gpt", "chat", "workflow.run", "workflow.run x", "workflow.runner"
          "invoke_agent a", "invoke_agent", "other"]
 
 
+#: Each role's keys (those of a role are read in this order, the first one present counting).
+ROLES = [MATCHER.agent_id_keys, MATCHER.executor_id_keys, MATCHER.executor_type_keys, MATCHER.subject_keys,
+         MATCHER.error_keys, MATCHER.input_keys, MATCHER.output_keys, MATCHER.total_keys, MATCHER.finish_keys,
+         MATCHER.operation_keys]
+
+
 @pytest.mark.parametrize("key", sorted(WANTED))
 def test_every_wanted_key_reads_as_python_reads_it(key: str) -> None:
-    """Each corner value under each wanted key, behind a second key of the same role and before a
-    repeat of itself, in spans of every kind of name: the same facts either way."""
-    spans = []
-    for n, value in enumerate(FACT_VALUES):
-        attributes = [KeyValue(key=key, value=value)]
-        if n % 3 == 0:
-            attributes.append(KeyValue(key=key, value=FACT_VALUES[n - 1]))  # a repeat: the last one counts
-        spans.append(span(n=2 * n + 1, name=NAMES[n % len(NAMES)], attributes=attributes))
-    assert assert_parity(request(*spans), native_must_answer=True)[0] == "ok"
+    """Each corner value under each wanted key, alone, then given twice (the last one counts), then
+    beside the other keys of its role in either order, in spans of each kind of name: the same facts
+    either way."""
+    others = [k for role in ROLES if key in role for k in role if k != key]
+    for variant in range(4):
+        spans = []
+        for n, value in enumerate(FACT_VALUES):
+            attributes = [KeyValue(key=key, value=value)]
+            if variant == 1:
+                attributes.append(KeyValue(key=key, value=FACT_VALUES[n - 1]))
+            elif variant >= 2:
+                beside = [KeyValue(key=k, value=FACT_VALUES[n - 2]) for k in others]
+                attributes = attributes + beside if variant == 2 else beside + attributes
+            spans.append(span(n=2 * n + 1, name=NAMES[(n + variant) % len(NAMES)], attributes=attributes))
+        assert assert_parity(request(*spans), native_must_answer=True)[0] == "ok"
 
 
-def test_a_finish_reason_decodes_once_per_distinct_string() -> None:
-    reasons = [f'["r{i % 3}"]' for i in range(30)]
-    found = decode._native_decode(request(*(span(n=2 * i + 1, attributes=[KeyValue(key=FINISH, value=AnyValue(
-        string_value=r))]) for i, r in enumerate(reasons))), MATCHER)
-    assert [s.facts[-1] for s in found.spans] == [f"r{i % 3}" for i in range(30)]
+def finish_request(reasons: list[str]) -> bytes:
+    return request(*(span(n=2 * i + 1, attributes=[KeyValue(key=FINISH_KEY, value=AnyValue(string_value=r))])
+                     for i, r in enumerate(reasons)))
+
+
+def test_a_finish_reason_string_is_decoded_by_python_once_per_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    def counted(value: Any) -> Any:
+        calls.append(value)
+        return finish_reason(value)
+
+    monkeypatch.setattr(decode, "finish_reason", counted)
+    decoder = decode._native_decoder.__wrapped__(MATCHER)  # a fresh one, calling `counted`
+    spans, *_ = decoder.decode(finish_request([f'["r{i % 3}"]' for i in range(30)]))
+    assert [s.facts[FINISH] for s in spans] == [f"r{i % 3}" for i in range(30)]
+    assert sorted(calls) == ['["r0"]', '["r1"]', '["r2"]']
+
+
+THREADS = """
+import sys, threading
+from test_native_decode import MATCHER, decode, finish_request
+sys.setswitchinterval(1e-6)
+
+def work(k):
+    for j in range(60):
+        decode._native_decode(finish_request([f'["t{k}-{j}-{i}"]' for i in range(100)]), MATCHER)
+
+threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+def test_threads_sharing_a_decoder_never_wait_for_each_other_forever() -> None:
+    """Decoding a finish reason calls into Python, which may switch threads mid-call: the decoder's
+    memory of them is not locked across that call (two threads deadlocked when it was, holding the
+    GIL, hence a process of its own)."""
+    done = subprocess.run([sys.executable, "-c", THREADS], cwd=Path(__file__).parent, timeout=60,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -1068,21 +1068,25 @@ impl Decoder {
         Ok(())
     }
 
-    /// `finish_reason` of a string, remembered (up to [`FINISH_REASONS`] strings at a time).
+    /// `finish_reason` of a string, remembered (up to [`FINISH_REASONS`] strings at a time). The lock
+    /// is never held across the call into Python, which may let another decoding thread run.
     fn finish_reason<'py>(&self, py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyAny>> {
-        let mut known = self
-            .finish_reasons
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(reason) = known.get(text) {
+        if let Some(reason) = self.known_reasons().get(text) {
             return Ok(reason.bind(py).clone());
         }
         let reason = self.finish_reason.bind(py).call1((text,))?;
+        let mut known = self.known_reasons();
         if known.len() >= FINISH_REASONS {
             known.clear(); // hostile variety: memory stays bounded
         }
         known.insert(text.into(), reason.clone().unbind());
         Ok(reason)
+    }
+
+    fn known_reasons(&self) -> std::sync::MutexGuard<'_, FxHashMap<Box<str>, Py<PyAny>>> {
+        self.finish_reasons
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// `finish_reason` of an array value: its first string item that is not blank, stripped.

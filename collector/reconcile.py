@@ -142,7 +142,7 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
         token_diverged = beyond and (direction == "under" or policy.flag_over_reporting)
 
     aliases = _aliases(policy.finish_aliases)
-    comparisons, aligned = _compare_finish(ledger, responses, lambda r: _normalize(r, aliases))
+    comparisons, aligned = _compare_finish(ledger, responses, aliases)
     finish_diverged = any(c.diverged for c in comparisons)
 
     no_truth = _no_truth_reason(len(turns), bare, ledger, record.ledger_derived)
@@ -234,7 +234,7 @@ def _last_reason(responses: Sequence[ChatTurn]) -> str | None:
 
 
 def _compare_finish(
-    ledger: Sequence[LedgerEntry], responses: Sequence[ChatTurn], norm
+    ledger: Sequence[LedgerEntry], responses: Sequence[ChatTurn], aliases: dict[str, str]
 ) -> tuple[list[FinishComparison], bool]:
     """Per-invocation comparison where both sides carry invocation keys, else the fallback rule: the
     framework reason of the *last* ledger entry (null included: a suppressed final finish is not
@@ -248,19 +248,19 @@ def _compare_finish(
     if not aligned:
         pairs = [(None, _last_entry_reason(ledger), _last_reason(responses))]
     else:
-        # Invocations the framework reported on: one it never answered (the agent raised) has no
-        # framework reason to compare, and its tokens are still in the sums.
-        keys = list(dict.fromkeys(e.invocation for e in ledger))
-        pairs = [
-            (
-                key,
-                _last_entry_reason([e for e in ledger if e.invocation == key]),
-                _last_reason([t for t in responses if t.invocation == key]),
-            )
-            for key in keys
-        ]
+        # The invocations the framework reported on, in order, each with its last entry's reason (one
+        # it never answered, the agent having raised, has no framework reason to compare, and its
+        # tokens are still in the sums), beside the last non-null reason of that invocation's responses.
+        framework: dict[str | None, str | None] = {}
+        for e in ledger:
+            framework[e.invocation] = e.finish_reason
+        truth: dict[str | None, str] = {}
+        for t in responses:
+            if t.finish_reason is not None:
+                truth[t.invocation] = t.finish_reason
+        pairs = [(key, fw, truth.get(key)) for key, fw in framework.items()]
     comparisons = [
-        FinishComparison(key, fw, truth, truth is not None and norm(fw) != norm(truth))
-        for key, fw, truth in pairs
+        FinishComparison(key, fw, reason, reason is not None and _normalize(fw, aliases) != _normalize(reason, aliases))
+        for key, fw, reason in pairs
     ]
     return comparisons, aligned

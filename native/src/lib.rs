@@ -505,7 +505,7 @@ struct Decoder {
     /// The ledger-source value of an AgentResponseEvent span.
     ledger_source: String,
     /// The kinds by name: run, executor, agent, other.
-    kinds: [i64; 4],
+    kinds: [u64; 4],
     max_tokens: u64,
     own_scope: String,
     service_name: String,
@@ -594,7 +594,7 @@ impl Decoder {
         chat_prefixes: Vec<String>,
         chat_operations: Vec<String>,
         ledger_source: String,
-        kinds: [i64; 4],
+        kinds: [u64; 4],
         finish_reason: Py<PyAny>,
         hosts_agent: Py<PyAny>,
         max_tokens: u64,
@@ -996,7 +996,7 @@ impl Decoder {
     }
 
     /// The kind of a span by its name (`Matcher.kind`).
-    fn kind(&self, name: &str) -> i64 {
+    fn kind(&self, name: &str) -> u64 {
         let first_word = name.split(' ').next().unwrap_or(name);
         let starts = |prefixes: &[String]| prefixes.iter().any(|p| name.starts_with(p.as_str()));
         let [run, executor, agent, other] = self.kinds;
@@ -1021,10 +1021,7 @@ impl Decoder {
         facts: &mut Facts<'py>,
         exact: &mut bool,
     ) -> R<(), Stop> {
-        let kind = self.kind(name);
-        write::int(&mut facts.json, kind < 0, kind.unsigned_abs());
-        facts.json.push(b',');
-        facts.items.push(PyInt::new(py, kind).into_any());
+        facts.int(py, Some(self.kind(name)));
         let bridge = self.string(self.first(Role::LedgerSource, values));
         facts.bool(py, bridge == Some(self.ledger_source.as_str()));
         let operation = self.roles[Role::Operation as usize]

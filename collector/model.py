@@ -268,7 +268,7 @@ class ExecutorVerdict:
         return self.verdict is not Verdict.NO_TRUTH
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # once per run on the live path: not frozen (see above; frozen cost 3x here)
 class RunVerdict:
     status: Status
     score: float | None
@@ -289,7 +289,7 @@ class RunVerdict:
 
     @property
     def checked(self) -> int:
-        return sum(1 for e in self.executors if e.checked)
+        return sum([e.verdict is not Verdict.NO_TRUTH for e in self.executors])
 
     @property
     def unchecked(self) -> int:

@@ -7,22 +7,21 @@ receive (``receivers``) -> decode -> assemble + classify (``assembler``) -> reco
 from __future__ import annotations
 
 import asyncio
-import queue
 from collections import deque
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import structlog
 
+from collector import logs
 from collector.assembler import Assembler, Backpressure, Failure, Finalized
 from collector.config import CollectorConfig
 from collector.decode import Decoded
 from collector.emit_spans import VerdictSpans
 from collector.journal import Journal
 from collector.metrics import Metrics
-from collector.model import RunVerdict
 from collector.reconcile import reconcile
 from collector.store import RunStore, StoredRun, StoreError, instance_name
 
@@ -59,7 +58,9 @@ class StoreWriter:
         self._on_stored = on_stored
         self._on_error = on_error
         self._on_failed = on_failed
-        self._queue: queue.Queue[tuple[StoredRun, float | None] | None] = queue.Queue()
+        self._queue: deque[tuple[StoredRun, float | None]] = deque()
+        self._ready = threading.Condition()
+        self._closing = False
         self._in_batch = 0
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self._thread.start()
@@ -67,7 +68,7 @@ class StoreWriter:
     @property
     def backlog(self) -> int:
         """Verdicts not yet durable: queued plus the batch being written."""
-        return self._queue.qsize() + self._in_batch
+        return len(self._queue) + self._in_batch
 
     def queue_limit(self, seconds: float, cap: int) -> int:
         """The backlog the store clears in ``seconds`` at its measured rate, within [BATCH, cap]."""
@@ -80,25 +81,22 @@ class StoreWriter:
             rate = runs / elapsed
             self.rate = rate if self.rate is None else 0.7 * self.rate + 0.3 * rate
 
-    def put(self, run: StoredRun, root_arrived: float | None) -> None:
-        """Queue a verdict; ``root_arrived`` (monotonic) is the origin of its verdict latency."""
-        self._queue.put((run, root_arrived))
+    def put(self, runs: list[tuple[StoredRun, float | None]]) -> None:
+        """Queue a sweep's verdicts, each with the monotonic time its verdict latency counts from.
+        All at once: woken for each verdict, the writer wrote batches of one or two."""
+        with self._ready:
+            self._queue.extend(runs)
+            self._ready.notify()
 
     def _run(self) -> None:
-        closing = False
-        while not closing:
-            item = self._queue.get()
-            batch: list[tuple[StoredRun, float | None]] = []
-            while item is not None:
-                batch.append(item)
-                if len(batch) >= self.BATCH:
-                    break
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-            closing = item is None
-            self._in_batch = len(batch)
+        while True:
+            with self._ready:
+                while not self._queue and not self._closing:
+                    self._ready.wait()
+                if not self._queue:
+                    return  # closing, and everything queued before is written
+                batch = [self._queue.popleft() for _ in range(min(self.BATCH, len(self._queue)))]
+                self._in_batch = len(batch)
             delay = 0.05
             while batch:
                 try:
@@ -130,7 +128,9 @@ class StoreWriter:
 
     def close(self, timeout: float = 30.0) -> None:
         """Flush everything queued, then stop."""
-        self._queue.put(None)
+        with self._ready:
+            self._closing = True
+            self._ready.notify()
         self._thread.join(timeout)
 
 
@@ -241,17 +241,19 @@ class Pipeline:
         self.assembler.failures.clear()
         if self.journal is not None:
             self._settle(finalized)
-        published: list[RunVerdict] = []
+        published: list[tuple[StoredRun, float | None]] = []
         for item in finalized:
             try:
-                if (verdict := self._publish(item)) is not None:
-                    published.append(verdict)
+                if (stored := self._publish(item)) is not None:
+                    published.append((stored, item.root_arrived))
             except Exception as exc:  # noqa: BLE001 - one run that cannot be published costs no other
                 self._failed(Failure(item.run.run_id or item.run.trace_id or "", "publish",
                                      f"{type(exc).__name__}: {exc}"[:200]))
-                self._done(item.run.trace_id)
-        if self.metrics is not None and published:
-            self.metrics.record_runs(published)
+                self._done([item.run.trace_id])
+        if published:
+            if self.metrics is not None:
+                self.metrics.record_runs([stored.verdict for stored, _ in published])
+            self.writer.put(published)  # last: a stored run implies every other sink saw it
         return len(finalized)
 
     def _settle(self, finalized: list[Finalized]) -> None:
@@ -268,23 +270,28 @@ class Pipeline:
                     self._unstored[hex_id] = self._unstored.get(hex_id, 0) + counts[hex_id]
         self.journal.release([tid for hex_id, tid in settled.items() if hex_id not in counts])
 
-    def _done(self, trace_id: str | None) -> None:
-        """One run of a settled trace is stored (or failed for good)."""
-        if self.journal is None or trace_id is None:
+    def _done(self, trace_ids: Iterable[str | None]) -> None:
+        """Runs of settled traces are stored (or failed for good); the journal lets go of a trace
+        once all its runs are, in one call per batch."""
+        if self.journal is None:
             return
+        released = []
         with self._unstored_lock:
-            left = self._unstored.get(trace_id)
-            if left is None:
-                return
-            if left > 1:
-                self._unstored[trace_id] = left - 1
-                return
-            del self._unstored[trace_id]
-        self.journal.release([bytes.fromhex(trace_id)])
+            for trace_id in trace_ids:
+                left = self._unstored.get(trace_id) if trace_id is not None else None
+                if left is None:
+                    continue
+                if left > 1:
+                    self._unstored[trace_id] = left - 1
+                else:
+                    del self._unstored[trace_id]
+                    released.append(bytes.fromhex(trace_id))
+        if released:
+            self.journal.release(released)
 
     def _store_failed(self, run: StoredRun, error: str) -> None:
         self._failed(Failure(run.run_id, "store", error))
-        self._done(run.verdict.trace_id)
+        self._done([run.verdict.trace_id])
 
     def _failed(self, failure: Failure) -> None:
         """Counted, logged and kept for the run page; never raised into a stage."""
@@ -293,8 +300,9 @@ class Pipeline:
             self.metrics.failed.add(1, {"stage": failure.stage})
         log.error("run_failed", id=failure.id, stage=failure.stage, error=failure.error)
 
-    def _publish(self, item: Finalized) -> RunVerdict | None:
-        """Reconcile a finalized run and hand it to every sink; None when it is not a run."""
+    def _publish(self, item: Finalized) -> StoredRun | None:
+        """Reconcile a finalized run and hand it to every sink but the store (the sweep queues its
+        runs for the store together); None when it is not a run."""
         if not item.run.is_workflow:
             if self.metrics is not None:
                 self.metrics.ignored.add(1)
@@ -307,19 +315,17 @@ class Pipeline:
             anchor = item.run.root_span_id or next(
                 (e.span_ids[0] for e in item.run.executors if e.span_ids), None)
             self.spans.emit(verdict, run_id, anchor)
-        log.info(
-            "run_verdict", run_id=run_id, trace_id=verdict.trace_id, subject=verdict.subject,
+        logs.info(
+            log, "run_verdict", run_id=run_id, trace_id=verdict.trace_id, subject=verdict.subject,
             status=verdict.status.value, score=verdict.score, revision=verdict.revision,
             incomplete=verdict.incomplete, checked=verdict.checked, unchecked=verdict.unchecked,
             executors={e.executor_id: e.verdict.value for e in verdict.executors},
             no_truth={e.executor_id: e.no_truth_reason.value for e in verdict.executors if e.no_truth_reason},
         )
-        self.writer.put(stored, item.root_arrived)  # last: a stored run implies every other sink saw it
-        return verdict
+        return stored
 
     def _stored(self, batch: list[tuple[StoredRun, float | None]]) -> None:
-        for run, _ in batch:
-            self._done(run.verdict.trace_id)
+        self._done(run.verdict.trace_id for run, _ in batch)
         if self.metrics is not None:
             now = time.monotonic()
             for _, arrived in batch:

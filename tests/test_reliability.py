@@ -446,8 +446,8 @@ def test_the_store_backlog_is_bounded_by_the_stores_measured_rate(tmp_path):
         assert writer.queue_limit(2.0, 10_000) == 10_000  # nothing measured yet: only the cap
         doc = json.loads((ROOT / "examples/pass_all_agree.json").read_text())
         verdict = reconcile(workflow_trace_run(doc, "x"))
-        for i in range(600):
-            writer.put(StoredRun(f"r{i}", "live", verdict), None)
+        for i in range(0, 600, 50):
+            writer.put([(StoredRun(f"r{j}", "live", verdict), None) for j in range(i, i + 50)])
         deadline = time.monotonic() + 30
         while writer.backlog or writer.rate is None:
             assert time.monotonic() < deadline

@@ -461,3 +461,31 @@ def test_the_store_backlog_is_bounded_by_the_stores_measured_rate(tmp_path):
     finally:
         writer.close()
         store.close()
+
+
+def test_a_sweeps_verdicts_reach_the_store_in_one_transaction(tmp_path):
+    """Handed over one by one, the writer woke for the first verdict of a sweep and wrote batches of
+    one or two, paying a transaction (and its index pages) per run."""
+    from collector.config import CollectorConfig
+    from collector.decode import decode_request
+    from collector.pipeline import Pipeline
+
+    store = open_store(tmp_path / "runs.db")
+    batches: list[int] = []
+    save_many = store.save_many
+    store.save_many = lambda runs: batches.append(len(runs := list(runs))) or save_many(runs)
+    cfg = CollectorConfig(assembly={"quiet_period": 3600}, journal={"enabled": False})
+    pipeline = Pipeline(cfg, store, None, None)
+    try:
+        traces = 0
+        for _ in range(6):
+            spans, trace_ids = record([scenario for scenario, _, _ in SCENARIOS.values()])
+            pipeline.ingest_decoded(decode_request(export_request(spans), pipeline.matcher), "grpc")
+            traces += len(set(trace_ids))
+        runs = pipeline.sweep(force=True)
+        pipeline.writer.close()
+        assert runs >= traces > 30 and batches == [runs]
+        assert len(store.list_runs(limit=1000)) == runs
+    finally:
+        pipeline.close()
+        store.close()

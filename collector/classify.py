@@ -418,10 +418,10 @@ class TraceState:
             records.append(ExecutorRecord(
                 executor_id=self._unit_name(run, executor, agent, unit, units_by_executor[executor]),
                 ledger=ledger,
-                turns=tuple(ChatTurn(Usage(i, o, t), finish, start, invocation, sid.hex(), error)
-                            for i, o, t, finish, start, invocation, sid, error in unit.turns),
+                turns=tuple([ChatTurn(Usage(i, o, t), finish, start, invocation, sid.hex(), error)
+                             for i, o, t, finish, start, invocation, sid, error in unit.turns]),
                 ledger_source=source,
-                span_ids=tuple(sid for _, sid in sorted(spans)),
+                span_ids=tuple([sid for _, sid in sorted(spans)]),
                 ledger_derived=derived,
             ))
         non_agent = tuple(sorted((names[k] for k in run.executors if k not in units_by_executor), key=str.casefold))

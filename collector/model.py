@@ -191,7 +191,7 @@ class ExecutorRecord:
     ledger_derived: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # once per run on the live path: not frozen (see above)
 class RunInput:
     executors: tuple[ExecutorRecord, ...]
     trace_id: str | None = None
@@ -268,7 +268,7 @@ class ExecutorVerdict:
         return self.verdict is not Verdict.NO_TRUTH
 
 
-@dataclass(slots=True)  # once per run on the live path: not frozen (see above; frozen cost 3x here)
+@dataclass(slots=True)  # once per run on the live path: not frozen (see above)
 class RunVerdict:
     status: Status
     score: float | None

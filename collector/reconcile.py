@@ -128,7 +128,7 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
         else:
             bare += 1
 
-    framework_tokens = sum(e.usage.total or 0 for e in ledger)
+    framework_tokens = sum([e.usage.total or 0 for e in ledger])
     # Failed calls add 0: a unit whose every answered call failed has a truth of 0 tokens.
     truth_tokens = summed if summed is not None else 0 if failed and not responses else None
 
@@ -143,7 +143,7 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
 
     aliases = _aliases(policy.finish_aliases)
     comparisons, aligned = _compare_finish(ledger, responses, aliases)
-    finish_diverged = any(c.diverged for c in comparisons)
+    finish_diverged = True in [c.diverged for c in comparisons]
 
     no_truth = _no_truth_reason(len(turns), bare, ledger, record.ledger_derived)
     if no_truth is not None:
@@ -174,8 +174,8 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
         response_turns=len(responses),
         request_turns=bare,
         failed_turns=failed,
-        ledger_span_ids=tuple(e.span_id for e in ledger if e.span_id),
-        chat_span_ids=tuple(t.span_id for t in turns if t.span_id),
+        ledger_span_ids=tuple([e.span_id for e in ledger if e.span_id]),
+        chat_span_ids=tuple([t.span_id for t in turns if t.span_id]),
         executor_span_ids=record.span_ids,
     )
     return ExecutorVerdict(
@@ -230,7 +230,10 @@ def _last_entry_reason(ledger: Sequence[LedgerEntry]) -> str | None:
 
 
 def _last_reason(responses: Sequence[ChatTurn]) -> str | None:
-    return next((t.finish_reason for t in reversed(responses) if t.finish_reason is not None), None)
+    for t in reversed(responses):
+        if t.finish_reason is not None:
+            return t.finish_reason
+    return None
 
 
 def _compare_finish(

@@ -77,27 +77,28 @@ _level: int | None = None
 
 def info(logger: Any, event: str, **fields: Any) -> None:
     """``logger.info(event, **fields)`` for the per-run hot path: under :func:`configure`, the line its
-    processor chain writes (the fields, then event, level and timestamp), built without the chain,
-    which cost 32-42 µs a line against 5-9 (bench/RESULTS.md, fifth sitting); otherwise (structlog
+    processor chain writes (the fields, then event, level and timestamp), built without the chain:
+    36-55 µs a line through it, 15-26 without (bench/RESULTS.md, fifth sitting). Otherwise (structlog
     configured by someone else) ``logger.info`` itself."""
     if _level is None:
         logger.info(event, **fields)
     elif _level <= logging.INFO:
-        fields.update(event=event, level="info", timestamp=timestamp(time.time()))
-        _OUT.write(to_json(fields), False)
+        fields.update(event=event, level="info", timestamp=timestamp(time.time_ns() // 1000))
+        _OUT.write(to_json(fields, default=repr), False)  # repr: structlog's fallback too
 
 
 _second: tuple[int, str] = (-1, "")
 
 
-def timestamp(now: float) -> str:
-    """``now`` as structlog's ``TimeStamper(fmt="iso", utc=True)`` writes it (microseconds unless
-    zero, then ``Z``), formatting the date and time once a second."""
+def timestamp(micros: int) -> str:
+    """A Unix time in microseconds as structlog's ``TimeStamper(fmt="iso", utc=True)`` writes the
+    time (microseconds unless zero, then ``Z``), formatting the date and time once a second."""
     global _second
-    whole, micro = divmod(round(now * 1_000_000), 1_000_000)
-    if _second[0] != whole:
-        _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
-    return f"{_second[1]}.{micro:06d}Z" if micro else f"{_second[1]}Z"
+    whole, micro = divmod(micros, 1_000_000)
+    second = _second  # one read: another thread may replace it meanwhile
+    if second[0] != whole:
+        second = _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
+    return f"{second[1]}.{micro:06d}Z" if micro else f"{second[1]}Z"
 
 
 def configure(level: str = "info") -> None:

@@ -1,4 +1,4 @@
-"""Domain model shared by every path: small frozen values, no I/O, no transport types.
+"""Domain model shared by every path: small values nothing mutates, no I/O, no transport types.
 
 The reconciler takes a :class:`RunInput` and returns a :class:`RunVerdict`; adapters at the edges
 (workflow-trace JSON, OTLP spans) build the former and sinks (store, spans, metrics, stream)
@@ -191,7 +191,7 @@ class ExecutorRecord:
     ledger_derived: bool = False
 
 
-@dataclass(slots=True)  # once per run on the live path: not frozen (see above)
+@dataclass(slots=True)  # built once per run on the live path: not frozen, as above
 class RunInput:
     executors: tuple[ExecutorRecord, ...]
     trace_id: str | None = None
@@ -268,7 +268,7 @@ class ExecutorVerdict:
         return self.verdict is not Verdict.NO_TRUTH
 
 
-@dataclass(slots=True)  # once per run on the live path: not frozen (see above)
+@dataclass(slots=True)  # built once per run on the live path: not frozen, as above
 class RunVerdict:
     status: Status
     score: float | None
@@ -289,7 +289,7 @@ class RunVerdict:
 
     @property
     def checked(self) -> int:
-        return sum([e.verdict is not Verdict.NO_TRUTH for e in self.executors])
+        return [e.checked for e in self.executors].count(True)
 
     @property
     def unchecked(self) -> int:

@@ -1,7 +1,7 @@
 """The live pipeline, transport-free: decoded requests in; verdicts out to every sink.
 
 receive (``receivers``) -> decode -> assemble + classify (``assembler``) -> reconcile -> emit
-(verdict spans, metrics, log line, then the store writer).
+(verdict spans and the log line per run; then, per sweep, metrics and the store writer).
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ class StoreWriter:
     """Writes verdicts on a thread of its own, in batches, so the event loop never waits on SQLite.
 
     A batch the database refuses (StoreError: down, locked) is retried with backoff until it lands
-    or the writer is closed. Any other failure is about the data: the batch is then written run by
-    run and a run the store cannot take is reported to ``on_failed``, so it never stops the others.
+    (:meth:`close` waits for that at most its timeout). Any other failure is about the data: the
+    batch is then written run by run and a run the store cannot take is reported to ``on_failed``,
+    so it never stops the others. ``on_stored`` is called once per batch written.
     """
 
     #: Runs written per transaction at most; also the smallest backlog :meth:`queue_limit` allows.
@@ -82,8 +83,7 @@ class StoreWriter:
             self.rate = rate if self.rate is None else 0.7 * self.rate + 0.3 * rate
 
     def put(self, runs: list[tuple[StoredRun, float | None]]) -> None:
-        """Queue a sweep's verdicts, each with the monotonic time its verdict latency counts from.
-        All at once: woken for each verdict, the writer wrote batches of one or two."""
+        """Queue verdicts, each with the monotonic time its verdict latency counts from."""
         with self._ready:
             self._queue.extend(runs)
             self._ready.notify()
@@ -95,35 +95,46 @@ class StoreWriter:
                     self._ready.wait()
                 if not self._queue:
                     return  # closing, and everything queued before is written
-                batch = [self._queue.popleft() for _ in range(min(self.BATCH, len(self._queue)))]
-                self._in_batch = len(batch)
+                self._in_batch = min(self.BATCH, len(self._queue))  # counted before it leaves the queue
+                batch = [self._queue.popleft() for _ in range(self._in_batch)]
             delay = 0.05
             while batch:
                 try:
                     started = time.monotonic()
                     self.store.save_many(run for run, _ in batch)
-                    self._measured(len(batch), time.monotonic() - started)
-                    self._on_stored(batch)
-                    batch = []
                 except StoreError as exc:
                     log.error("store_write_failed", error=str(exc), runs=len(batch), retry_in=delay)
                     self._on_error()
                     time.sleep(delay)
                     delay = min(delay * 2, 5.0)
+                    continue
                 except Exception:  # noqa: BLE001 - a run the store cannot take: find it, keep the rest
                     batch = self._one_by_one(batch)
+                    continue
+                self._measured(len(batch), time.monotonic() - started)
+                self._stored(batch)
+                batch = []
             self._in_batch = 0
+
+    def _stored(self, batch: list[tuple[StoredRun, float | None]]) -> None:
+        """``on_stored``, once: a failure there is logged, never taken for a failed write (which
+        would write the batch again and report it stored twice)."""
+        try:
+            self._on_stored(batch)
+        except Exception:  # noqa: BLE001
+            log.exception("store_callback_failed", runs=len(batch))
 
     def _one_by_one(self, batch: list[tuple[StoredRun, float | None]]) -> list[tuple[StoredRun, float | None]]:
         """Write runs singly; returns what is left to retry when the database itself fails."""
         for index, item in enumerate(batch):
             try:
                 self.store.save_many([item[0]])
-                self._on_stored([item])
             except StoreError:
                 return batch[index:]
             except Exception as exc:  # noqa: BLE001
                 self._on_failed(item[0], f"{type(exc).__name__}: {exc}"[:200])
+                continue
+            self._stored([item])
         return []
 
     def close(self, timeout: float = 30.0) -> None:
@@ -242,19 +253,33 @@ class Pipeline:
         if self.journal is not None:
             self._settle(finalized)
         published: list[tuple[StoredRun, float | None]] = []
-        for item in finalized:
-            try:
-                if (stored := self._publish(item)) is not None:
-                    published.append((stored, item.root_arrived))
-            except Exception as exc:  # noqa: BLE001 - one run that cannot be published costs no other
-                self._failed(Failure(item.run.run_id or item.run.trace_id or "", "publish",
-                                     f"{type(exc).__name__}: {exc}"[:200]))
-                self._done([item.run.trace_id])
-        if published:
+        try:
+            for item in finalized:
+                try:
+                    if (stored := self._publish(item)) is not None:
+                        published.append((stored, item.root_arrived))
+                except Exception as exc:  # noqa: BLE001 - one run that cannot be published costs no other
+                    self._failed(Failure(item.run.run_id or item.run.trace_id or "", "publish",
+                                         f"{type(exc).__name__}: {exc}"[:200]))
+                    self._done([item.run.trace_id])
+                if len(published) == StoreWriter.BATCH:  # the writer starts on a long sweep's first batch
+                    self._hand_over(published)
+                    published = []
+        finally:
+            self._hand_over(published)
+        return len(finalized)
+
+    def _hand_over(self, published: list[tuple[StoredRun, float | None]]) -> None:
+        """Published runs to the metrics, then to the store writer, together: handed over one by one,
+        the writer woke for the first and wrote batches of one or two. Last, so a stored run implies
+        every other sink saw it; queued for the store even if the metrics raise."""
+        if not published:
+            return
+        try:
             if self.metrics is not None:
                 self.metrics.record_runs([stored.verdict for stored, _ in published])
-            self.writer.put(published)  # last: a stored run implies every other sink saw it
-        return len(finalized)
+        finally:
+            self.writer.put(published)
 
     def _settle(self, finalized: list[Finalized]) -> None:
         """Settled traces wait for their runs to be stored before the journal lets them go."""

@@ -36,7 +36,7 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
         reconcile_executor(e, policy) for e in sorted(merge_units(run.executors), key=lambda e: e.executor_id.casefold())
     )
     score = run_score(verdicts)
-    unchecked = [v.verdict for v in verdicts].count(Verdict.NO_TRUTH)
+    unchecked = [v.checked for v in verdicts].count(False)
     return RunVerdict(
         status=run_status(score, unchecked),
         score=score,

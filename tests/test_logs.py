@@ -6,7 +6,8 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from pathlib import PurePosixPath
+from datetime import datetime, timedelta, timezone
 
 import pytest
 import structlog
@@ -16,7 +17,7 @@ from collector import logs
 FIELDS = {"run_id": "0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7", "trace_id": "0af7651916cd43dd",
           "subject": "ünïcode \u2028 subject", "status": "FAIL", "score": 0.25, "revision": 2, "incomplete": True,
           "checked": 2, "unchecked": 1, "executors": {"writer": "Both", "critic": "NoTruth"},
-          "no_truth": {"critic": "response_missing"}}
+          "no_truth": {"critic": "response_missing"}, "odd": PurePosixPath("/no/json/type")}
 
 
 @pytest.fixture
@@ -68,9 +69,17 @@ def test_unconfigured_it_is_the_loggers_own_info(output: io.BytesIO) -> None:
     assert captured == [{**FIELDS, "event": "run_verdict", "log_level": "info"}]
 
 
-@pytest.mark.parametrize("now", [0.0, 1_764_806_400.0, 1_764_806_400.000001, 1_764_806_400.5, 1_764_806_459.999999,
-                                 1_764_806_460.0, 1_764_806_460.123456, 4_102_444_800.25])
-def test_timestamps_are_structlogs(now: float) -> None:
-    expected = datetime.fromtimestamp(now, timezone.utc).isoformat().replace("+00:00", "Z")
-    assert logs.timestamp(now) == expected
-    assert logs.timestamp(now) == expected  # the cached second gives the same
+def test_a_value_json_has_no_type_for_is_written_as_the_chain_writes_it(output: io.BytesIO) -> None:
+    log = structlog.get_logger("agenteval.collector")
+    log.info("run_verdict", **FIELDS)
+    logs.info(log, "run_verdict", **FIELDS)
+    assert [line["odd"] for line in _lines(output)] == ["PurePosixPath('/no/json/type')"] * 2
+
+
+@pytest.mark.parametrize("micros", [0, 1_764_806_400_000_000, 1_764_806_400_000_001, 1_764_806_400_500_000,
+                                    1_764_806_459_999_999, 1_764_806_460_000_000, 1_764_806_460_123_456,
+                                    4_102_444_800_250_000])
+def test_timestamps_are_written_as_structlogs_time_stamper_writes_them(micros: int) -> None:
+    """TimeStamper writes ``datetime.now(timezone.utc).isoformat()`` with ``Z`` for ``+00:00``."""
+    expected = (datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=micros)).isoformat()
+    assert logs.timestamp(micros) == logs.timestamp(micros) == expected.replace("+00:00", "Z")

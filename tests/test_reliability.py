@@ -463,13 +463,40 @@ def test_the_store_backlog_is_bounded_by_the_stores_measured_rate(tmp_path):
         store.close()
 
 
-def test_a_sweeps_verdicts_reach_the_store_in_one_transaction(tmp_path):
+def test_a_failure_after_a_batch_is_written_does_not_write_it_again(tmp_path):
+    """on_stored raising once (say the journal's disk) used to send the written batch back through
+    the run-by-run path: every run written twice and reported stored twice."""
+    store = open_store(tmp_path / "runs.db")
+    reported: list[list[str]] = []
+
+    def on_stored(batch):
+        reported.append([run.run_id for run, _ in batch])
+        if len(reported) == 1:
+            raise OSError("journal disk full")
+
+    writer = StoreWriter(store, on_stored)
+    try:
+        verdict = reconcile(workflow_trace_run(json.loads((ROOT / "examples/pass_all_agree.json").read_text()), "x"))
+        writer.put([(StoredRun(f"r{i}", "live", verdict), None) for i in range(5)])
+        writer.put([(StoredRun("r5", "live", verdict), None)])
+        writer.close()
+        assert sorted(run_id for batch in reported for run_id in batch) == [f"r{i}" for i in range(6)]
+        assert sorted(r["revision"] for r in store.list_runs(limit=100)) == [1] * 6
+    finally:
+        writer.close()
+        store.close()
+
+
+@pytest.mark.parametrize("batch", [StoreWriter.BATCH, 10])
+def test_a_sweeps_verdicts_reach_the_store_in_one_transaction_a_batch(tmp_path, monkeypatch, batch):
     """Handed over one by one, the writer woke for the first verdict of a sweep and wrote batches of
-    one or two, paying a transaction (and its index pages) per run."""
+    one or two, paying a transaction (and its index pages) per run. A sweep longer than a batch
+    hands each batch over as it fills, so the writer is not idle meanwhile."""
     from collector.config import CollectorConfig
     from collector.decode import decode_request
     from collector.pipeline import Pipeline
 
+    monkeypatch.setattr(StoreWriter, "BATCH", batch)
     store = open_store(tmp_path / "runs.db")
     batches: list[int] = []
     save_many = store.save_many
@@ -484,7 +511,8 @@ def test_a_sweeps_verdicts_reach_the_store_in_one_transaction(tmp_path):
             traces += len(set(trace_ids))
         runs = pipeline.sweep(force=True)
         pipeline.writer.close()
-        assert runs >= traces > 30 and batches == [runs]
+        assert runs >= traces > 30
+        assert batches == [batch] * (runs // batch) + ([runs % batch] if runs % batch else [])
         assert len(store.list_runs(limit=1000)) == runs
     finally:
         pipeline.close()

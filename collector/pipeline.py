@@ -263,8 +263,8 @@ class Pipeline:
                                          f"{type(exc).__name__}: {exc}"[:200]))
                     self._done([item.run.trace_id])
                 if len(published) == StoreWriter.BATCH:  # the writer starts on a long sweep's first batch
-                    self._hand_over(published)
-                    published = []
+                    batch, published = published, []
+                    self._hand_over(batch)
         finally:
             self._hand_over(published)
         return len(finalized)
@@ -272,14 +272,15 @@ class Pipeline:
     def _hand_over(self, published: list[tuple[StoredRun, float | None]]) -> None:
         """Published runs to the metrics, then to the store writer, together: handed over one by one,
         the writer woke for the first and wrote batches of one or two. Last, so a stored run implies
-        every other sink saw it; queued for the store even if the metrics raise."""
+        every other sink saw it."""
         if not published:
             return
-        try:
-            if self.metrics is not None:
+        if self.metrics is not None:
+            try:
                 self.metrics.record_runs([stored.verdict for stored, _ in published])
-        finally:
-            self.writer.put(published)
+            except Exception:  # noqa: BLE001 - failing metrics cost no run its store write or the sweep its rest
+                log.exception("metrics_record_failed", runs=len(published))
+        self.writer.put(published)
 
     def _settle(self, finalized: list[Finalized]) -> None:
         """Settled traces wait for their runs to be stored before the journal lets them go."""

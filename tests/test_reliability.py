@@ -517,3 +517,41 @@ def test_a_sweeps_verdicts_reach_the_store_in_one_transaction_a_batch(tmp_path, 
     finally:
         pipeline.close()
         store.close()
+
+
+def test_a_sweep_whose_metrics_fail_still_stores_each_run_once(tmp_path, monkeypatch):
+    """The metrics raising (after each full batch of a sweep, and at its end) costs no run its store
+    write nor the sweep its rest, and queues none twice (it would be reported stored twice, letting
+    the journal go early)."""
+    from opentelemetry.sdk.resources import Resource
+
+    from collector.config import CollectorConfig
+    from collector.decode import decode_request
+    from collector.metrics import Metrics
+    from collector.pipeline import Pipeline
+
+    monkeypatch.setattr(StoreWriter, "BATCH", 10)
+    cfg = CollectorConfig(assembly={"quiet_period": 3600}, journal={"enabled": False},
+                          exporters={"prometheus": {"endpoint": "127.0.0.1:0"}})
+    store = open_store(tmp_path / "runs.db")
+    metrics = Metrics(cfg, Resource.create({}), lambda: {})
+    pipeline = Pipeline(cfg, store, metrics, None)
+    stored: list[str] = []
+    on_stored = pipeline.writer._on_stored
+    pipeline.writer._on_stored = lambda batch: stored.extend(run.run_id for run, _ in batch) or on_stored(batch)
+
+    def broken(runs):
+        raise RuntimeError("metrics backend gone")
+
+    metrics.record_runs = broken
+    try:
+        spans, trace_ids = record([scenario for scenario, _, _ in SCENARIOS.values()] * 3)
+        pipeline.ingest_decoded(decode_request(export_request(spans), pipeline.matcher), "grpc")
+        runs = pipeline.sweep(force=True)
+        pipeline.writer.close()
+        assert len(stored) == len(set(stored)) == runs >= len(set(trace_ids)) > 10
+        assert len(store.list_runs(limit=1000)) == len(stored)
+    finally:
+        pipeline.close()
+        metrics.shutdown()
+        store.close()

@@ -23,10 +23,14 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from collector.config import CollectorConfig
+from collector.decode import decode_request
 from collector.loader import workflow_trace_run
-from collector.pipeline import StoreWriter
+from collector.metrics import Metrics
+from collector.pipeline import Pipeline, StoreWriter
 from collector.reconcile import reconcile
 from collector.store import StoredRun, open_store
 from conftest import AGENTEVAL, JSON, PROTOBUF, CaptureReceiver, CollectorProcess, free_port, post
@@ -444,8 +448,7 @@ def test_the_store_backlog_is_bounded_by_the_stores_measured_rate(tmp_path):
     writer = StoreWriter(store, lambda batch: None)
     try:
         assert writer.queue_limit(2.0, 10_000) == 10_000  # nothing measured yet: only the cap
-        doc = json.loads((ROOT / "examples/pass_all_agree.json").read_text())
-        verdict = reconcile(workflow_trace_run(doc, "x"))
+        verdict = _verdict()
         for i in range(0, 600, 50):
             writer.put([(StoredRun(f"r{j}", "live", verdict), None) for j in range(i, i + 50)])
         deadline = time.monotonic() + 30
@@ -463,6 +466,20 @@ def test_the_store_backlog_is_bounded_by_the_stores_measured_rate(tmp_path):
         store.close()
 
 
+def _verdict():
+    return reconcile(workflow_trace_run(json.loads((ROOT / "examples/pass_all_agree.json").read_text()), "x"))
+
+
+def _ingest_every_scenario(pipeline: Pipeline, times: int) -> int:
+    """Each MAF-shaped scenario ``times`` over, one request each time; returns the traces sent."""
+    traces = 0
+    for _ in range(times):
+        spans, trace_ids = record([scenario for scenario, _, _ in SCENARIOS.values()])
+        pipeline.ingest_decoded(decode_request(export_request(spans), pipeline.matcher), "grpc")
+        traces += len(set(trace_ids))
+    return traces
+
+
 def test_a_failure_after_a_batch_is_written_does_not_write_it_again(tmp_path):
     """on_stored raising once (say the journal's disk) used to send the written batch back through
     the run-by-run path: every run written twice and reported stored twice."""
@@ -476,7 +493,7 @@ def test_a_failure_after_a_batch_is_written_does_not_write_it_again(tmp_path):
 
     writer = StoreWriter(store, on_stored)
     try:
-        verdict = reconcile(workflow_trace_run(json.loads((ROOT / "examples/pass_all_agree.json").read_text()), "x"))
+        verdict = _verdict()
         writer.put([(StoredRun(f"r{i}", "live", verdict), None) for i in range(5)])
         writer.put([(StoredRun("r5", "live", verdict), None)])
         writer.close()
@@ -492,10 +509,6 @@ def test_a_sweeps_verdicts_reach_the_store_in_one_transaction_a_batch(tmp_path, 
     """Handed over one by one, the writer woke for the first verdict of a sweep and wrote batches of
     one or two, paying a transaction (and its index pages) per run. A sweep longer than a batch
     hands each batch over as it fills, so the writer is not idle meanwhile."""
-    from collector.config import CollectorConfig
-    from collector.decode import decode_request
-    from collector.pipeline import Pipeline
-
     monkeypatch.setattr(StoreWriter, "BATCH", batch)
     store = open_store(tmp_path / "runs.db")
     batches: list[int] = []
@@ -504,11 +517,7 @@ def test_a_sweeps_verdicts_reach_the_store_in_one_transaction_a_batch(tmp_path, 
     cfg = CollectorConfig(assembly={"quiet_period": 3600}, journal={"enabled": False})
     pipeline = Pipeline(cfg, store, None, None)
     try:
-        traces = 0
-        for _ in range(6):
-            spans, trace_ids = record([scenario for scenario, _, _ in SCENARIOS.values()])
-            pipeline.ingest_decoded(decode_request(export_request(spans), pipeline.matcher), "grpc")
-            traces += len(set(trace_ids))
+        traces = _ingest_every_scenario(pipeline, 6)
         runs = pipeline.sweep(force=True)
         pipeline.writer.close()
         assert runs >= traces > 30
@@ -523,13 +532,6 @@ def test_a_sweep_whose_metrics_fail_still_stores_each_run_once(tmp_path, monkeyp
     """The metrics raising (after each full batch of a sweep, and at its end) costs no run its store
     write nor the sweep its rest, and queues none twice (it would be reported stored twice, letting
     the journal go early)."""
-    from opentelemetry.sdk.resources import Resource
-
-    from collector.config import CollectorConfig
-    from collector.decode import decode_request
-    from collector.metrics import Metrics
-    from collector.pipeline import Pipeline
-
     monkeypatch.setattr(StoreWriter, "BATCH", 10)
     cfg = CollectorConfig(assembly={"quiet_period": 3600}, journal={"enabled": False},
                           exporters={"prometheus": {"endpoint": "127.0.0.1:0"}})
@@ -545,11 +547,10 @@ def test_a_sweep_whose_metrics_fail_still_stores_each_run_once(tmp_path, monkeyp
 
     metrics.record_runs = broken
     try:
-        spans, trace_ids = record([scenario for scenario, _, _ in SCENARIOS.values()] * 3)
-        pipeline.ingest_decoded(decode_request(export_request(spans), pipeline.matcher), "grpc")
+        traces = _ingest_every_scenario(pipeline, 3)
         runs = pipeline.sweep(force=True)
         pipeline.writer.close()
-        assert len(stored) == len(set(stored)) == runs >= len(set(trace_ids)) > 10
+        assert len(stored) == len(set(stored)) == runs >= traces > 10
         assert len(store.list_runs(limit=1000)) == len(stored)
     finally:
         pipeline.close()

@@ -110,25 +110,22 @@ def span_count(request: ExportTraceServiceRequest) -> int:
 NATIVE: bool = _native is not None
 
 
-def count_spans(payload: bytes) -> tuple[int, ExportTraceServiceRequest | None]:
-    """The number of spans in a serialized request, and the request parsed when counting needed
-    protobuf (hand it to :func:`decode_bytes`, so it is not parsed twice). Raises protobuf's
-    ``DecodeError`` when the payload is not a request; never builds span objects otherwise, so
-    refusing a request under overload stays cheap."""
+def count_spans(payload: bytes) -> int:
+    """The number of spans in a serialized request, for refusing it: raises protobuf's
+    ``DecodeError`` when the payload is not a request; never builds span objects, so refusing a
+    request under overload stays cheap."""
     if _native is not None and (count := _native.count_spans(payload)) is not None:
-        return count, None
-    request = ExportTraceServiceRequest.FromString(payload)
-    return span_count(request), request
+        return count
+    return span_count(ExportTraceServiceRequest.FromString(payload))
 
 
-def decode_bytes(payload: bytes, matcher: Matcher,
-                 request: ExportTraceServiceRequest | None = None) -> Decoded:
-    """:func:`decode_request` of a serialized request (``request``: the payload already parsed, from
-    :func:`count_spans`). The compiled decoder answers whenever it is certain to give the same
-    result; otherwise, or without it, protobuf parses the payload (and raises its ``DecodeError``)."""
-    if request is None and (decoded := _native_decode(payload, matcher)) is not None:
+def decode_bytes(payload: bytes, matcher: Matcher) -> Decoded:
+    """:func:`decode_request` of a serialized request. The compiled decoder answers whenever it is
+    certain to give the same result; otherwise, or without it, protobuf parses the payload (and
+    raises its ``DecodeError``)."""
+    if (decoded := _native_decode(payload, matcher)) is not None:
         return decoded
-    return decode_request(ExportTraceServiceRequest.FromString(payload) if request is None else request, matcher)
+    return decode_request(ExportTraceServiceRequest.FromString(payload), matcher)
 
 
 def _native_decode(payload: bytes, matcher: Matcher) -> Decoded | None:

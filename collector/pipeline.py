@@ -175,13 +175,14 @@ class Pipeline:
                 "late_traces": a.late_traces, "late_bytes": a.late_bytes, "store_queued_runs": self.writer.backlog,
                 "journal_bytes": self.journal.size if self.journal is not None else 0}
 
-    def admit(self, spans: int, transport: str) -> None:
-        """Refuse a request of ``spans`` spans before it is decoded when the journal or the store
-        backlog is full, so refusing under sustained load costs no decoding."""
+    def admit(self, spans: Callable[[], int], transport: str) -> None:
+        """Refuse a request before it is decoded when the journal or the store backlog is full, so
+        refusing under sustained load costs no decoding. ``spans`` counts the request's spans: called
+        only to refuse it (for the metric and the log), so an admitted request is walked once."""
         try:
             self._check_backlogs()
         except Backpressure as exc:
-            self._refused(exc, spans, transport)
+            self._refused(exc, spans(), transport)
             raise
 
     def _check_backlogs(self) -> None:

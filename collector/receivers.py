@@ -126,20 +126,19 @@ class GrpcTraceService:
             _count_unauthenticated(self.pipeline, "grpc")
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
         try:
-            spans, parsed = count_spans(payload)
-        except (ProtoDecodeError, RuntimeError) as exc:
-            self._count_undecodable()
-            log.warning("request_invalid", transport="grpc", error=clip(str(exc), 300), bytes=len(payload))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                clip(f"cannot decode ExportTraceServiceRequest: {exc}"))
-        try:
-            self.pipeline.admit(spans, "grpc")
-            decoded = _clip_reasons(decode_bytes(payload, self.pipeline.matcher, parsed))
+            try:  # a payload that is not a request is INVALID_ARGUMENT, refused or not
+                self.pipeline.admit(lambda: count_spans(payload), "grpc")
+                decoded = _clip_reasons(decode_bytes(payload, self.pipeline.matcher))
+            except (ProtoDecodeError, RuntimeError) as exc:
+                self._count_undecodable()
+                log.warning("request_invalid", transport="grpc", error=clip(str(exc), 300), bytes=len(payload))
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    clip(f"cannot decode ExportTraceServiceRequest: {exc}"))
             if reason := _never_fits(self.pipeline, decoded, "grpc"):
                 # Not RESOURCE_EXHAUSTED: OTLP exporters retry that code, and this request can never succeed.
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
             result = self.pipeline.ingest_decoded(decoded, "grpc")
-            del decoded, parsed  # the span records are taken: not held while the journal syncs (the payload is)
+            del decoded  # the span records are taken: not held while the journal syncs (the payload is)
             await _durable(result)
         except Backpressure as exc:
             retry = _retry_info(exc.retry_after)
@@ -248,9 +247,8 @@ class HttpTraceReceiver:
         matcher = self.pipeline.matcher
         try:
             if ctype == PROTOBUF:
-                spans, parsed = count_spans(body)
-                self.pipeline.admit(spans, "http")
-                decoded = decode_bytes(body, matcher, parsed)
+                self.pipeline.admit(lambda: count_spans(body), "http")
+                decoded = decode_bytes(body, matcher)
             else:
                 decoded = decode_otlp_json(json.loads(body), matcher, strict=False)
         except Backpressure as exc:

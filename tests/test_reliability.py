@@ -26,6 +26,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from collector.assembler import Backpressure
 from collector.config import CollectorConfig
 from collector.decode import decode_request
 from collector.loader import workflow_trace_run
@@ -278,6 +279,55 @@ def test_real_exporter_retries_through_backpressure(small):
     exporter.shutdown()
     for _, (trace_id,) in batches:
         assert small.run(trace_id)["status"] == "PASS"
+
+
+def test_a_full_journal_refuses_over_both_transports_counting_each_refused_span(tmp_path):
+    """Refused for a full journal: retryable on both receivers, every span of the refused request
+    counted; a payload that is not a request is still INVALID_ARGUMENT / 400 (never "retry later"),
+    and the traces accepted before reach their verdicts."""
+    proc = CollectorProcess(tmp_path, overrides={"journal": {"max_bytes": 1000}, "assembly": {"quiet_period": 2.0}})
+    try:
+        spans, (first,) = record([SCENARIOS["pass"][0]])
+        assert post(proc.http, export_request(spans).SerializeToString())[0] == 200  # journaled: now full
+        refused = 0
+        for transport in ("http", "grpc"):
+            body, _ = valid_request()
+            if transport == "http":
+                status, _, headers = post(proc.http, body)
+                assert status == 503 and float(headers["Retry-After"]) > 0
+                assert post(proc.http, b"\xff\xfe not protobuf")[0] == 400
+            else:
+                code, detail, _ = grpc_raw(proc.grpc, body)
+                assert code is grpc.StatusCode.UNAVAILABLE and "journal.max_bytes" in detail
+                assert grpc_raw(proc.grpc, b"\xff\xfe not protobuf")[0] is grpc.StatusCode.INVALID_ARGUMENT
+            refused += len(ExportTraceServiceRequest.FromString(body).resource_spans[0].scope_spans[0].spans)
+            counted = {labels: value for (name, labels), value in proc.metrics().items()
+                       if name == "collector_spans_refused_total"}
+            assert sum(counted.values()) == refused
+            assert counted[(("reason", "journal"), ("transport", transport))] > 0
+        assert proc.run(first)["status"] == "PASS"
+    finally:
+        proc.stop()
+
+
+def test_admitting_a_request_counts_its_spans_only_to_refuse_it(tmp_path):
+    """The span count is for the refusal's metric and log: an admitted request is not walked for it."""
+    cfg = CollectorConfig(store={"url": str(tmp_path / "runs.db")}, journal={"path": str(tmp_path / "j"), "max_bytes": 1})
+    pipeline = Pipeline(cfg, open_store(tmp_path / "runs.db"), None, None)
+    counted: list[int] = []
+
+    def count() -> int:
+        counted.append(7)
+        return 7
+    try:
+        pipeline.admit(count, "grpc")  # an empty journal is not full
+        assert counted == []
+        pipeline.journal._sizes[pipeline.journal._number] = 1  # as if a line were written
+        with pytest.raises(Backpressure, match="journal.max_bytes"):
+            pipeline.admit(count, "grpc")
+        assert counted == [7]
+    finally:
+        pipeline.close()
 
 
 # --- downstream outage --------------------------------------------------------------------------

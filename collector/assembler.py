@@ -110,6 +110,8 @@ class Assembler:
         cfg = self.config
         if self.spans_in_flight + spans > cfg.max_spans_in_flight:
             raise Backpressure(f"max_spans_in_flight ({cfg.max_spans_in_flight}) reached", cfg.retry_after)
+        if len(self._open) + spans <= cfg.max_traces_in_flight:
+            return  # a request holds no more traces than spans: its trace ids need no set
         new = sum(1 for t in set(traces) if t not in self._open and t not in self._late)
         if new and len(self._open) + new > cfg.max_traces_in_flight:
             raise Backpressure(f"max_traces_in_flight ({cfg.max_traces_in_flight}) reached", cfg.retry_after)

@@ -101,6 +101,8 @@ def _never_fits(pipeline: Pipeline, decoded: Decoded, transport: str) -> str | N
     spans = len(decoded.spans)
     if spans > cfg.max_spans_in_flight:
         reason = f"{spans} spans, more than assembly.max_spans_in_flight ({cfg.max_spans_in_flight})"
+    elif spans <= cfg.max_traces_in_flight:  # no more traces than spans
+        return None
     else:
         traces = len({span.trace_id for span in decoded.spans})
         if traces <= cfg.max_traces_in_flight:

@@ -26,7 +26,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from collector.assembler import Backpressure
+from collector.assembler import Assembler, Backpressure
 from collector.config import CollectorConfig
 from collector.decode import decode_request
 from collector.loader import workflow_trace_run
@@ -269,6 +269,27 @@ def test_over_capacity_is_refused_with_retryable_codes_and_nothing_accepted_is_l
         spans = ExportTraceServiceRequest.FromString(body)
         assert grpc_raw(small.grpc, spans.SerializeToString())[0] is grpc.StatusCode.OK
         assert small.run(trace_id)["status"] == "PASS"
+
+
+def test_the_trace_bound_counts_only_traces_not_yet_open():
+    """max_traces_in_flight: a request is refused only for the traces it would open; spans of open
+    traces (however many) are accepted, as are as many new traces as there is room for."""
+    cfg = CollectorConfig(assembly={"max_traces_in_flight": 3})
+    assembler = Assembler(cfg.assembly, cfg.matcher())
+    traces = [decode_request(export_request(record([SCENARIOS["pass"][0]])[0]), cfg.matcher()).spans
+              for _ in range(4)]
+    for spans in traces[:2]:
+        assembler.check_capacity(len(spans), [s.trace_id for s in spans])
+        assembler.offer(spans[:1])
+    ids = [spans[0].trace_id for spans in traces]
+    assembler.check_capacity(40, ids[:2] * 20)  # 40 spans of the 2 open traces
+    assembler.check_capacity(41, ids[:2] * 20 + ids[2:3])  # and one new: 3 in flight
+    with pytest.raises(Backpressure, match="max_traces_in_flight"):
+        assembler.check_capacity(2, ids[2:4])  # two new: 4
+    assembler.offer(traces[2][:1])
+    assembler.check_capacity(60, ids[:3] * 20)
+    with pytest.raises(Backpressure, match="max_traces_in_flight"):
+        assembler.check_capacity(1, ids[3:4])
 
 
 def test_real_exporter_retries_through_backpressure(small):

@@ -178,7 +178,8 @@ class Pipeline:
     def admit(self, spans: Callable[[], int], transport: str) -> None:
         """Refuse a request before it is decoded when the journal or the store backlog is full, so
         refusing under sustained load costs no decoding. ``spans`` counts the request's spans: called
-        only to refuse it (for the metric and the log), so an admitted request is walked once."""
+        only to refuse it (for the metric and the log), so an admitted request is walked once. What it
+        raises (a payload that is not a request) is raised instead, with nothing counted as refused."""
         try:
             self._check_backlogs()
         except Backpressure as exc:

@@ -96,6 +96,30 @@ def test_one_journal_per_collector_and_it_can_be_turned_off(tmp_path):
         off.stop()
 
 
+def test_the_segment_being_written_frees_its_room_once_its_traces_are_done(tmp_path):
+    """``max_bytes`` bounds the spans still needed: the current segment counts while a trace in it
+    is open, not after; the next write starts a new segment and deletes the finished one."""
+    matcher = CollectorConfig().matcher()
+    first, second = (decode.decode_request(export_request(record([SCENARIOS["pass"][0]])[0]), matcher).spans
+                     for _ in range(2))
+
+    async def scenario() -> None:
+        journal = Journal(tmp_path, 1 << 20, 1000)
+        try:
+            await journal.append(first)
+            assert journal.full() and journal.size > 1000  # one request over max_bytes, its trace open
+            (old,) = tmp_path.glob("*.jsonl")
+            journal.release([first[0].trace_id])
+            assert not journal.full() and old.exists()
+            await journal.append(second)
+            assert not old.exists() and journal.full()
+            assert [p.stat().st_size for p in tmp_path.glob("*.jsonl")] == [journal.size]
+        finally:
+            journal.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_torn_last_record_is_skipped_and_the_rest_replayed(tmp_path):
     spans, (trace_id,) = record([SCENARIOS["loop"][0]])
     first = CollectorProcess(tmp_path, overrides=LONG)

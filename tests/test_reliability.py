@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import gzip
 import json
@@ -306,7 +307,8 @@ def test_a_full_journal_refuses_over_both_transports_counting_each_refused_span(
     """Refused for a full journal: retryable on both receivers, every span of the refused request
     counted; a payload that is not a request is still INVALID_ARGUMENT / 400 (never "retry later"),
     and the traces accepted before reach their verdicts."""
-    proc = CollectorProcess(tmp_path, overrides={"journal": {"max_bytes": 1000}, "assembly": {"quiet_period": 2.0}})
+    # The first trace stays open (its spans journaled) until the collector drains it on SIGTERM.
+    proc = CollectorProcess(tmp_path, overrides={"journal": {"max_bytes": 1000}, "assembly": {"quiet_period": 600}})
     try:
         spans, (first,) = record([SCENARIOS["pass"][0]])
         assert post(proc.http, export_request(spans).SerializeToString())[0] == 200  # journaled: now full
@@ -326,9 +328,32 @@ def test_a_full_journal_refuses_over_both_transports_counting_each_refused_span(
                        if name == "collector_spans_refused_total"}
             assert sum(counted.values()) == refused
             assert counted[(("reason", "journal"), ("transport", transport))] > 0
-        assert proc.run(first)["status"] == "PASS"
     finally:
         proc.stop()
+    assert proc.run(first)["status"] == "PASS"
+
+
+def test_a_journal_full_of_one_segment_accepts_again_once_its_traces_are_done(tmp_path):
+    """The journal counts only what may still be needed: a segment whose traces are all stored frees
+    its room even while it is the one being written (a max_bytes below segment_bytes, or one request
+    over max_bytes, refused everything after it for good)."""
+    proc = CollectorProcess(tmp_path, overrides={"journal": {"max_bytes": 1000}})
+    try:
+        for _ in range(3):  # each request alone is over max_bytes
+            spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+            body = export_request(spans).SerializeToString()
+            deadline = time.monotonic() + 15
+            while (status := post(proc.http, body)[0]) == 503:  # the previous trace's run not yet stored
+                assert time.monotonic() < deadline, "still refused after the journaled trace was stored"
+                time.sleep(0.1)
+            assert status == 200
+            assert proc.run(trace_id)["status"] == "PASS"
+    finally:
+        proc.stop()
+
+
+async def _journaled(pipeline: Pipeline, spans: list) -> None:
+    await pipeline.journal.append(spans)
 
 
 def test_admitting_a_request_counts_its_spans_only_to_refuse_it(tmp_path):
@@ -343,7 +368,8 @@ def test_admitting_a_request_counts_its_spans_only_to_refuse_it(tmp_path):
     try:
         pipeline.admit(count, "grpc")  # an empty journal is not full
         assert counted == []
-        pipeline.journal._sizes[pipeline.journal._number] = 1  # as if a line were written
+        spans = decode_request(export_request(record([SCENARIOS["pass"][0]])[0]), pipeline.matcher).spans
+        asyncio.run(_journaled(pipeline, spans))  # one trace not yet done, over max_bytes
         with pytest.raises(Backpressure, match="journal.max_bytes"):
             pipeline.admit(count, "grpc")
         assert counted == [7]

@@ -66,6 +66,10 @@ class Finalized:
 #: measured by bench/late_memory.py (194-377 B); the late-window byte bound counts with this.
 LATE_BYTES_PER_SPAN = 400
 
+#: Why a run is flagged incomplete when the assembler, not the trace, ended it (in the run's notes).
+_SHUTDOWN = "the collector stopped before the trace's quiet period ended"
+_LATE_WINDOW_CLOSED = "spans of it still waited for their parent span when the trace left the late window"
+
 
 @dataclass(slots=True)
 class _Trace:
@@ -93,6 +97,9 @@ class Assembler:
         self.spans_in_flight = 0
         #: Traces that could not be finalized since the last look (the pipeline drains and reports them).
         self.failures: list[Failure] = []
+        #: Traces whose first finalization held no run (no agent ran) since the last look (the
+        #: pipeline counts and resets it).
+        self.ignored = 0
         #: Traces finalized with nothing left waiting since the last look (the pipeline drains them:
         #: once their runs are stored, the journal may let their spans go).
         self.settled: list[bytes] = []
@@ -202,7 +209,7 @@ class Assembler:
             complete = quiet and trace.state.root_span_id is not None
             timed_out = trace.root_arrived is None and now - trace.first_seen >= cfg.max_trace_wait
             try:
-                out.extend(self._finalize(tid, now, incomplete=force and not complete,
+                out.extend(self._finalize(tid, now, cut=_SHUTDOWN if force and not complete else None,
                                           everything=force or complete or timed_out))
             except Exception as exc:  # noqa: BLE001 - one trace that cannot be finalized costs no other
                 self._drop(tid, trace)
@@ -216,16 +223,18 @@ class Assembler:
         self._remember_expired(tid)
         self.settled.append(tid)
 
-    def _finalize(self, tid: bytes, now: float, incomplete: bool, everything: bool) -> list[Finalized]:
+    def _finalize(self, tid: bytes, now: float, cut: str | None, everything: bool) -> list[Finalized]:
         """The runs of a trace that changed, as new revisions; without ``everything`` only runs whose
-        workflow-run span has arrived (spans still waiting for a parent keep waiting)."""
+        workflow-run span has arrived (spans still waiting for a parent keep waiting). ``cut``: why
+        the trace is finalized before it could be complete."""
         trace = self._open.pop(tid)
         self.spans_in_flight -= trace.spans
         trace.spans = 0
         trace.revision += 1
+        runs = trace.state.run_inputs(cut=cut, everything=everything)
         if trace.revision == 1:
             trace.finalized_at = now
-        runs = trace.state.run_inputs(incomplete=incomplete, everything=everything)
+            self.ignored += not runs  # no agent ran in it (e.g. MAF's separate workflow.build trace)
         if self.config.late_window > 0 and self.config.max_late_traces > 0:
             self._to_late(tid, trace)
         else:
@@ -258,7 +267,7 @@ class Assembler:
             self._remember_expired(tid)
             if trace.state.waiting:
                 out.extend(Finalized(run, revision, None)
-                           for run, revision in trace.state.run_inputs(incomplete=True, everything=True))
+                           for run, revision in trace.state.run_inputs(cut=_LATE_WINDOW_CLOSED, everything=True))
                 self.settled.append(tid)
         return out
 

@@ -382,11 +382,13 @@ class TraceState:
         """Spans still wait for a parent (a run not yet finalized may need them)."""
         return bool(self._pending)
 
-    def run_inputs(self, incomplete: bool = False, everything: bool = True) -> list[tuple[RunInput, int]]:
+    def run_inputs(self, cut: str | None = None, everything: bool = True) -> list[tuple[RunInput, int]]:
         """Reconciler inputs for every run that changed since the last call, with its revision.
 
-        ``everything``: the trace is complete (or timed out), so orphans are resolved too; otherwise
-        only runs whose workflow-run span has arrived are finalized, the rest keep waiting.
+        ``cut``: why the caller finalizes the trace before it could be complete (the runs are then
+        flagged incomplete, with that reason in their notes). ``everything``: the trace is complete
+        (or timed out), so orphans are resolved too; otherwise only runs whose workflow-run span has
+        arrived are finalized, the rest keep waiting. Runs in which no agent ran are not runs.
         """
         self.resolve_orphans(everything)
         out = []
@@ -394,14 +396,19 @@ class TraceState:
             if not run.dirty or not (everything or run.seen):
                 continue
             run.dirty = False
-            built = self._run_input(run, incomplete or (key is not None and not run.seen)
-                                    or (key is None and self.root_span_id is None))
+            if key is not None and not run.seen:
+                cut_short = "its workflow-run span never arrived"
+            elif key is None and self.root_span_id is None:
+                cut_short = "its root span never arrived"
+            else:
+                cut_short = cut
+            built = self._run_input(run, cut_short)
             if built.is_workflow:
                 run.revision += 1
                 out.append((built, run.revision))
         return out
 
-    def _run_input(self, run: _Run, incomplete: bool) -> RunInput:
+    def _run_input(self, run: _Run, cut: str | None) -> RunInput:
         names = self._names
         records = []
         units_by_executor: dict[str | None, list[str]] = defaultdict(list)
@@ -431,11 +438,12 @@ class TraceState:
             trace_id=trace_id,
             root_span_id=run.span_id or (self.root_span_id.hex() if self.root_span_id else None),
             subject=run.subject or self.subject or self._fallback_subject,
-            incomplete=incomplete,
+            incomplete=cut is not None,
             unattributed_chat_spans=run.unattributed,
             non_agent_executors=non_agent,
             workflow_errors=tuple(run.errors),
             run_id=f"{trace_id}-{run.span_id}" if run.span_id else trace_id,
+            notes=(f"Trace incomplete: {cut}; spans that had not arrived are not in this verdict.",) if cut else (),
         )
 
     def _unit_name(self, run: _Run, executor: str | None, agent: str | None, unit: _Unit,

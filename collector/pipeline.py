@@ -252,14 +252,17 @@ class Pipeline:
         for failure in self.assembler.failures:
             self._failed(failure)
         self.assembler.failures.clear()
+        if self.assembler.ignored:
+            if self.metrics is not None:
+                self.metrics.ignored.add(self.assembler.ignored)
+            self.assembler.ignored = 0
         if self.journal is not None:
             self._settle(finalized)
         published: list[tuple[StoredRun, float | None]] = []
         try:
             for item in finalized:
                 try:
-                    if (stored := self._publish(item)) is not None:
-                        published.append((stored, item.root_arrived))
+                    published.append((self._publish(item), item.root_arrived))
                 except Exception as exc:  # noqa: BLE001 - one run that cannot be published costs no other
                     self._failed(Failure(item.run.run_id or item.run.trace_id or "", "publish",
                                          f"{type(exc).__name__}: {exc}"[:200]))
@@ -328,14 +331,9 @@ class Pipeline:
             self.metrics.failed.add(1, {"stage": failure.stage})
         log.error("run_failed", id=failure.id, stage=failure.stage, error=failure.error)
 
-    def _publish(self, item: Finalized) -> StoredRun | None:
+    def _publish(self, item: Finalized) -> StoredRun:
         """Reconcile a finalized run and hand it to every sink but the store (the sweep queues its
-        runs for the store together); None when it is not a run."""
-        if not item.run.is_workflow:
-            if self.metrics is not None:
-                self.metrics.ignored.add(1)
-            log.debug("run_ignored", trace_id=item.run.trace_id, reason="no agent ran")
-            return None
+        runs for the store together)."""
         verdict = reconcile(item.run, self.policy, self.config.scoring.preset, item.revision)
         run_id = item.run.run_id or verdict.trace_id or ""
         stored = StoredRun(run_id, SOURCE_LIVE, verdict, self.instance)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -13,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from collector.bridge import FidelityBridge
 from collector.maf_fakes import AgentSpec, Turn, chain, demo_workflows, under_report
-from conftest import AGENTEVAL, export_spans, verdicts
+from conftest import AGENTEVAL, CollectorProcess, export_spans, verdicts
 
 WORKFLOWS = {w.name: w for w in demo_workflows()}
 
@@ -124,6 +125,30 @@ def test_bridge_with_the_callers_own_tracer_provider(collector):
     assert all(format(s.context.trace_id, "032x") == trace_id for s in maf_spans if s.name != "workflow.build")
     export_spans(collector, maf_spans + bridge_spans)
     assert verdicts(collector.run(trace_id)) == {"solo": "Agree"}
+
+
+def test_mafs_separate_build_trace_is_counted_as_ignored_not_stored(tmp_path):
+    """MAF exports ``workflow.build`` in a trace of its own, in which no agent runs: not a run, and
+    counted in collector_traces_ignored_total (one per such trace), beside the run it built."""
+    proc = CollectorProcess(tmp_path)
+    try:
+        MAF_SPANS.clear()
+        workflow = chain("built", [AgentSpec("solo", [Turn(50, 5)])])
+        built = list(MAF_SPANS.get_finished_spans())
+        _, maf_spans, trace_id = run_workflow(workflow)
+        build = {format(s.context.trace_id, "032x") for s in built if s.name == "workflow.build"}
+        assert build and trace_id not in build
+        export_spans(proc, built + maf_spans)
+        assert verdicts(proc.run(trace_id)) == {"solo": "Agree"}
+        deadline = time.monotonic() + 15
+        while proc.metrics().get(("collector_traces_ignored_total", ()), 0) < len(build):
+            assert time.monotonic() < deadline, "the build trace was not counted as ignored"
+            time.sleep(0.1)
+        time.sleep(1)  # nothing more is counted, and nothing of it is stored
+        assert proc.metrics()[("collector_traces_ignored_total", ())] == len(build)
+        assert [run["trace_id"] for run in proc.store().list_runs()] == [trace_id]
+    finally:
+        proc.stop()
 
 
 def test_agenteval_demo_shows_every_status(collector):

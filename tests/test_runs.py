@@ -252,3 +252,40 @@ def test_a_trace_that_became_due_during_a_sweep_is_swept_at_once():
     assert assembler.next_deadline(clock.now) == clock.now
     assert len(assembler.sweep()) == 1
 
+
+
+def test_an_incomplete_run_says_why_in_its_notes():
+    """A run flagged incomplete carries the cause, never a cause that did not happen: the collector
+    stopping during the quiet period (the workflow-run span had arrived), and a trace whose root
+    span never arrived."""
+    notes = {}
+    for case in ("shutdown", "no root"):
+        clock, rec = Clock(), Recorder()
+        assembler = Assembler(CONFIG.assembly, MATCHER, clock)
+        with rec.tracer.start_as_current_span("caller"):
+            with rec.tracer.start_as_current_span("workflow.run"):
+                rec.agent("a", "a", [(10, 1)], (10, 1))
+        drop = {"shutdown": set(), "no root": {"caller", "workflow.run"}}[case]
+        offer(assembler, rec.take(drop))
+        if case == "shutdown":
+            (item,) = assembler.drain()  # before the quiet period ends
+        else:
+            assert assembler.sweep() == []
+            clock.now += CONFIG.assembly.max_trace_wait
+            (item,) = assembler.sweep()
+        assert item.run.incomplete and reconcile(item.run).notes == item.run.notes
+        notes[case] = item.run.notes
+    assert notes == {
+        "shutdown": ("Trace incomplete: the collector stopped before the trace's quiet period ended; spans that "
+                     "had not arrived are not in this verdict.",),
+        "no root": ("Trace incomplete: its root span never arrived; spans that had not arrived are not in this "
+                    "verdict.",),
+    }
+    clock, rec = Clock(), Recorder()
+    assembler = Assembler(CONFIG.assembly, MATCHER, clock)
+    with rec.tracer.start_as_current_span("workflow.run"):
+        rec.agent("a", "a", [(10, 1)], (10, 1))
+    offer(assembler, rec.take())
+    clock.now += CONFIG.assembly.quiet_period
+    (item,) = assembler.sweep()
+    assert not item.run.incomplete and item.run.notes == ()

@@ -228,7 +228,7 @@ class Pipeline:
             if decoded.own:
                 m.own.add(decoded.own, {"transport": transport})
             if rejected:
-                m.rejected.add(rejected, {"transport": transport})
+                m.rejected.add(rejected, {"transport": transport, "reason": "invalid_span"})
         if rejected:
             log.warning("spans_rejected", transport=transport, rejected=rejected, reasons=messages[:5])
         return IngestResult(rejected, "; ".join(messages[:5]), durable)

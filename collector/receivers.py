@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import logging
 import socket
 import ssl
 import time
@@ -28,6 +29,7 @@ from typing import Any
 import grpc
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from google.protobuf import json_format
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError as ProtoDecodeError
@@ -185,6 +187,28 @@ def _count_unauthenticated(pipeline: Pipeline, transport: str) -> None:
 
 # --- HTTP -----------------------------------------------------------------------------------------
 
+class _ServerLog(logging.Handler):
+    """aiohttp's server log for the OTLP/HTTP port, as the collector's JSON lines. A request aiohttp
+    cannot parse is the client's error (a gRPC exporter on this port, a broken Content-Length):
+    logged as ``request_invalid`` and counted, without the traceback aiohttp logs for each one."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            log.error("http_server_error", message=record.getMessage(), exc_info=record.exc_info)
+            return
+        if self.pipeline.metrics:
+            self.pipeline.metrics.rejected.add(1, {"transport": "http", "reason": "malformed_http"})
+        error = " ".join(str(exc.message or exc).split())
+        if "PRI" in error:  # HTTP/2's connection preface
+            error += "; an HTTP/2 (gRPC) client? OTLP/gRPC has a port of its own (receivers.grpc)"
+        log.warning("request_invalid", transport="http", error=clip(error, 300))
+
+
 class HttpTraceReceiver:
     """``POST /v1/traces``. Request headers and idle keep-alive are bounded by aiohttp's keep-alive
     timer (see :meth:`runner`), the body by ``read_timeout`` here."""
@@ -206,8 +230,10 @@ class HttpTraceReceiver:
         """The app's runner. aiohttp's keep-alive timer (armed from the moment a connection is made,
         aiohttp >= 3.14.4) closes a connection that has not sent a whole request head within
         ``read_timeout``, idle or half-way through; an unread body is drained for as long at most."""
+        server_log = logging.Logger("agenteval.collector.http")
+        server_log.addHandler(_ServerLog(self.pipeline))
         return web.AppRunner(app, access_log=None, auto_decompress=False, keepalive_timeout=self.read_timeout,
-                             lingering_time=self.read_timeout)
+                             lingering_time=self.read_timeout, logger=server_log)
 
     @web.middleware
     async def _track(self, request: web.Request, handler: Any) -> web.StreamResponse:

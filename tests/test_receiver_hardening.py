@@ -294,6 +294,33 @@ def test_content_length_over_the_limit_is_refused_before_the_body(collector):
     assert post(collector.http, valid_request()[0])[0] == 200
 
 
+# --- requests aiohttp cannot parse ---------------------------------------------------------------
+
+def test_a_request_aiohttp_cannot_parse_is_one_json_line_and_counted(tmp_path):
+    """A gRPC exporter pointed at the OTLP/HTTP port, or a broken header, is the client's error: the
+    connection closed, a request_invalid line (naming the gRPC port's existence for HTTP/2), counted; never a
+    multi-line traceback in a log of JSON lines."""
+    proc = CollectorProcess(tmp_path)
+    try:
+        for raw in (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+                    f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: {PROTOBUF}\r\n"
+                    "Content-Length: abc\r\n\r\n".encode()):
+            with socket.create_connection(http_address(proc), timeout=5) as sock:
+                sock.sendall(raw)
+                assert closed_by_server(sock, time.monotonic() + 10)
+        assert post(proc.http, valid_request()[0])[0] == 200
+        series = ("collector_spans_rejected_total", (("reason", "malformed_http"), ("transport", "http")))
+        assert proc.metrics()[series] == 2
+        text = proc.stderr_path.read_text()
+        assert "Traceback" not in text
+        invalid = [e for e in proc.log_events() if e.get("event") == "request_invalid"]
+        assert len(invalid) == 2 and all(e["transport"] == "http" for e in invalid)
+        assert "receivers.grpc" in invalid[0]["error"] and "receivers.grpc" not in invalid[1]["error"]
+        assert all(line.startswith("{") for line in text.splitlines() if line.strip())
+    finally:
+        proc.stop()
+
+
 # --- requests that can never fit --------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

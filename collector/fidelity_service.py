@@ -79,7 +79,7 @@ class FidelityService(pb_grpc.FidelityServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "run_id is required")
         doc = await asyncio.to_thread(self.store.get_run, request.run_id)
         if doc is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, await asyncio.to_thread(self.store.missing_run, request.run_id))
+            await context.abort(grpc.StatusCode.NOT_FOUND, await asyncio.to_thread(self.store.missing_run, request.run_id, True))
         return run_message(doc)
 
     async def ListRuns(self, request: pb.ListRunsRequest,  # noqa: N802

@@ -80,7 +80,7 @@ class RunPage:
         run_id = request.match_info["run_id"]
         doc = await asyncio.to_thread(self.store.get_run, run_id)
         if doc is None:
-            message = await asyncio.to_thread(self.store.missing_run, run_id)
+            message = await asyncio.to_thread(self.store.missing_run, run_id, True)
             return self._page("error.html", 404, title="not found", message=message)
         no_truth: dict[str, list[dict[str, Any]]] = {}  # unchecked units by reason, each reason explained once
         for e in doc["executors"]:

@@ -335,11 +335,14 @@ class RunStore(ABC):
             return None
         return _doc(rows[0])
 
-    def missing_run(self, run_id: str) -> str:
-        """Why :meth:`get_run` found nothing: no such run, or a prefix that names several."""
+    def missing_run(self, run_id: str, remote: bool = False) -> str:
+        """Why :meth:`get_run` found nothing: no such run, or a prefix that names several. ``remote``:
+        for a client of the collector's API, which is not told where the store is."""
         rows = self._query("SELECT run_id FROM runs WHERE run_id LIKE :prefix ESCAPE '\\' ORDER BY run_id LIMIT 4",
                            {"prefix": _like_prefix(run_id)})
         if len(rows) < 2:
+            if remote:
+                return f"no run {run_id!r} in this collector's store"
             return f"no run {run_id!r} in {self.display}: `agenteval runs list` shows the stored runs"
         more = " and more" if len(rows) > 3 else ""
         shown = ", ".join(r["run_id"] for r in rows[:3])

@@ -195,6 +195,7 @@ def test_http_edges(site):
     assert _get(f"{proc.http}/runs?limit=x")[0] == 400
     status, body, _ = _get(f"{proc.http}/runs/0000dead")
     assert status == 404 and "no run" in body
+    assert str(proc.store_path) not in body and "runs.db" not in body  # a client is not told where the store is
 
 
 def test_run_page_needs_the_token_when_auth_is_on_and_can_be_turned_off(tmp_path):

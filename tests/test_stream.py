@@ -180,6 +180,7 @@ def test_get_run_and_list_runs(served):
     with pytest.raises(grpc.RpcError) as missing:
         stub.GetRun(pb.GetRunRequest(run_id="ffffffffffff"))
     assert missing.value.code() is grpc.StatusCode.NOT_FOUND
+    assert "no run" in missing.value.details() and "runs.db" not in missing.value.details()
     with pytest.raises(grpc.RpcError) as empty:
         stub.GetRun(pb.GetRunRequest())
     assert empty.value.code() is grpc.StatusCode.INVALID_ARGUMENT

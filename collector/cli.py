@@ -102,11 +102,12 @@ def _subject_filter(subject: str | None) -> str | None:
 _USAGE_EXIT = 2
 
 
-def _open_store(url: str | None, cfg: CollectorConfig | None = None) -> RunStore:
-    """``--store``, else the config's ``store.url``, else the default; the password from the config."""
+def _open_store(url: str | None, cfg: CollectorConfig | None = None, existing: bool = False) -> RunStore:
+    """``--store``, else the config's ``store.url``, else the default; the password from the config.
+    ``existing``: to read (see :func:`open_store`)."""
     cfg = cfg or CollectorConfig()
     try:
-        return open_store(url or cfg.store.url, cfg.store.password(), cfg.store.pool_size)
+        return open_store(url or cfg.store.url, cfg.store.password(), cfg.store.pool_size, existing)
     except (StoreError, ConfigError) as exc:
         raise _Fatal(str(exc)) from exc
 
@@ -220,10 +221,10 @@ def runs_list(
     config: ConfigOpt = None,
 ) -> None:
     """List stored runs, newest first."""
-    statuses = _statuses(status)
-    db = _open_store(store, _config(config) if config else None)
+    statuses, subject = _statuses(status), _subject_filter(subject)
+    db = _open_store(store, _config(config) if config else None, existing=True)
     try:
-        rows = db.list_runs(statuses, _subject_filter(subject), limit, with_docs=True)
+        rows = db.list_runs(statuses, subject, limit, with_docs=True)
     finally:
         db.close()
     if as_json:
@@ -242,7 +243,7 @@ def runs_show(
     config: ConfigOpt = None,
 ) -> None:
     """Show one stored run with per-unit evidence."""
-    db = _open_store(store, _config(config) if config else None)
+    db = _open_store(store, _config(config) if config else None, existing=True)
     try:
         doc = db.get_run(run_id)
         if doc is None:

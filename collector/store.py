@@ -187,9 +187,16 @@ def is_postgres(url: str) -> bool:
     return url.startswith(("postgresql://", "postgres://"))
 
 
-def open_store(url: str | Path | None = None, password: str | None = None, pool_size: int = 4) -> RunStore:
-    """The store at ``url`` (default: :func:`default_store_url`), migrated to the current schema."""
+def open_store(url: str | Path | None = None, password: str | None = None, pool_size: int = 4,
+               existing: bool = False) -> RunStore:
+    """The store at ``url`` (default: :func:`default_store_url`), migrated to the current schema.
+    ``existing``: for reading, a SQLite file named explicitly must be there (a typo must not read as
+    an empty store, nor leave one behind); the default store may not exist yet."""
     url = str(url or default_store_url())
+    path = Path(url.removeprefix("sqlite:///"))
+    if existing and not is_postgres(url) and path != _data_dir_store() and not path.exists():
+        raise StoreError(f"{path}: no store there (the collector creates it when it starts): check --store, "
+                         f"store.url or ${STORE_ENV}")
     if is_postgres(url):
         try:
             from collector.store_pg import PostgresRunStore
@@ -197,7 +204,7 @@ def open_store(url: str | Path | None = None, password: str | None = None, pool_
             raise StoreError(f"a postgresql:// store needs psycopg: pip install 'agenteval-collector[postgres]' ({exc})") from exc
 
         return PostgresRunStore(url, password, pool_size)
-    return SqliteRunStore(url.removeprefix("sqlite:///"))
+    return SqliteRunStore(path)
 
 
 #: Run keys added since the first stored documents -> the value an older document means.

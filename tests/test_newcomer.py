@@ -175,11 +175,19 @@ def test_invisible_and_reordering_characters_in_ids_are_shown_escaped(tmp_path):
 def test_an_empty_subject_is_refused(tmp_path):
     proc = bench(ROOT / "examples/pass_all_agree.json", tmp_path / "r.db", "--subject", " ")
     assert proc.returncode == 1 and "--subject: empty" in proc.stderr
-    assert cli("runs", "list", "--subject", "", "--store", str(tmp_path / "r.db")).returncode == 1
+    listed = cli("runs", "list", "--subject", "", "--store", str(tmp_path / "r.db"))
+    assert listed.returncode == 1 and "--subject" in listed.stderr
+
+
+def test_reading_a_store_that_is_not_there_is_an_error_not_an_empty_store(tmp_path):
+    for command in (["runs", "list"], ["runs", "show", "abc"]):
+        proc = cli(*command, "--store", str(tmp_path / "typo.db"))
+        assert proc.returncode == 1 and f"{tmp_path / 'typo.db'}: no store there" in proc.stderr
+        assert not (tmp_path / "typo.db").exists()
 
 
 def test_a_store_path_in_a_missing_directory_is_refused_not_created(tmp_path):
-    proc = cli("runs", "list", "--store", str(tmp_path / "typo" / "dir" / "x.db"))
+    proc = bench(ROOT / "examples/pass_all_agree.json", tmp_path / "typo" / "dir" / "x.db")
     assert proc.returncode == 1
     assert f"directory {tmp_path / 'typo' / 'dir'} does not exist" in proc.stderr
     assert not (tmp_path / "typo").exists()
@@ -272,6 +280,7 @@ def test_installing_as_make_does_prints_no_warning_box(tmp_path):
 ])
 def test_expected_conditions_are_one_clear_line(args, expected, tmp_path):
     (tmp_path / "bad.yaml").write_text("receivers: {grpc: {endpoint: nope}}\n")
+    open_store(tmp_path / "r.db").close()  # an existing, empty store
     proc = cli(*(a.format(tmp=tmp_path) for a in args))
     assert proc.returncode == 1
     assert expected.format(tmp=tmp_path) in proc.stderr

@@ -168,6 +168,8 @@ class Pipeline:
         #: Settled trace -> its runs not yet stored; at 0 the journal lets the trace's spans go.
         self._unstored: dict[str, int] = {}
         self._unstored_lock = threading.Lock()
+        #: Traces replayed from the journal, not yet finalized (see :meth:`_not_yet_stored`).
+        self._replayed: set[str] = set()
 
     def gauges(self) -> dict[str, int]:
         a = self.assembler
@@ -241,7 +243,29 @@ class Pipeline:
         spans = 0
         for batch in self.journal.replay(self.matcher):
             spans += self.assembler.offer(batch).accepted
+            self._replayed.update(span.trace_id.hex() for span in batch)
         return spans
+
+    def _not_yet_stored(self, finalized: list[Finalized]) -> list[Finalized]:
+        """Of the runs of replayed traces, those the store would not take (it holds them already:
+        a journal segment outlives stored traces while another trace in it is open) are not
+        published again; the store's own rule decides (:func:`collector.store._plan`). A store that
+        cannot answer costs nothing but the check."""
+        replayed = {item.run.trace_id for item in finalized} & self._replayed
+        if not replayed:
+            return finalized
+        self._replayed -= replayed
+        run_ids = [item.run.run_id or "" for item in finalized if item.run.trace_id in replayed]
+        try:
+            stored = self.writer.store.revisions(run_ids)
+        except StoreError as exc:
+            log.warning("replay_check_failed", error=str(exc), runs=len(run_ids))
+            return finalized
+
+        def taken(item: Finalized) -> bool:
+            before = stored.get(item.run.run_id or "") if item.run.trace_id in replayed else None
+            return before is None or item.revision > before[0] or (before[1] and not item.run.incomplete)
+        return [item for item in finalized if taken(item)]
 
     def next_deadline(self) -> float:
         """Monotonic time the next :meth:`sweep` is due."""
@@ -252,6 +276,8 @@ class Pipeline:
         for failure in self.assembler.failures:
             self._failed(failure)
         self.assembler.failures.clear()
+        if self._replayed:
+            finalized = self._not_yet_stored(finalized)
         if self.assembler.ignored:
             if self.metrics is not None:
                 self.metrics.ignored.add(self.assembler.ignored)

@@ -334,6 +334,15 @@ class RunStore(ABC):
                            "ORDER BY updated_at DESC, run_id DESC LIMIT :limit", params)
         return [_doc(r) for r in rows] if with_docs else rows
 
+    def revisions(self, run_ids: list[str]) -> dict[str, tuple[int, bool]]:
+        """Run id -> (stored revision, incomplete) of those of these runs that are stored."""
+        out: dict[str, tuple[int, bool]] = {}
+        for part in _chunks(run_ids, _ROWS_PER_STATEMENT):
+            params = {f"r{i}": run_id for i, run_id in enumerate(part)}
+            rows = self._query(_CURRENT.format(ids=", ".join(f":{name}" for name in params)), params)
+            out.update({r["run_id"]: (r["revision"], bool(r["incomplete"])) for r in rows})
+        return out
+
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         """The stored run document; a unique prefix of the run id is enough."""
         rows = self._query(f"SELECT run_id, {_DOC} FROM runs WHERE run_id = :id OR run_id LIKE :prefix ESCAPE '\\' "

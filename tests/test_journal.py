@@ -45,6 +45,30 @@ def test_acknowledged_spans_survive_kill_9_and_are_reconciled_after_restart(tmp_
         assert second.stop() == 0
 
 
+def test_runs_stored_before_a_kill_9_are_not_published_again_by_the_replay(tmp_path):
+    """A journal segment outlives its stored traces while another trace in it is open, so after a
+    kill -9 the replay finalizes them again: the store keeps one copy, and the run is not counted,
+    logged or streamed a second time either. The open trace's run is published as usual."""
+    done, (stored_id,) = record([SCENARIOS["pass"][0]])
+    waiting, (open_id,) = record([SCENARIOS["fail_under_report"][0]])
+    rootless = [s for s in waiting if s.parent is not None]  # no root: it waits for max_trace_wait
+    wait = {"assembly": {"max_trace_wait": 4.0}}
+    first = CollectorProcess(tmp_path, overrides=wait)
+    export_spans(first, done + rootless)  # one request, one journal segment
+    assert first.run(stored_id)["status"] == "PASS"
+    first.stop(signal.SIGKILL)
+    second = CollectorProcess(tmp_path, overrides=wait)
+    try:
+        assert second.run(open_id)["status"] == "FAIL"
+        time.sleep(1.0)  # both traces replayed and finalized by now
+        assert [e["trace_id"] for e in second.log_events() if e.get("event") == "run_verdict"] == [open_id]
+        counted = {labels: v for (name, labels), v in second.metrics().items() if name == "fidelity_runs_total"}
+        assert counted == {(("status", "FAIL"),): 1}
+        assert second.run(stored_id)["revision"] == 1
+    finally:
+        assert second.stop() == 0
+
+
 def test_the_journal_holds_span_records_never_prompt_text(tmp_path):
     spans, (trace_id,) = record([SCENARIOS["pass"][0]])  # its chat spans carry SECRET-PROMPT / SECRET-ANSWER
     proc = CollectorProcess(tmp_path, overrides=LONG)

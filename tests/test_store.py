@@ -119,6 +119,18 @@ def test_migrates_a_version_1_store_and_keeps_its_runs(url):
     store.close()
 
 
+def test_revisions_are_those_of_the_stored_runs(url):
+    store = open_store(url)
+    try:
+        store.save_many([StoredRun("r1", "live", _verdict(1, 100)), StoredRun("r2", "live", _verdict(3, 100)),
+                         StoredRun("r3", "live", replace(_verdict(1, 100), incomplete=True))])
+        ids = ["r1", "r2", "r3", "absent"] + [f"x{i}" for i in range(600)]  # more than one statement holds
+        assert store.revisions(ids) == {"r1": (1, False), "r2": (3, False), "r3": (1, True)}
+        assert store.revisions([]) == {}
+    finally:
+        store.close()
+
+
 def test_refuses_a_schema_newer_than_the_code(url):
     open_store(url).close()
     if url.startswith("postgresql://"):

@@ -6,7 +6,7 @@ answers, and replayed on start, so a kill -9 loses no acknowledged span.
 - Group commit: requests append to a shared buffer; one writer thread writes whatever accumulated
   while the previous fsync ran, fsyncs once, and then releases every request of that group.
 - Segments: files of about ``segment_bytes``; a segment is deleted once every trace with spans in it
-  has been finalized and its runs stored (the one being written, at the next write). ``max_bytes``
+  has been finalized and its runs stored (the one being written, once it is full). ``max_bytes``
   bounds the spans still needed: past it the pipeline refuses new spans with a retryable status
   until traces complete.
 - One collector per journal directory (an exclusive lock); replicas on one machine need their own.
@@ -106,8 +106,8 @@ class Journal:
     def full(self) -> bool:
         """Whether the spans that may still be needed fill ``max_bytes``: every segment holding a
         trace not yet done. The segment being written stops counting once all its traces are done
-        (the next write starts a new one and deletes it); counted, one request over ``max_bytes``
-        refused every later one for good."""
+        (it stays on disk until it is full or the journal closes, so a late span's trace keeps its
+        earlier records); counted, one request over ``max_bytes`` refused every later one for good."""
         with self._mutex:
             current = self._number
             needed = sum(size for number, size in self._sizes.items() if number != current or self._open.get(number))
@@ -169,7 +169,7 @@ class Journal:
         data = b"".join(line for line, _, _, _ in group)
         with self._mutex:
             size = self._sizes[self._number]
-            if size and (size + len(data) > self.segment_bytes or not self._open.get(self._number)):
+            if size and size + len(data) > self.segment_bytes:
                 self._file.close()
                 previous = self._number
                 self._number += 1

@@ -122,7 +122,8 @@ def test_one_journal_per_collector_and_it_can_be_turned_off(tmp_path):
 
 def test_the_segment_being_written_frees_its_room_once_its_traces_are_done(tmp_path):
     """``max_bytes`` bounds the spans still needed: the current segment counts while a trace in it
-    is open, not after; the next write starts a new segment and deletes the finished one."""
+    is open, not after; it stays the segment written (a late span's trace keeps its earlier records
+    beside it, for a replay)."""
     matcher = CollectorConfig().matcher()
     first, second = (decode.decode_request(export_request(record([SCENARIOS["pass"][0]])[0]), matcher).spans
                      for _ in range(2))
@@ -136,7 +137,7 @@ def test_the_segment_being_written_frees_its_room_once_its_traces_are_done(tmp_p
             journal.release([first[0].trace_id])
             assert not journal.full() and old.exists()
             await journal.append(second)
-            assert not old.exists() and journal.full()
+            assert old.exists() and journal.full()  # the second trace is open in it
             assert [p.stat().st_size for p in tmp_path.glob("*.jsonl")] == [journal.size]
         finally:
             journal.close()

@@ -229,8 +229,10 @@ class Pipeline:
                 m.duplicates.add(offer.duplicates, {"transport": transport})
             if decoded.own:
                 m.own.add(decoded.own, {"transport": transport})
-            if rejected:
-                m.rejected.add(rejected, {"transport": transport, "reason": "invalid_span"})
+            if decoded.rejected:
+                m.rejected.add(decoded.rejected, {"transport": transport, "reason": "invalid_span"})
+            if offer.expired:
+                m.rejected.add(offer.expired, {"transport": transport, "reason": "late"})
         if rejected:
             log.warning("spans_rejected", transport=transport, rejected=rejected, reasons=messages[:5])
         return IngestResult(rejected, "; ".join(messages[:5]), durable)

@@ -154,6 +154,22 @@ def test_http_invalid_spans_are_rejected_with_reasons_and_the_rest_kept(collecto
     assert collector.metrics()[series] == before + 2  # counted under a reason, as every rejection is
 
 
+def test_spans_of_a_trace_past_its_late_window_are_rejected_as_late(tmp_path):
+    """Not invalid: named in partial_success and counted under reason="late"."""
+    proc = CollectorProcess(tmp_path, overrides={"assembly": {"late_window": 0}})
+    try:
+        spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+        assert post(proc.http, export_request(spans[:-1]).SerializeToString())[0] == 200
+        proc.run(trace_id)
+        status, payload, _ = post(proc.http, export_request(spans[-1:]).SerializeToString())
+        partial = ExportTraceServiceResponse.FromString(payload).partial_success
+        assert status == 200 and partial.rejected_spans == 1 and "late_window" in partial.error_message
+        counted = {labels: v for (name, labels), v in proc.metrics().items() if name == "collector_spans_rejected_total"}
+        assert counted == {(("reason", "late"), ("transport", "http")): 1}
+    finally:
+        proc.stop()
+
+
 def test_huge_attribute_values_are_truncated_not_fatal(collector):
     request = huge_attribute()
     status, _, _ = post(collector.http, request.SerializeToString())

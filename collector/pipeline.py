@@ -23,7 +23,7 @@ from collector.emit_spans import VerdictSpans
 from collector.journal import Journal
 from collector.metrics import Metrics
 from collector.reconcile import reconcile
-from collector.store import RunStore, StoredRun, StoreError, instance_name
+from collector.store import RunStore, StoredRun, StoreError, instance_name, replaces
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -251,7 +251,7 @@ class Pipeline:
     def _not_yet_stored(self, finalized: list[Finalized]) -> list[Finalized]:
         """Of the runs of replayed traces, those the store would not take (it holds them already:
         a journal segment outlives stored traces while another trace in it is open) are not
-        published again; the store's own rule decides (:func:`collector.store._plan`). A store that
+        published again; the store's own rule decides (:func:`collector.store.replaces`). A store that
         cannot answer costs nothing but the check."""
         replayed = {item.run.trace_id for item in finalized} & self._replayed
         if not replayed:
@@ -264,10 +264,8 @@ class Pipeline:
             log.warning("replay_check_failed", error=str(exc), runs=len(run_ids))
             return finalized
 
-        def taken(item: Finalized) -> bool:
-            before = stored.get(item.run.run_id or "") if item.run.trace_id in replayed else None
-            return before is None or item.revision > before[0] or (before[1] and not item.run.incomplete)
-        return [item for item in finalized if taken(item)]
+        return [item for item in finalized if item.run.trace_id not in replayed
+                or replaces(stored.get(item.run.run_id or ""), item.revision, item.run.incomplete)]
 
     def next_deadline(self) -> float:
         """Monotonic time the next :meth:`sweep` is due."""

@@ -204,7 +204,7 @@ class _ServerLog(logging.Handler):
         if self.pipeline.metrics:
             self.pipeline.metrics.rejected.add(1, {"transport": "http", "reason": "malformed_http"})
         error = " ".join(str(exc.message or exc).split())
-        if "PRI" in error:  # HTTP/2's connection preface
+        if error.startswith("Pause on PRI"):  # HTTP/2's connection preface
             error += "; an HTTP/2 (gRPC) client? OTLP/gRPC has a port of its own (receivers.grpc)"
         log.warning("request_invalid", transport="http", error=clip(error, 300))
 

@@ -126,6 +126,12 @@ class _Group:
     superseded: set[str] = field(default_factory=set)
 
 
+def replaces(stored: tuple[int, bool] | None, revision: int, incomplete: bool) -> bool:
+    """Whether a verdict of ``revision`` is written over ``stored`` (revision, incomplete; None: no
+    run): the upsert's rule, a higher revision, or a complete verdict over an incomplete one."""
+    return stored is None or revision > stored[0] or (stored[1] and not incomplete)
+
+
 def _plan(rows: list[_Row], current: dict[str, tuple[int, bool]]) -> tuple[list[int], list[_Group]]:
     """Which rows of a batch are written (by index), applying the revision guard in order against
     ``current`` (run id -> stored revision, incomplete), and the statements that write them.
@@ -138,7 +144,7 @@ def _plan(rows: list[_Row], current: dict[str, tuple[int, bool]]) -> tuple[list[
     for index, row in enumerate(rows):
         run_id, trace_id, revision, incomplete = row[0], row[1], row[7], row[8]
         before = current.get(run_id)
-        if before is not None and revision <= before[0] and not (before[1] and not incomplete):
+        if not replaces(before, revision, bool(incomplete)):
             continue  # an equal or newer revision is stored
         current[run_id] = (revision if before is None or revision > before[0] else before[0] + 1, bool(incomplete))
         supersedes = trace_id if trace_id and trace_id != run_id and not incomplete else None

@@ -43,6 +43,9 @@ class Offer:
     accepted: int = 0
     duplicates: int = 0
     expired: int = 0
+    #: Traces of the request that nothing will settle: all their spans were duplicates of a
+    #: finalized trace, or expired (the journal must not wait for them).
+    idle: frozenset[bytes] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +130,7 @@ class Assembler:
         """Accept a request's spans (capacity must have been checked)."""
         now = self.clock()
         result = Offer()
+        skipped: set[bytes] = set()
         tid, trace = None, None
         for span in spans:
             if span.trace_id != tid:
@@ -134,9 +138,11 @@ class Assembler:
                 trace = self._trace_for(tid, now)
             if trace is None:
                 result.expired += 1
+                skipped.add(tid)
                 continue
             if not trace.state.add(span):
                 result.duplicates += 1
+                skipped.add(tid)
                 continue
             if trace.root_arrived is None and (not span.parent_id or trace.state.run_spans_seen):
                 trace.root_arrived = now
@@ -145,6 +151,8 @@ class Assembler:
             trace.last_seen = now
             result.accepted += 1
         self.spans_in_flight += result.accepted
+        if skipped:
+            result.idle = frozenset(t for t in skipped if (open_ := self._open.get(t)) is None or not open_.spans)
         return result
 
     def _trace_for(self, tid: bytes, now: float) -> _Trace | None:

@@ -135,16 +135,21 @@ class Journal:
             self._collect(number)
 
     # --- append / commit ------------------------------------------------------------------------
-    def append(self, spans: list[SpanRecord], line: bytes | None = None) -> asyncio.Future:
+    def append(self, spans: list[SpanRecord], line: bytes | None = None,
+               idle: frozenset[bytes] = frozenset()) -> asyncio.Future:
         """Queue ``spans`` for the next group commit; the future resolves once they are on disk (or
         fails with :class:`JournalError`). Call from the event loop. ``line``: the spans already
-        encoded (by the compiled decoder, sparing the event loop :func:`_encode`)."""
+        encoded (by the compiled decoder, sparing the event loop :func:`_encode`). ``idle``: traces
+        of these spans that nothing will release (:attr:`collector.assembler.Offer.idle`): not
+        waited for, or they would keep the segment needed for good."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if line is None:
             line = _encode(spans)
+        traces = {s.trace_id for s in spans}
+        traces -= idle
         with self._wakeup:
-            self._buffer.append((line, {s.trace_id for s in spans}, future, loop))
+            self._buffer.append((line, traces, future, loop))
             self._wakeup.notify()
         return future
 
@@ -156,32 +161,41 @@ class Journal:
                 group, self._buffer = self._buffer, []
                 if not group and self._closing:
                     return
+                data: bytes | OSError
+                try:
+                    # Placed as the group leaves the buffer, under the same lock: a trace released
+                    # in between would be tracked after its release, and stay needed for good.
+                    data = self._place(group)
+                except OSError as exc:  # a new segment could not be started
+                    data = exc
             error: Exception | None = None
             try:
-                self._write(group)
+                if isinstance(data, OSError):
+                    raise data
+                self._file.write(data)
+                self._file.flush()
+                os.fsync(self._file.fileno())
             except OSError as exc:
                 error = JournalError(f"{self.directory}: journal write failed: {exc.strerror or exc}")
                 log.error("journal_write_failed", error=str(error), requests=len(group))
             for _, _, future, loop in group:
                 loop.call_soon_threadsafe(_settle, future, error)
 
-    def _write(self, group: list[tuple[bytes, set[bytes], asyncio.Future, asyncio.AbstractEventLoop]]) -> None:
+    def _place(self, group: list[tuple[bytes, set[bytes], asyncio.Future, asyncio.AbstractEventLoop]]) -> bytes:
+        """The group's records, counted in the segment they go to (a new one when the current one
+        would outgrow ``segment_bytes``), their traces tracked there (the mutex is held)."""
         data = b"".join(line for line, _, _, _ in group)
-        with self._mutex:
-            size = self._sizes[self._number]
-            if size and size + len(data) > self.segment_bytes:
-                self._file.close()
-                previous = self._number
-                self._number += 1
-                self._file = self._start_segment()
-                self._collect(previous)
-            number = self._number
-            for _, traces, _, _ in group:
-                self._track(number, traces)
-            self._sizes[number] += len(data)
-        self._file.write(data)
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        size = self._sizes[self._number]
+        if size and size + len(data) > self.segment_bytes:
+            self._file.close()
+            previous = self._number
+            self._number += 1
+            self._file = self._start_segment()
+            self._collect(previous)
+        for _, traces, _, _ in group:
+            self._track(self._number, traces)
+        self._sizes[self._number] += len(data)
+        return data
 
     def _track(self, number: int, traces: set[bytes]) -> None:
         self._open[number].update(traces)
@@ -192,6 +206,8 @@ class Journal:
     def release(self, trace_ids: list[bytes]) -> None:
         """These traces are finalized and their runs stored: segments holding only done traces go."""
         with self._mutex:
+            for _, traces, _, _ in self._buffer:  # appended before this release, not yet placed
+                traces.difference_update(trace_ids)
             touched = set()
             for tid in trace_ids:
                 for number in self._trace_segments.pop(tid, ()):

@@ -216,7 +216,7 @@ class Pipeline:
         offer = self.assembler.offer(decoded.spans)
         if offer.accepted:
             self.on_deadline(self.assembler.clock() + self.config.assembly.quiet_period)
-        durable = (self.journal.append(decoded.spans, decoded.journal_line)
+        durable = (self.journal.append(decoded.spans, decoded.journal_line, offer.idle)
                    if self.journal is not None and offer.accepted else None)
         rejected = decoded.rejected + offer.expired
         messages = list(decoded.reasons)

@@ -6,9 +6,11 @@ import asyncio
 import datetime
 import gzip
 import json
+import os
 import signal
 import sqlite3
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -30,13 +32,14 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from collector.assembler import Assembler, Backpressure
 from collector.config import CollectorConfig
 from collector.decode import decode_request
+from collector.journal import Journal
 from collector.loader import workflow_trace_run
 from collector.metrics import Metrics
 from collector.pipeline import Pipeline, StoreWriter
 from collector.reconcile import reconcile
 from collector.store import StoredRun, open_store
 from conftest import AGENTEVAL, JSON, PROTOBUF, CaptureReceiver, CollectorProcess, free_port, post
-from mafshape import SCENARIOS, export_request, record
+from mafshape import SCENARIOS, export_request, record, run_id
 from test_cli import ROOT
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -369,6 +372,76 @@ def test_a_journal_full_of_one_segment_accepts_again_once_its_traces_are_done(tm
             assert proc.run(trace_id)["status"] == "PASS"
     finally:
         proc.stop()
+
+
+@pytest.mark.parametrize("late_window", [300.0, 0.0], ids=["duplicate", "expired"])
+def test_spans_of_a_done_trace_beside_new_ones_do_not_keep_the_journal_full(tmp_path, late_window):
+    """An exporter retrying a stored trace's spans in a request with new traces (duplicates within
+    the late window, expired after it): the journal counted the done trace as still needed in that
+    segment, where nothing would ever release it, and refused every request once it was full."""
+    now = [0.0]
+    cfg = CollectorConfig(store={"url": str(tmp_path / "runs.db")},
+                          journal={"path": str(tmp_path / "j"), "max_bytes": 1},  # any needed span fills it
+                          assembly={"quiet_period": 1.0, "late_window": late_window})
+    pipeline = Pipeline(cfg, open_store(tmp_path / "runs.db"), None, None)
+    pipeline.assembler.clock = lambda: now[0]
+    done, _ = record([SCENARIOS["pass"][0]])
+    fresh, (fresh_id,) = record([SCENARIOS["pass"][0]])
+
+    async def ingest(spans: list) -> None:
+        result = pipeline.ingest_decoded(decode_request(export_request(spans), pipeline.matcher), "grpc")
+        await result.durable
+
+    def swept_and_released() -> None:
+        now[0] += 2.0
+        assert pipeline.sweep() == 1
+        deadline = time.monotonic() + 10
+        while pipeline.journal.full():
+            assert time.monotonic() < deadline, "the journal still counts spans of stored traces as needed"
+            time.sleep(0.01)
+
+    try:
+        asyncio.run(ingest(done))
+        swept_and_released()
+        asyncio.run(ingest(done[:2] + fresh))  # two spans of the stored trace again, and a new trace
+        swept_and_released()
+        assert pipeline.writer.store.get_run(run_id(fresh_id))["status"] == "PASS"
+    finally:
+        pipeline.close()
+
+
+def test_a_trace_released_before_its_spans_reach_the_disk_is_not_counted_as_needed(tmp_path, monkeypatch):
+    """A trace can be done (its runs stored) before the journal's thread has written its last
+    request: tracked at that write, after the release, it stayed needed for good."""
+    spans = decode_request(export_request(record([SCENARIOS["pass"][0]])[0]), CollectorConfig().matcher()).spans
+    trace = spans[0].trace_id
+    writing, go = threading.Event(), threading.Event()
+    fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:  # a slow disk: the first group is still being written
+        writing.set()
+        go.wait(10)
+        fsync(fd)
+
+    async def scenario() -> None:
+        journal = Journal(tmp_path, 1 << 20, 1)
+        monkeypatch.setattr(os, "fsync", slow_fsync)
+        try:
+            first = journal.append(spans[:3])
+            assert writing.wait(10)
+            second = journal.append(spans[3:])  # waits for the next group commit
+            journal.release([trace])
+            go.set()
+            await asyncio.gather(first, second)
+            assert not journal.full()
+            after = journal.append(spans[:1])  # appended after the release: needed again
+            await after
+            assert journal.full()
+        finally:
+            go.set()
+            journal.close()
+
+    asyncio.run(scenario())
 
 
 async def _journaled(pipeline: Pipeline, spans: list) -> None:

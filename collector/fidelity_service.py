@@ -6,7 +6,8 @@ Store reads run on a worker thread so a slow disk never stalls OTLP ingest on th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import grpc
 import structlog
@@ -14,13 +15,15 @@ import structlog
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1 import fidelity_pb2_grpc as pb_grpc
 from collector.security import BearerAuth, grpc_authorization
-from collector.store import RunStore
+from collector.store import UNREADABLE, RunStore, StoreError
 from collector.stream import RunFilter, VerdictHub, WatcherClosed, WatcherLagged
 from collector.wire import run_message, status_name
 
 log = structlog.get_logger("agenteval.collector")
 
 MAX_LIST = 1000
+
+T = TypeVar("T")
 
 
 def _filter(subject: str | None, statuses) -> RunFilter:
@@ -39,9 +42,19 @@ class FidelityService(pb_grpc.FidelityServiceServicer):
             log.warning("request_unauthenticated", transport="grpc", service="FidelityService")
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
 
-    async def _recent(self, run_filter: RunFilter, limit: int, with_docs: bool) -> list[dict]:
-        return await asyncio.to_thread(self.store.list_runs, run_filter.statuses, run_filter.subject,
-                                       limit, with_docs)
+    async def _read(self, context: grpc.aio.ServicerContext, read: Callable[..., T], *args: Any) -> T:
+        """A store read on a worker thread; a store that cannot answer is UNAVAILABLE (retryable)."""
+        try:
+            return await asyncio.to_thread(read, *args)
+        except StoreError as exc:
+            log.warning("store_read_failed", transport="grpc", error=str(exc))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, UNREADABLE)
+            raise  # abort raises; this tells type checkers so
+
+    async def _recent(self, context: grpc.aio.ServicerContext, run_filter: RunFilter, limit: int,
+                      with_docs: bool) -> list[dict]:
+        return await self._read(context, self.store.list_runs, run_filter.statuses, run_filter.subject,
+                                limit, with_docs)
 
     async def WatchVerdicts(self, request: pb.WatchRequest,  # noqa: N802 (gRPC method name)
                             context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RunVerdict]:
@@ -54,7 +67,7 @@ class FidelityService(pb_grpc.FidelityServiceServicer):
         try:
             replayed: set[tuple[str, int]] = set()
             if request.replay:
-                for doc in reversed(await self._recent(run_filter, min(request.replay, MAX_LIST), True)):
+                for doc in reversed(await self._recent(context, run_filter, min(request.replay, MAX_LIST), True)):
                     replayed.add((doc["run_id"], doc["revision"]))
                     message = run_message(doc)
                     message.replayed = True
@@ -77,15 +90,16 @@ class FidelityService(pb_grpc.FidelityServiceServicer):
         await self._authorize(context)
         if not request.run_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "run_id is required")
-        doc = await asyncio.to_thread(self.store.get_run, request.run_id)
+        doc = await self._read(context, self.store.get_run, request.run_id)
         if doc is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, await asyncio.to_thread(self.store.missing_run, request.run_id, True))
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                await self._read(context, self.store.missing_run, request.run_id, True))
         return run_message(doc)
 
     async def ListRuns(self, request: pb.ListRunsRequest,  # noqa: N802
                        context: grpc.aio.ServicerContext) -> pb.ListRunsResponse:
         await self._authorize(context)
         run_filter = _filter(request.subject if request.HasField("subject") else None, request.statuses)
-        rows = await self._recent(run_filter, min(request.limit or 50, MAX_LIST), request.include_executors)
+        rows = await self._recent(context, run_filter, min(request.limit or 50, MAX_LIST), request.include_executors)
         return pb.ListRunsResponse(runs=[run_message(r, request.include_executors) for r in rows])
 

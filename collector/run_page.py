@@ -9,17 +9,21 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import jinja2
+import structlog
 from aiohttp import web
 
 from collector.assembler import Failure
 from collector.model import NO_TRUTH_FIXES, Status
 from collector.security import BearerAuth
-from collector.store import RunStore
+from collector.store import UNREADABLE, RunStore, StoreError
+
+log = structlog.get_logger("agenteval.collector")
 
 MAX_ROWS = 500
+T = TypeVar("T")
 
 _env = jinja2.Environment(loader=jinja2.PackageLoader("collector", "templates"),
                           autoescape=jinja2.select_autoescape(default=True), undefined=jinja2.StrictUndefined)
@@ -51,6 +55,14 @@ class RunPage:
                             headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
                                      "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'"})
 
+    async def _read(self, read: Callable[..., T], *args: Any) -> T:
+        """A store read on a worker thread; a store that cannot answer is a 503 (retry)."""
+        try:
+            return await asyncio.to_thread(read, *args)
+        except StoreError as exc:
+            log.warning("store_read_failed", transport="http", error=str(exc))
+            raise web.HTTPServiceUnavailable(text=UNREADABLE + "\n") from None
+
     def _denied(self, request: web.Request) -> web.Response | None:
         if self.auth.allows(request.headers.get("Authorization")):
             return None
@@ -69,8 +81,8 @@ class RunPage:
             limit = min(max(int(request.query.get("limit", 50)), 1), MAX_ROWS)
         except ValueError:
             return self._page("error.html", 400, title="bad request", message="limit must be a number")
-        rows = await asyncio.to_thread(self.store.list_runs, [status] if status else (), subject, limit,
-                                       with_docs=True)  # each run's units and reasons
+        rows = await self._read(self.store.list_runs, [status] if status else (), subject, limit,
+                                True)  # with each run's units and reasons
         return self._page("runs.html", rows=rows, status=status, subject=subject or "", limit=limit,
                           failures=list(self.failures())[::-1])
 
@@ -78,9 +90,9 @@ class RunPage:
         if denied := self._denied(request):
             return denied
         run_id = request.match_info["run_id"]
-        doc = await asyncio.to_thread(self.store.get_run, run_id)
+        doc = await self._read(self.store.get_run, run_id)
         if doc is None:
-            message = await asyncio.to_thread(self.store.missing_run, run_id, True)
+            message = await self._read(self.store.missing_run, run_id, True)
             return self._page("error.html", 404, title="not found", message=message)
         no_truth: dict[str, list[dict[str, Any]]] = {}  # unchecked units by reason, each reason explained once
         for e in doc["executors"]:

@@ -166,6 +166,11 @@ class StoreError(Exception):
     pass
 
 
+#: What an API client or run page reader is told when a store read fails: the error itself names
+#: the store (path, database URL) and goes to the collector's log only.
+UNREADABLE = "the run store cannot be read right now (the collector's log says why); retry later"
+
+
 @dataclass(frozen=True, slots=True)
 class StoredRun:
     run_id: str

@@ -34,6 +34,8 @@ _LOCK_KEYS = ("SELECT pg_advisory_xact_lock(bucket) FROM (SELECT DISTINCT mod(ha
               "FROM unnest(CAST(%s AS text[])) AS key ORDER BY bucket) AS buckets")
 #: Catch-up after a lost LISTEN connection looks this far behind the last notification (clock skew).
 _CATCH_UP_MARGIN = 30.0
+#: Seconds a read waits for a pooled connection (see ``_query``).
+READ_WAIT = 3.0
 
 
 @lru_cache(maxsize=128)
@@ -110,8 +112,11 @@ class PostgresRunStore(RunStore):
                 {"channel": CHANNEL, "run_ids": run_ids})
 
     def _query(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """A read waits at most :data:`READ_WAIT` for a connection: a reader (run page, API client,
+        the replay check) is answered "retry later" soon in an outage, while the writer keeps
+        the pool's longer wait, retried."""
         try:
-            with self._pool.connection() as conn:
+            with self._pool.connection(timeout=READ_WAIT) as conn:
                 return conn.execute(_pg(sql), params).fetchall()
         except (psycopg.Error, PoolTimeout) as exc:
             raise StoreError(f"{self.display}: {str(exc).strip() or type(exc).__name__}") from exc

@@ -7,6 +7,7 @@ import json
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import grpc
@@ -178,3 +179,43 @@ def test_collector_refuses_to_start_on_a_newer_schema(postgres, tmp_path):
         conn.execute("INSERT INTO agenteval_schema VALUES (%s)", (SCHEMA_VERSION + 1,))
     res = subprocess.run([AGENTEVAL, "runs", "list", "--store", url], capture_output=True, text=True, timeout=60)
     assert res.returncode == 1 and "newer than this agenteval knows" in res.stderr
+
+
+def test_a_database_outage_makes_reads_retryable_without_telling_clients_where_the_store_is(postgres, tmp_path):
+    """GetRun, ListRuns and the run page during an outage: UNAVAILABLE / 503, retryable, and the
+    database's address, user and name stay in the collector's log (they reached gRPC clients as
+    UNKNOWN "Unexpected StoreError: postgresql://...")."""
+    url = postgres.database()
+    proc = CollectorProcess(tmp_path, store_url=url)
+    stub = FidelityServiceStub(grpc.insecure_channel(proc.grpc))
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    try:
+        export_spans(proc, spans)
+        assert proc.run(trace_id)["status"] == "PASS"
+        postgres.stop()
+        try:
+            hidden = (str(postgres.port), url.rsplit("/", 1)[1])
+            for call in (lambda: stub.GetRun(pb.GetRunRequest(run_id=run_id(trace_id))),
+                         lambda: stub.ListRuns(pb.ListRunsRequest())):
+                with pytest.raises(grpc.RpcError) as err:
+                    call()
+                assert err.value.code() is grpc.StatusCode.UNAVAILABLE
+                assert "retry later" in err.value.details() and not any(h in err.value.details() for h in hidden)
+            with pytest.raises(urllib.error.HTTPError) as page:
+                urllib.request.urlopen(f"{proc.http}/runs/{run_id(trace_id)}", timeout=15)
+            body = page.value.read().decode()
+            assert page.value.code == 503 and "retry later" in body and not any(h in body for h in hidden)
+        finally:
+            postgres.start()
+        failed = [e for e in proc.log_events() if e.get("event") == "store_read_failed"]
+        assert {e["transport"] for e in failed} == {"grpc", "http"} and str(postgres.port) in failed[0]["error"]
+        deadline = time.monotonic() + 30
+        while True:  # the pool reconnects
+            try:
+                assert stub.GetRun(pb.GetRunRequest(run_id=run_id(trace_id))).status == pb.STATUS_PASS
+                break
+            except grpc.RpcError as exc:
+                assert exc.code() is grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline
+                time.sleep(0.2)
+    finally:
+        proc.stop()

@@ -52,12 +52,11 @@ def test_runs_stored_before_a_kill_9_are_not_published_again_by_the_replay(tmp_p
     done, (stored_id,) = record([SCENARIOS["pass"][0]])
     waiting, (open_id,) = record([SCENARIOS["fail_under_report"][0]])
     rootless = [s for s in waiting if s.parent is not None]  # no root: it waits for max_trace_wait
-    wait = {"assembly": {"max_trace_wait": 4.0}}
-    first = CollectorProcess(tmp_path, overrides=wait)
+    first = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 600}})
     export_spans(first, done + rootless)  # one request, one journal segment
     assert first.run(stored_id)["status"] == "PASS"
     first.stop(signal.SIGKILL)
-    second = CollectorProcess(tmp_path, overrides=wait)
+    second = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 2.0}})
     try:
         assert second.run(open_id)["status"] == "FAIL"
         time.sleep(1.0)  # both traces replayed and finalized by now

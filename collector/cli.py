@@ -332,6 +332,8 @@ def demo_command(
                 out.print(f"  {r.name}/{shown(e['executor_id'])}: {e['no_truth_reason']} - {e['no_truth_explanation']}")
         if r.run:
             out.print(f"    [dim]agenteval runs show {r.run['run_id'][:12]}[/]")
+    if any(r.run for r in results) and endpoint not in ("127.0.0.1:4317", "http://127.0.0.1:4318"):
+        out.print("[dim](with the collector's --config, or --store, unless it uses the default store)[/]")
     missing = [r.name for r in results if r.run is None]
     if missing:
         why = problem or (f"did the collector at {api} receive the spans sent to {endpoint}? (behind an "

@@ -62,6 +62,7 @@ def test_demo_shows_the_verdicts_the_collector_reached(collector, tmp_path, prot
         proc = demo("--protocol", "http/protobuf", "--endpoint", collector.http, "--api", collector.grpc,
                     env={"AGENTEVAL_STORE": str(unused)})
     assert_every_verdict(proc)
+    assert "with the collector's --config, or --store" in proc.stdout  # its store is not the default one
     assert not unused.exists()
     stored = {r["subject"] for r in collector.store().list_runs((), None, 100, False)}
     assert set(EXPECTED) <= stored

@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError, Message
 
 from collector.api.v1 import fidelity_pb2 as pb
-from collector.api.v1 import fidelity_pb2_grpc as pb_grpc
 from collector.security import BearerAuth, grpc_authorization
 from collector.store import UNREADABLE, RunStore, StoreError
 from collector.stream import RunFilter, VerdictHub, WatcherClosed, WatcherLagged
@@ -22,8 +22,10 @@ from collector.wire import run_message, status_name
 log = structlog.get_logger("agenteval.collector")
 
 MAX_LIST = 1000
+SERVICE = pb.DESCRIPTOR.services_by_name["FidelityService"].full_name
 
 T = TypeVar("T")
+M = TypeVar("M", bound=Message)
 
 
 def _filter(subject: str | None, statuses) -> RunFilter:
@@ -31,16 +33,43 @@ def _filter(subject: str | None, statuses) -> RunFilter:
     return RunFilter(subject or None, frozenset(names))  # type: ignore[arg-type]
 
 
-class FidelityService(pb_grpc.FidelityServiceServicer):
+class FidelityService:
     def __init__(self, store: RunStore, hub: VerdictHub, auth: BearerAuth) -> None:
         self.store = store
         self.hub = hub
         self.auth = auth
 
-    async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The service, its requests parsed here rather than by gRPC, whose own parsing answered
+        bytes that are not a request with UNKNOWN ("Unexpected DecodeError")."""
+        def unary(method: Callable, request: type[Message], response: type[Message]) -> grpc.RpcMethodHandler:
+            async def call(raw: bytes, context: grpc.aio.ServicerContext) -> Message:
+                return await method(await self._request(raw, request, context), context)
+            return grpc.unary_unary_rpc_method_handler(call, response_serializer=response.SerializeToString)
+
+        async def watch(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RunVerdict]:
+            async for message in self.watch_verdicts(await self._request(raw, pb.WatchRequest, context), context):
+                yield message
+
+        return grpc.method_handlers_generic_handler(SERVICE, {
+            "WatchVerdicts": grpc.unary_stream_rpc_method_handler(
+                watch, response_serializer=pb.RunVerdict.SerializeToString),
+            "GetRun": unary(self.get_run, pb.GetRunRequest, pb.RunVerdict),
+            "ListRuns": unary(self.list_runs, pb.ListRunsRequest, pb.ListRunsResponse),
+        })
+
+    async def _request(self, raw: bytes, request: type[M], context: grpc.aio.ServicerContext) -> M:
+        """The caller authorized (first, so a client without the token learns nothing more), then
+        its request parsed: bytes that are not one are INVALID_ARGUMENT."""
         if not self.auth.allows(grpc_authorization(context)):
             log.warning("request_unauthenticated", transport="grpc", service="FidelityService")
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+        try:
+            return request.FromString(raw)
+        except DecodeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"the request is not an {request.DESCRIPTOR.full_name}: {exc}")
+            raise  # abort raises; this tells type checkers so
 
     async def _read(self, context: grpc.aio.ServicerContext, read: Callable[..., T], *args: Any) -> T:
         """A store read on a worker thread; a store that cannot answer is UNAVAILABLE (retryable)."""
@@ -56,9 +85,8 @@ class FidelityService(pb_grpc.FidelityServiceServicer):
         return await self._read(context, self.store.list_runs, run_filter.statuses, run_filter.subject,
                                 limit, with_docs)
 
-    async def WatchVerdicts(self, request: pb.WatchRequest,  # noqa: N802 (gRPC method name)
-                            context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RunVerdict]:
-        await self._authorize(context)
+    async def watch_verdicts(self, request: pb.WatchRequest,
+                             context: grpc.aio.ServicerContext) -> AsyncIterator[pb.RunVerdict]:
         run_filter = _filter(request.subject if request.HasField("subject") else None, request.statuses)
         watcher = self.hub.subscribe(run_filter)
         if watcher is None:
@@ -85,9 +113,8 @@ class FidelityService(pb_grpc.FidelityServiceServicer):
         finally:
             self.hub.unsubscribe(watcher)
 
-    async def GetRun(self, request: pb.GetRunRequest,  # noqa: N802
-                     context: grpc.aio.ServicerContext) -> pb.RunVerdict:
-        await self._authorize(context)
+    async def get_run(self, request: pb.GetRunRequest,
+                      context: grpc.aio.ServicerContext) -> pb.RunVerdict:
         if not request.run_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "run_id is required")
         doc = await self._read(context, self.store.get_run, request.run_id)
@@ -96,9 +123,8 @@ class FidelityService(pb_grpc.FidelityServiceServicer):
                                 await self._read(context, self.store.missing_run, request.run_id, True))
         return run_message(doc)
 
-    async def ListRuns(self, request: pb.ListRunsRequest,  # noqa: N802
-                       context: grpc.aio.ServicerContext) -> pb.ListRunsResponse:
-        await self._authorize(context)
+    async def list_runs(self, request: pb.ListRunsRequest,
+                        context: grpc.aio.ServicerContext) -> pb.ListRunsResponse:
         run_filter = _filter(request.subject if request.HasField("subject") else None, request.statuses)
         rows = await self._recent(context, run_filter, min(request.limit or 50, MAX_LIST), request.include_executors)
         return pb.ListRunsResponse(runs=[run_message(r, request.include_executors) for r in rows])

@@ -23,7 +23,6 @@ from opentelemetry.sdk.resources import Resource
 from collector import decode, logs
 from collector.config import CollectorConfig, ConfigError, split_endpoint
 from collector.emit_spans import VerdictSpans, otlp_span_exporter
-from collector.api.v1.fidelity_pb2_grpc import add_FidelityServiceServicer_to_server
 from collector.export_queue import RetryingSpanExporter
 from collector.fidelity_service import FidelityService
 from collector.metrics import Metrics
@@ -89,8 +88,8 @@ class Collector:
         scheme = "https" if tls.enabled else "http"
         if cfg.receivers.grpc.enabled:
             self._grpc = grpc_server(cfg.receivers.grpc.max_message_bytes, cfg.receivers.grpc.handshake_timeout)
-            self._grpc.add_generic_rpc_handlers((GrpcTraceService(self.pipeline, auth).handler(),))
-            add_FidelityServiceServicer_to_server(FidelityService(self.store, self.hub, auth), self._grpc)
+            self._grpc.add_generic_rpc_handlers((GrpcTraceService(self.pipeline, auth).handler(),
+                                                 FidelityService(self.store, self.hub, auth).handler()))
             endpoint = cfg.receivers.grpc.endpoint
             port = (self._grpc.add_secure_port(endpoint, grpc_credentials(tls)) if tls.enabled
                     else self._grpc.add_insecure_port(endpoint))

@@ -186,6 +186,20 @@ def test_get_run_and_list_runs(served):
     assert empty.value.code() is grpc.StatusCode.INVALID_ARGUMENT
 
 
+@pytest.mark.parametrize("method", ["GetRun", "ListRuns", "WatchVerdicts"])
+def test_bytes_that_are_not_a_request_are_an_invalid_argument(served, method):
+    """gRPC's generated server parsed the request before our code ran, and answered UNKNOWN
+    ("Unexpected DecodeError") to a client sending something else than the message."""
+    proc, _ = served
+    with grpc.insecure_channel(proc.grpc) as channel:
+        path = f"/agenteval.fidelity.v1.FidelityService/{method}"
+        call = channel.unary_stream(path) if method == "WatchVerdicts" else channel.unary_unary(path)
+        with pytest.raises(grpc.RpcError) as bad:
+            list(call(b"\xff\xff\xff")) if method == "WatchVerdicts" else call(b"\xff\xff\xff")
+    assert bad.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert bad.value.details().startswith("the request is not an agenteval.fidelity.v1.")
+
+
 def test_fidelity_service_needs_the_bearer_token_when_auth_is_on(tmp_path):
     token = "watch-token-value"
     proc = CollectorProcess(tmp_path, {"receivers": {"auth": {"bearer_token_env": "AGENTEVAL_TOKEN"}}},

@@ -38,7 +38,7 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
     score = run_score(verdicts)
     unchecked = [v.checked for v in verdicts].count(False)
     return RunVerdict(
-        status=run_status(score, unchecked),
+        status=run_status(score, unchecked, run.incomplete),
         score=score,
         executors=verdicts,
         trace_id=run.trace_id,
@@ -50,7 +50,7 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
         non_agent_executors=run.non_agent_executors,
         workflow_errors=run.workflow_errors,
         notes=run.notes,
-        coverage_note=coverage_note(score, len(verdicts), unchecked),
+        coverage_note=coverage_note(score, len(verdicts), unchecked, run.incomplete),
         revision=revision,
     )
 
@@ -85,10 +85,15 @@ def run_score(verdicts: Iterable[ExecutorVerdict]) -> float | None:
     return sum(scores) / len(scores) if scores else None
 
 
-def coverage_note(score: float | None, units: int, unchecked: int) -> str | None:
+def coverage_note(score: float | None, units: int, unchecked: int, incomplete: bool = False) -> str | None:
     """AgentEval's coverage note for a partly checked run, worded as AgentEval prints it so CI logs
-    read the same on both tools: a pass withheld (WARN), or what a WARN/FAIL score covers."""
-    if not unchecked or score is None:
+    read the same on both tools: a pass withheld (WARN), or what a WARN/FAIL score covers. A live
+    trace cut short withholds a pass too: the units whose spans never arrived were not checked."""
+    if score is None:
+        return None
+    if not unchecked:
+        if incomplete and score >= PASS_THRESHOLD:
+            return f"the trace is incomplete; a pass on the {units} unit(s) that arrived is withheld"
         return None
     verified = units - unchecked
     head = f"{unchecked} of {units} executor(s) had no chat-boundary truth"
@@ -97,12 +102,14 @@ def coverage_note(score: float | None, units: int, unchecked: int) -> str | None
     return f"{head}; the score covers the {verified} verified"
 
 
-def run_status(score: float | None, unchecked: int) -> Status:
+def run_status(score: float | None, unchecked: int, incomplete: bool = False) -> Status:
+    """DESIGN §1's table; a pass needs every unit checked, so not a trace cut short (``incomplete``),
+    whose missing units could not be."""
     if score is None:
         return Status.PENDING
     if score < WARN_THRESHOLD:
         return Status.FAIL
-    if score < PASS_THRESHOLD or unchecked:
+    if score < PASS_THRESHOLD or unchecked or incomplete:
         return Status.WARN
     return Status.PASS
 

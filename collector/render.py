@@ -127,7 +127,8 @@ def runs_table(rows: list[dict[str, Any]]) -> Table:
             run_id += f"\n[dim]trace {r['trace_id']}[/]"
         updated = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r["updated_at"])) if r.get("updated_at") else "-"
         table.add_row(
-            run_id, updated, shown(r["subject"] or "-"), f"[{STATUS_STYLE[r['status']]}]{r['status']}[/]",
+            run_id, updated, shown(r["subject"] or "-"),
+            f"[{STATUS_STYLE[r['status']]}]{r['status']}[/]" + ("\n[dim]incomplete[/]" if r["incomplete"] else ""),
             fmt_score(r["score"]), f"{r['checked']}/{r['checked'] + r['unchecked']}", shown(r["source"]),
             str(r["revision"]),
         )

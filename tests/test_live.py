@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import subprocess
 import time
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from conftest import CollectorProcess, export_spans, post, verdicts
+from conftest import AGENTEVAL, CollectorProcess, export_spans, post, verdicts
 from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, to_otlp_json
 
 
@@ -125,11 +127,19 @@ def test_late_span_produces_revision_2(collector, capture):
 
 
 def test_trace_without_root_is_finalized_after_max_trace_wait_and_flagged_incomplete(collector):
+    """Every unit that arrived agrees, but units whose spans never arrived were not checked: the
+    pass is withheld (it was a PASS 1.000 after a kill -9 had lost most of a trace)."""
     spans, (trace_id,) = record([SCENARIOS["pass"][0]])
     export_spans(collector, [s for s in spans if s.parent is not None])
     run = collector.run(trace_id, timeout=10)
     assert run["incomplete"] is True
     assert verdicts(run) == {"researcher": "Agree", "writer": "Agree"}
+    assert (run["status"], run["score"]) == ("WARN", 1.0)
+    assert run["coverage_note"] == "the trace is incomplete; a pass on the 2 unit(s) that arrived is withheld"
+    listed = subprocess.run([AGENTEVAL, "runs", "list", "--store", str(collector.store_path)], capture_output=True,
+                            text=True, timeout=60, env={**os.environ, "COLUMNS": "250"}).stdout.splitlines()
+    row = next(i for i, line in enumerate(listed) if trace_id in line)
+    assert "WARN" in listed[row] and "incomplete" in listed[row + 1]  # marked in the list too
 
 
 def test_dotnet_shaped_workflow(collector):

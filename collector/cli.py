@@ -207,7 +207,8 @@ def bench_workflow_trace_fidelity(
     if as_json:
         print(f'\n], "status": "{worst.value}", "exit_code": {code}}}')
     else:
-        err.print(f"[dim]stored {stored} run(s) in {escape(db.display)} (`agenteval runs list`)[/]")
+        again = f" --store {db.display}" if store else f" --config {config}" if config else ""
+        err.print(f"[dim]stored {stored} run(s) in {escape(db.display)} (`agenteval runs list{escape(again)}`)[/]")
     raise typer.Exit(code)
 
 
@@ -232,7 +233,7 @@ def runs_list(
     elif rows:
         out.print(runs_table(rows))
     else:
-        out.print("no runs stored")
+        out.print("no stored run matches --status / --subject" if statuses or subject else "no runs stored")
 
 
 @runs_app.command("show")

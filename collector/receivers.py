@@ -204,8 +204,8 @@ class _ServerLog(logging.Handler):
         if self.pipeline.metrics:
             self.pipeline.metrics.rejected.add(1, {"transport": "http", "reason": "malformed_http"})
         error = " ".join(str(exc.message or exc).split())
-        if error.startswith("Pause on PRI"):  # HTTP/2's connection preface
-            error += "; an HTTP/2 (gRPC) client? OTLP/gRPC has a port of its own (receivers.grpc)"
+        if error.startswith("Pause on PRI"):  # HTTP/2's connection preface; aiohttp adds the frames' bytes
+            error = "an HTTP/2 connection preface: a gRPC client? OTLP/gRPC has a port of its own (receivers.grpc)"
         log.warning("request_invalid", transport="http", error=clip(error, 300))
 
 
@@ -255,7 +255,7 @@ class HttpTraceReceiver:
             resp.headers["WWW-Authenticate"] = "Bearer"
             return resp
         if ctype not in (PROTOBUF, JSON):
-            return self._error(415, f"unsupported Content-Type {ctype!r}; use {PROTOBUF} or {JSON}", JSON)
+            return self._invalid(415, f"unsupported Content-Type {ctype!r}; use {PROTOBUF} or {JSON}", ctype, JSON)
         if (request.content_length or 0) > self.max_body_bytes:
             return self._closing(self._error(413, f"Content-Length {request.content_length} is over the "
                                                   f"{self.max_body_bytes}-byte limit", ctype))
@@ -264,7 +264,7 @@ class HttpTraceReceiver:
         except _TooLarge as exc:
             return self._closing(self._error(413, str(exc), ctype))
         except _BadRequest as exc:
-            return self._error(400, str(exc), ctype)
+            return self._invalid(400, str(exc), ctype)
         except ConnectionError:  # the client went away mid-body: nobody to answer
             return self._closing(self._error(400, "connection lost while reading the body", ctype))
         except TimeoutError:
@@ -282,10 +282,7 @@ class HttpTraceReceiver:
         except Backpressure as exc:
             return self._overloaded(exc, ctype)
         except (ProtoDecodeError, RuntimeError, ValueError, DecodeError, RecursionError) as exc:
-            if self.pipeline.metrics:
-                self.pipeline.metrics.rejected.add(1, {"transport": "http", "reason": "undecodable_request"})
-            log.warning("request_invalid", transport="http", content_type=ctype, error=clip(str(exc), 300))
-            return self._error(400, f"cannot decode ExportTraceServiceRequest: {exc}", ctype)
+            return self._invalid(400, f"cannot decode ExportTraceServiceRequest: {exc}", ctype)
         _clip_reasons(decoded)
         if reason := _never_fits(self.pipeline, decoded, "http"):
             return self._error(413, reason, ctype)
@@ -314,6 +311,13 @@ class HttpTraceReceiver:
         if encoding != "gzip":
             raise _BadRequest(f"unsupported Content-Encoding {encoding!r}; use gzip or none")
         return gunzip(raw, self.max_body_bytes)
+
+    def _invalid(self, status: int, message: str, ctype: str, answer_as: str | None = None) -> web.Response:
+        """A request that is not OTLP (content type, encoding, payload): counted, logged, answered."""
+        if self.pipeline.metrics:
+            self.pipeline.metrics.rejected.add(1, {"transport": "http", "reason": "undecodable_request"})
+        log.warning("request_invalid", transport="http", content_type=ctype, status=status, error=clip(message, 300))
+        return self._error(status, message, answer_as or ctype)
 
     def _error(self, status: int, message: str, ctype: str) -> web.Response:
         return self._message(status, status_pb2.Status(code=_RPC_CODES.get(status, code_pb2.UNKNOWN),

@@ -42,6 +42,8 @@ class Listening:
     http: str | None
     prometheus: str | None
     store: str
+    #: The crash journal's directory; None when it is off.
+    journal: str | None
 
 
 class Collector:
@@ -112,9 +114,11 @@ class Collector:
         if self.metrics.prometheus_port is not None:
             prom = f"{split_endpoint(cfg.exporters.prometheus.endpoint)[0]}:{self.metrics.prometheus_port}"
         self._sweeper = asyncio.create_task(self._sweep_forever())
-        self.listening = Listening(grpc_addr, http_addr and f"{scheme}://{http_addr}", prom, self.store.display)
+        journal = self.pipeline.journal
+        self.listening = Listening(grpc_addr, http_addr and f"{scheme}://{http_addr}", prom, self.store.display,
+                                   str(journal.directory) if journal is not None else None)
         log.info("collector_listening", grpc=grpc_addr, http=self.listening.http, prometheus=prom,
-                 store=self.store.display, otlp_out=cfg.exporters.otlp.endpoint, tls=tls.enabled,
+                 store=self.store.display, journal=self.listening.journal, otlp_out=cfg.exporters.otlp.endpoint, tls=tls.enabled,
                  mtls=bool(tls.client_ca_file), auth=auth.enabled, metrics_auth=prometheus.require_auth,
                  open_files_limit=files, decoder="native" if decode.NATIVE else "python")
         logs.flush()
@@ -295,7 +299,9 @@ async def serve(config: CollectorConfig, stop: asyncio.Event | None = None) -> N
         + (f"\n  OTLP/HTTP  {listening.http}/v1/traces" if listening.http else "")
         + (f"\n  run page   {listening.http}/runs" if listening.http and config.receivers.http.run_page else "")
         + (f"\n  metrics    http://{listening.prometheus}/metrics" if listening.prometheus else "")
-        + f"\n  run store  {listening.store}\nPress Ctrl-C to stop.",
+        + f"\n  run store  {listening.store}"
+        + f"\n  journal    {listening.journal or 'off: an accepted span is in memory only until its run is stored'}"
+        + "\nPress Ctrl-C to stop.",
         flush=True,
     )
     await stop.wait()

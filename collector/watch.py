@@ -25,6 +25,7 @@ from rich.text import Text
 
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
+from collector.model import Verdict
 from collector.render import STATUS_STYLE, fmt_score, shown
 from collector.wire import status_number, to_doc
 
@@ -71,8 +72,13 @@ def run_line(doc: dict[str, Any]) -> str:
     parts = [stamp, f"{doc['status']:<7}", f"score={fmt_score(doc['score'])}",
              f"checked={doc['checked']}/{total}", f"rev={doc['revision']}", f"run={doc['run_id']}",
              f"subject={shown(doc['subject'] or '-')}"]
+    if diverged := [f"{shown(e['executor_id'])}:{e['verdict']}" for e in doc["executors"]
+                    if e["verdict"] not in (Verdict.AGREE, Verdict.NO_TRUTH)]:
+        parts.append("diverged=" + ",".join(diverged).replace(" ", "_"))
     if reasons := no_truth_summary(doc):
         parts.append(f"no_truth={reasons.replace(' ', '')}")
+    if doc.get("incomplete"):
+        parts.append("incomplete")
     if doc.get("workflow_errors"):
         parts.append(f"workflow_errors={len(doc['workflow_errors'])}")
     return "  ".join(parts)

@@ -103,6 +103,7 @@ def test_segments_are_deleted_once_their_traces_are_stored(tmp_path):
 
 def test_one_journal_per_collector_and_it_can_be_turned_off(tmp_path):
     first = CollectorProcess(tmp_path)
+    assert first.listening["journal"] == str(first.store_path.parent / "runs.db.journal")  # logged at start
     try:
         second = subprocess.run([AGENTEVAL, "collector", "serve", "--config", str(first.config_path)],
                                 capture_output=True, text=True, timeout=60)
@@ -114,7 +115,7 @@ def test_one_journal_per_collector_and_it_can_be_turned_off(tmp_path):
         spans, (trace_id,) = record([SCENARIOS["pass"][0]])
         assert post(off.http, export_request(spans).SerializeToString())[0] == 200
         assert off.run(trace_id)["status"] == "PASS"
-        assert not (off.store_path.parent / "runs.db.journal").exists()
+        assert not (off.store_path.parent / "runs.db.journal").exists() and off.listening["journal"] is None
     finally:
         off.stop()
 

@@ -221,6 +221,12 @@ def test_undecodable_requests_get_400_and_invalid_argument(collector):
     assert status == 400 and "decode" in json.loads(payload)["message"]
     status, _, _ = post(collector.http, b"{}", "text/plain")
     assert status == 415
+    status, _, _ = post(collector.http, b"not gzip", "application/x-protobuf", {"Content-Encoding": "gzip"})
+    assert status == 400
+    logged = [(e["status"], e["content_type"]) for e in collector.log_events()
+              if e.get("event") == "request_invalid" and e["transport"] == "http"][-4:]
+    assert logged == [(400, "application/x-protobuf"), (400, "application/json"), (415, "text/plain"),
+                      (400, "application/x-protobuf")]  # each one logged, as the client's error
     channel = grpc.insecure_channel(collector.grpc)
     raw = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
     with pytest.raises(grpc.RpcError) as info:

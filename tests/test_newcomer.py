@@ -179,6 +179,16 @@ def test_an_empty_subject_is_refused(tmp_path):
     assert listed.returncode == 1 and "--subject" in listed.stderr
 
 
+def test_the_next_steps_printed_name_the_store_given_and_an_empty_filter_says_so(tmp_path):
+    db = tmp_path / "mine.db"
+    proc = cli("bench", "workflow-trace-fidelity", "--workflow-trace", str(ROOT / "examples/pass_all_agree.json"),
+               "--subject", "s", "--store", str(db))
+    assert proc.returncode == 0 and f"(`agenteval runs list --store {db}`)" in " ".join(proc.stderr.split())
+    assert cli("runs", "list", "--store", str(db)).stdout.count("PASS") == 1  # the hint, as printed, works
+    assert cli("runs", "list", "--subject", "other", "--store", str(db)).stdout.strip() == \
+        "no stored run matches --status / --subject"
+
+
 def test_reading_a_store_that_is_not_there_is_an_error_not_an_empty_store(tmp_path):
     for command in (["runs", "list"], ["runs", "show", "abc"]):
         proc = cli(*command, "--store", str(tmp_path / "typo.db"))

@@ -302,7 +302,8 @@ def test_a_request_aiohttp_cannot_parse_is_one_json_line_and_counted(tmp_path):
     multi-line traceback in a log of JSON lines."""
     proc = CollectorProcess(tmp_path)
     try:
-        for raw in (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        frames = b"\x00\x00\x12\x04\x00\x00\x00\x00\x00" + bytes(range(256))  # a gRPC client's SETTINGS and more
+        for raw in (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frames,
                     f"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: {PROTOBUF}\r\n"
                     "Content-Length: abc\r\n\r\n".encode()):
             with socket.create_connection(http_address(proc), timeout=5) as sock:

@@ -246,6 +246,7 @@ def test_watch_cli_prints_verdicts_and_reconnects_after_the_collector_restarts(t
     lines = out.splitlines()
     assert len(lines) == 2
     assert "FAIL" in lines[0] and f"run={fail_id}" in lines[0] and "checked=2/2" in lines[0]
+    assert "diverged=writer:TokenMismatch " in lines[0] + " "  # which unit, not only that one did
     assert "PENDING" in lines[1] and f"run={pending_id}" in lines[1] and "no_truth=2xresponse_missing" in lines[1]
     assert f"disconnected from {first.grpc}" in err and "retrying in" in err
 

@@ -80,7 +80,7 @@ class Journal:
         self._trace_segments: dict[bytes, set[int]] = {}
         existing = self._segments()
         self._number = (existing[-1] + 1) if existing else 0
-        self._file: IO[bytes] = self._start_segment()
+        self._file: IO[bytes] = self._start_segment(self._number)
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
         self._thread.start()
@@ -92,11 +92,16 @@ class Journal:
     def _segments(self) -> list[int]:
         return sorted(int(p.stem) for p in self.directory.glob("*.jsonl") if p.stem.isdigit())
 
-    def _start_segment(self) -> IO[bytes]:
-        self._open[self._number] = set()
-        self._sizes[self._number] = 0
-        handle = open(self._path(self._number), "ab")  # noqa: SIM115
-        _fsync_dir(self.directory)
+    def _start_segment(self, number: int) -> IO[bytes]:
+        """Segment ``number``, open for appending and counted; nothing changes if it cannot be."""
+        handle = open(self._path(number), "ab")  # noqa: SIM115
+        try:
+            _fsync_dir(self.directory)
+        except OSError:
+            handle.close()
+            raise
+        self._open[number] = set()
+        self._sizes[number] = 0
         return handle
 
     @property
@@ -175,8 +180,9 @@ class Journal:
                 self._file.write(data)
                 self._file.flush()
                 os.fsync(self._file.fileno())
-            except OSError as exc:
-                error = JournalError(f"{self.directory}: journal write failed: {exc.strerror or exc}")
+            except Exception as exc:  # noqa: BLE001 - the group fails; left unsettled, its requests would hang
+                error = JournalError(f"{self.directory}: journal write failed: "
+                                     f"{getattr(exc, 'strerror', None) or exc}")
                 log.error("journal_write_failed", error=str(error), requests=len(group))
             for _, _, future, loop in group:
                 loop.call_soon_threadsafe(_settle, future, error)
@@ -187,10 +193,9 @@ class Journal:
         data = b"".join(line for line, _, _, _ in group)
         size = self._sizes[self._number]
         if size and size + len(data) > self.segment_bytes:
+            handle = self._start_segment(self._number + 1)  # first: a failure leaves the current one
             self._file.close()
-            previous = self._number
-            self._number += 1
-            self._file = self._start_segment()
+            previous, self._number, self._file = self._number, self._number + 1, handle
             self._collect(previous)
         for _, traces, _, _ in group:
             self._track(self._number, traces)

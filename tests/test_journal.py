@@ -233,3 +233,40 @@ def test_a_journal_of_the_previous_format_replays_with_its_spans_facts(tmp_path)
         journal.close()
     assert fields(replayed) == fields(decoded.spans)
     assert {s.facts[FINISH] for s in replayed} >= {"stop"} and any(s.facts[INPUT] for s in replayed)
+
+
+def test_a_segment_that_cannot_be_started_fails_that_request_only(tmp_path, monkeypatch):
+    """Out of file descriptors as a segment rotates: that request is refused, the next ones are
+    journaled (the journal had already closed its file and moved on, so its thread died on the next
+    write and every later request waited for an answer for good)."""
+    import builtins
+    import errno
+
+    from collector import journal as journal_module
+    spans = decode.decode_request(export_request(record([SCENARIOS["pass"][0]])[0]),
+                                  CollectorConfig().matcher()).spans
+    failing = [False]
+
+    def open_(*args: Any, **kwargs: Any):
+        if failing[0]:
+            failing[0] = False
+            raise OSError(errno.EMFILE, "Too many open files")
+        return builtins.open(*args, **kwargs)
+
+    monkeypatch.setattr(journal_module, "open", open_, raising=False)
+
+    async def scenario() -> None:
+        journal = Journal(tmp_path, 1, 1 << 30)  # every request starts a segment
+        try:
+            await journal.append(spans[:1])
+            failing[0] = True
+            with pytest.raises(journal_module.JournalError, match="Too many open files"):
+                await journal.append(spans[1:2])
+            await asyncio.wait_for(journal.append(spans[2:3]), 10)
+            on_disk = [s.span_id for p in sorted(tmp_path.glob("*.jsonl"))
+                       for s in _decode(p.read_bytes(), CollectorConfig().matcher())]
+            assert on_disk == [spans[0].span_id, spans[2].span_id]  # the refused one is retried by its client
+        finally:
+            journal.close()
+
+    asyncio.run(scenario())

@@ -19,6 +19,7 @@ import fcntl
 import os
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -72,12 +73,15 @@ class Journal:
             raise JournalError(f"{directory}: {exc.strerror or exc}") from exc
         self._mutex = threading.Lock()
         self._wakeup = threading.Condition(self._mutex)
-        #: (encoded lines, trace ids, future) waiting for the next group commit
-        self._buffer: list[tuple[bytes, set[bytes], asyncio.Future, asyncio.AbstractEventLoop]] = []
+        #: Requests waiting for the next group commit.
+        self._buffer: list[_Request] = []
+        #: Requests appended so far: a release covers those appended before the trace was settled.
+        self._appended = 0
         #: segment number -> trace ids with spans in it that are not yet done
         self._open: dict[int, set[bytes]] = {}
         self._sizes: dict[int, int] = {}
-        self._trace_segments: dict[bytes, set[int]] = {}
+        #: trace id -> segment number -> the last request with spans of it there
+        self._trace_segments: dict[bytes, dict[int, int]] = {}
         existing = self._segments()
         self._number = (existing[-1] + 1) if existing else 0
         self._file: IO[bytes] = self._start_segment(self._number)
@@ -135,7 +139,7 @@ class Journal:
                     except (ValueError, TypeError):
                         log.warning("journal_record_skipped", segment=path.name, reason="torn or unreadable line")
                         continue
-                    self._track(number, {s.trace_id for s in spans})
+                    self._track(number, {s.trace_id for s in spans}, 0)
                     yield spans
             self._collect(number)
 
@@ -154,9 +158,15 @@ class Journal:
         traces = {s.trace_id for s in spans}
         traces -= idle
         with self._wakeup:
-            self._buffer.append((line, traces, future, loop))
+            self._appended += 1
+            self._buffer.append(_Request(line, traces, self._appended, future, loop))
             self._wakeup.notify()
         return future
+
+    def mark(self) -> int:
+        """The requests appended so far: what a release of traces settled now covers (see
+        :meth:`release`). Call from the event loop, where requests are appended."""
+        return self._appended
 
     def _run(self) -> None:
         while True:
@@ -184,40 +194,50 @@ class Journal:
                 error = JournalError(f"{self.directory}: journal write failed: "
                                      f"{getattr(exc, 'strerror', None) or exc}")
                 log.error("journal_write_failed", error=str(error), requests=len(group))
-            for _, _, future, loop in group:
-                loop.call_soon_threadsafe(_settle, future, error)
+            for request in group:
+                request.loop.call_soon_threadsafe(_settle, request.future, error)
 
-    def _place(self, group: list[tuple[bytes, set[bytes], asyncio.Future, asyncio.AbstractEventLoop]]) -> bytes:
+    def _place(self, group: list[_Request]) -> bytes:
         """The group's records, counted in the segment they go to (a new one when the current one
         would outgrow ``segment_bytes``), their traces tracked there (the mutex is held)."""
-        data = b"".join(line for line, _, _, _ in group)
+        data = b"".join(request.line for request in group)
         size = self._sizes[self._number]
         if size and size + len(data) > self.segment_bytes:
             handle = self._start_segment(self._number + 1)  # first: a failure leaves the current one
             self._file.close()
             previous, self._number, self._file = self._number, self._number + 1, handle
             self._collect(previous)
-        for _, traces, _, _ in group:
-            self._track(self._number, traces)
+        for request in group:
+            self._track(self._number, request.traces, request.number)
         self._sizes[self._number] += len(data)
         return data
 
-    def _track(self, number: int, traces: set[bytes]) -> None:
+    def _track(self, number: int, traces: set[bytes], request: int) -> None:
         self._open[number].update(traces)
         for tid in traces:
-            self._trace_segments.setdefault(tid, set()).add(number)
+            self._trace_segments.setdefault(tid, {})[number] = request
 
     # --- release --------------------------------------------------------------------------------
-    def release(self, trace_ids: list[bytes]) -> None:
-        """These traces are finalized and their runs stored: segments holding only done traces go."""
+    def release(self, done: list[tuple[bytes, int]]) -> None:
+        """These traces' runs are stored, each as of a :meth:`mark` (taken when it was settled):
+        its records appended up to then are done; segments holding only done records go. Records
+        appended later (late spans re-opening the trace for a new revision) stay until that one is."""
         with self._mutex:
-            for _, traces, _, _ in self._buffer:  # appended before this release, not yet placed
-                traces.difference_update(trace_ids)
             touched = set()
-            for tid in trace_ids:
-                for number in self._trace_segments.pop(tid, ()):
-                    self._open[number].discard(tid)
-                    touched.add(number)
+            for tid, upto in done:
+                for request in self._buffer:  # appended, not yet placed
+                    if request.number <= upto:
+                        request.traces.discard(tid)
+                segments = self._trace_segments.get(tid)
+                if segments is None:
+                    continue
+                for number, last in list(segments.items()):
+                    if last <= upto:
+                        del segments[number]
+                        self._open[number].discard(tid)
+                        touched.add(number)
+                if not segments:
+                    del self._trace_segments[tid]
             for number in touched:
                 self._collect(number)
 
@@ -242,6 +262,17 @@ class Journal:
                 self._path(self._number).unlink(missing_ok=True)
                 self._sizes.pop(self._number, None)
         self._lock_file.close()
+
+
+@dataclass(slots=True)
+class _Request:
+    """One appended request, waiting for the next group commit."""
+
+    line: bytes
+    traces: set[bytes]
+    number: int
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
 
 
 def _settle(future: asyncio.Future, error: Exception | None) -> None:

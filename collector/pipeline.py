@@ -165,8 +165,9 @@ class Pipeline:
         #: Called after spans are accepted with the deadline of their traces' quiet period, so a
         #: sweeper sleeping past it can wake (set by the server; the pipeline knows no event loop).
         self.on_deadline: Callable[[float], None] = lambda due: None
-        #: Settled trace -> its runs not yet stored; at 0 the journal lets the trace's spans go.
-        self._unstored: dict[str, int] = {}
+        #: Settled trace -> (its runs not yet stored, the journal's mark when it was last settled);
+        #: at 0 runs the journal lets go of the trace's spans up to that mark.
+        self._unstored: dict[str, tuple[int, int]] = {}
         self._unstored_lock = threading.Lock()
         #: Traces replayed from the journal, not yet finalized (see :meth:`_not_yet_stored`).
         self._replayed: set[str] = set()
@@ -317,6 +318,7 @@ class Pipeline:
         """Settled traces wait for their runs to be stored before the journal lets them go."""
         settled = {tid.hex(): tid for tid in self.assembler.settled}
         self.assembler.settled.clear()
+        mark = self.journal.mark()  # what they were settled from; spans appended later are a new revision's
         counts: dict[str, int] = {}
         for item in finalized:
             if item.run.trace_id in settled:
@@ -324,8 +326,8 @@ class Pipeline:
         with self._unstored_lock:
             for hex_id in settled:
                 if hex_id in counts:
-                    self._unstored[hex_id] = self._unstored.get(hex_id, 0) + counts[hex_id]
-        self.journal.release([tid for hex_id, tid in settled.items() if hex_id not in counts])
+                    self._unstored[hex_id] = (self._unstored.get(hex_id, (0, 0))[0] + counts[hex_id], mark)
+        self.journal.release([(tid, mark) for hex_id, tid in settled.items() if hex_id not in counts])
 
     def _done(self, trace_ids: Iterable[str | None]) -> None:
         """Runs of settled traces are stored (or failed for good); the journal lets go of a trace
@@ -335,14 +337,15 @@ class Pipeline:
         released = []
         with self._unstored_lock:
             for trace_id in trace_ids:
-                left = self._unstored.get(trace_id) if trace_id is not None else None
-                if left is None:
+                unstored = self._unstored.get(trace_id) if trace_id is not None else None
+                if unstored is None:
                     continue
+                left, mark = unstored
                 if left > 1:
-                    self._unstored[trace_id] = left - 1
+                    self._unstored[trace_id] = (left - 1, mark)
                 else:
                     del self._unstored[trace_id]
-                    released.append(bytes.fromhex(trace_id))
+                    released.append((bytes.fromhex(trace_id), mark))
         if released:
             self.journal.release(released)
 

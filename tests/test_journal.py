@@ -134,7 +134,7 @@ def test_the_segment_being_written_frees_its_room_once_its_traces_are_done(tmp_p
             await journal.append(first)
             assert journal.full() and journal.size > 1000  # one request over max_bytes, its trace open
             (old,) = tmp_path.glob("*.jsonl")
-            journal.release([first[0].trace_id])
+            journal.release([(first[0].trace_id, journal.mark())])
             assert not journal.full() and old.exists()
             await journal.append(second)
             assert old.exists() and journal.full()  # the second trace is open in it

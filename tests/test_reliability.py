@@ -430,7 +430,7 @@ def test_a_trace_released_before_its_spans_reach_the_disk_is_not_counted_as_need
             first = journal.append(spans[:3])
             assert writing.wait(10)
             second = journal.append(spans[3:])  # waits for the next group commit
-            journal.release([trace])
+            journal.release([(trace, journal.mark())])
             go.set()
             await asyncio.gather(first, second)
             assert not journal.full()
@@ -745,3 +745,54 @@ def test_a_sweep_whose_metrics_fail_still_stores_each_run_once(tmp_path, monkeyp
         pipeline.close()
         metrics.shutdown()
         store.close()
+
+
+def test_a_late_span_stays_journaled_until_its_own_revision_is_stored(tmp_path):
+    """Revision 1 of a trace stored after a late span re-opened it: the journal let go of the whole
+    trace, the late span's segment too, so a kill -9 before revision 2 was stored lost an
+    acknowledged span (review)."""
+    now = [0.0]
+    cfg = CollectorConfig(store={"url": str(tmp_path / "runs.db")},
+                          journal={"path": str(tmp_path / "j"), "segment_bytes": 1},  # a segment per request
+                          assembly={"quiet_period": 1.0, "late_window": 300})
+    pipeline = Pipeline(cfg, open_store(tmp_path / "runs.db"), None, None)
+    pipeline.assembler.clock = lambda: now[0]
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    late = next(s for s in spans if s.name.startswith("chat"))
+    late_id = format(late.context.span_id, "016x")
+    other, _ = record([SCENARIOS["pass"][0]])
+    store = pipeline.writer.store
+    held, save_many = threading.Event(), store.save_many
+    store.save_many = lambda runs: (held.wait(10), save_many(runs))[1]  # revision 1's write is slow
+
+    def ingest(batch: list) -> None:
+        async def go() -> None:
+            await pipeline.ingest_decoded(decode_request(export_request(batch), pipeline.matcher), "grpc").durable
+        asyncio.run(go())
+
+    def journaled() -> str:
+        return "".join(p.read_text() for p in (tmp_path / "j").glob("*.jsonl"))
+
+    def stored(revision: int) -> None:
+        deadline = time.monotonic() + 10
+        while (store.get_run(run_id(trace_id)) or {}).get("revision") != revision:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.2)  # and the journal told
+
+    try:
+        ingest([s for s in spans if s is not late])
+        now[0] += 2.0
+        assert pipeline.sweep() == 1  # revision 1, on its way to the store
+        ingest([late])  # acknowledged: it re-opens the trace
+        held.set()
+        stored(1)
+        ingest(other)  # the late span's segment is no longer the one written
+        assert late_id in journaled()
+        now[0] += 2.0
+        assert pipeline.sweep() == 2
+        stored(2)
+        assert late_id not in journaled()  # its own revision stored: now it may go
+    finally:
+        held.set()
+        pipeline.close()

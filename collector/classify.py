@@ -382,13 +382,16 @@ class TraceState:
         """Spans still wait for a parent (a run not yet finalized may need them)."""
         return bool(self._pending)
 
-    def run_inputs(self, cut: str | None = None, everything: bool = True) -> list[tuple[RunInput, int]]:
+    def run_inputs(self, cut: str | None = None, everything: bool = True,
+                   missing: bool = False) -> list[tuple[RunInput, int]]:
         """Reconciler inputs for every run that changed since the last call, with its revision.
 
         ``cut``: why the caller finalizes the trace before it could be complete (the runs are then
         flagged incomplete, with that reason in their notes). ``everything``: the trace is complete
         (or timed out), so orphans are resolved too; otherwise only runs whose workflow-run span has
         arrived are finalized, the rest keep waiting. Runs in which no agent ran are not runs.
+        ``missing``: the cut means spans of the trace never arrived (see :attr:`RunInput.partial`),
+        as a run's own missing workflow-run or root span does.
         """
         self.resolve_orphans(everything)
         out = []
@@ -396,19 +399,20 @@ class TraceState:
             if not run.dirty or not (everything or run.seen):
                 continue
             run.dirty = False
+            partial = True
             if key is not None and not run.seen:
                 cut_short = "its workflow-run span never arrived"
             elif key is None and self.root_span_id is None:
                 cut_short = "its root span never arrived"
             else:
-                cut_short = cut
-            built = self._run_input(run, cut_short)
+                cut_short, partial = cut, missing
+            built = self._run_input(run, cut_short, partial)
             if built.is_workflow:
                 run.revision += 1
                 out.append((built, run.revision))
         return out
 
-    def _run_input(self, run: _Run, cut: str | None) -> RunInput:
+    def _run_input(self, run: _Run, cut: str | None, partial: bool) -> RunInput:
         names = self._names
         records = []
         units_by_executor: dict[str | None, list[str]] = defaultdict(list)
@@ -439,6 +443,7 @@ class TraceState:
             root_span_id=run.span_id or (self.root_span_id.hex() if self.root_span_id else None),
             subject=run.subject or self.subject or self._fallback_subject,
             incomplete=cut is not None,
+            partial=partial,
             unattributed_chat_spans=run.unattributed,
             non_agent_executors=non_agent,
             workflow_errors=tuple(run.errors),

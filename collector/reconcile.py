@@ -38,7 +38,7 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
     score = run_score(verdicts)
     unchecked = [v.checked for v in verdicts].count(False)
     return RunVerdict(
-        status=run_status(score, unchecked, run.incomplete),
+        status=run_status(score, unchecked, run.partial),
         score=score,
         executors=verdicts,
         trace_id=run.trace_id,
@@ -50,7 +50,7 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
         non_agent_executors=run.non_agent_executors,
         workflow_errors=run.workflow_errors,
         notes=run.notes,
-        coverage_note=coverage_note(score, len(verdicts), unchecked, run.incomplete),
+        coverage_note=coverage_note(score, len(verdicts), unchecked, run.partial),
         revision=revision,
     )
 
@@ -85,14 +85,14 @@ def run_score(verdicts: Iterable[ExecutorVerdict]) -> float | None:
     return sum(scores) / len(scores) if scores else None
 
 
-def coverage_note(score: float | None, units: int, unchecked: int, incomplete: bool = False) -> str | None:
+def coverage_note(score: float | None, units: int, unchecked: int, partial: bool = False) -> str | None:
     """AgentEval's coverage note for a partly checked run, worded as AgentEval prints it so CI logs
-    read the same on both tools: a pass withheld (WARN), or what a WARN/FAIL score covers. A live
-    trace cut short withholds a pass too: the units whose spans never arrived were not checked."""
+    read the same on both tools: a pass withheld (WARN), or what a WARN/FAIL score covers. A run
+    some of whose spans never arrived (``partial``) withholds a pass too: units may be missing."""
     if score is None:
         return None
     if not unchecked:
-        if incomplete and score >= PASS_THRESHOLD:
+        if partial and score >= PASS_THRESHOLD:
             return f"the trace is incomplete; a pass on the {units} unit(s) that arrived is withheld"
         return None
     verified = units - unchecked
@@ -102,14 +102,14 @@ def coverage_note(score: float | None, units: int, unchecked: int, incomplete: b
     return f"{head}; the score covers the {verified} verified"
 
 
-def run_status(score: float | None, unchecked: int, incomplete: bool = False) -> Status:
-    """DESIGN §1's table; a pass needs every unit checked, so not a trace cut short (``incomplete``),
-    whose missing units could not be."""
+def run_status(score: float | None, unchecked: int, partial: bool = False) -> Status:
+    """DESIGN §1's table. A pass needs every unit checked: not so in a run some of whose spans never
+    arrived (``partial``), where the units of the missing spans could not be."""
     if score is None:
         return Status.PENDING
     if score < WARN_THRESHOLD:
         return Status.FAIL
-    if score < PASS_THRESHOLD or unchecked or incomplete:
+    if score < PASS_THRESHOLD or unchecked or partial:
         return Status.WARN
     return Status.PASS
 

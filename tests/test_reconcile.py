@@ -198,6 +198,19 @@ def test_status_boundaries(score, unchecked, status):
     assert run_status(score, unchecked) is status
 
 
+def test_a_run_missing_spans_cannot_pass_one_only_cut_short_can():
+    """Units whose spans never arrived were not checked; a run whose own span arrived but whose
+    quiet period a stopping collector cut short is only flagged."""
+    agree = (ex([entry(100, 0)], [resp(100, 0)], "a"), ex([entry(7, 0)], [resp(7, 0)], "b"))
+    missing = reconcile(RunInput(agree, incomplete=True, partial=True))
+    assert (missing.status, missing.score) == (Status.WARN, 1.0) and missing.exit_code == 10
+    assert missing.coverage_note == "the trace is incomplete; a pass on the 2 unit(s) that arrived is withheld"
+    cut = reconcile(RunInput(agree, incomplete=True))
+    assert (cut.status, cut.coverage_note, cut.incomplete) == (Status.PASS, None, True)
+    failing = reconcile(RunInput((agree[0], ex([entry(1, 0)], [resp(100, 0)], "b")), incomplete=True, partial=True))
+    assert (failing.status, failing.coverage_note) == (Status.FAIL, None)  # what diverged is still a divergence
+
+
 def test_pending_run_has_no_score():
     run = reconcile(RunInput((ex([entry(1, 1)], [req()], "a"), ex([entry(1, 1)], [], "b"))))
     assert run.status is Status.PENDING and run.score is None and run.exit_code == 11

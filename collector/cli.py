@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shlex
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -207,7 +208,7 @@ def bench_workflow_trace_fidelity(
     if as_json:
         print(f'\n], "status": "{worst.value}", "exit_code": {code}}}')
     else:
-        again = f" --store {db.display}" if store else f" --config {config}" if config else ""
+        again = f" --store {shlex.quote(db.display)}" if store else f" --config {shlex.quote(str(config))}" if config else ""
         err.print(f"[dim]stored {stored} run(s) in {escape(db.display)} (`agenteval runs list{escape(again)}`)[/]")
     raise typer.Exit(code)
 

@@ -217,8 +217,9 @@ class Pipeline:
         offer = self.assembler.offer(decoded.spans)
         if offer.accepted:
             self.on_deadline(self.assembler.clock() + self.config.assembly.quiet_period)
+        # Duplicates are journaled again: an exporter retries a request whose journal write failed.
         durable = (self.journal.append(decoded.spans, decoded.journal_line, offer.idle)
-                   if self.journal is not None and offer.accepted else None)
+                   if self.journal is not None and (offer.accepted or offer.duplicates) else None)
         rejected = decoded.rejected + offer.expired
         messages = list(decoded.reasons)
         if offer.expired:

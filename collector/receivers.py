@@ -316,7 +316,8 @@ class HttpTraceReceiver:
         """A request that is not OTLP (content type, encoding, payload): counted, logged, answered."""
         if self.pipeline.metrics:
             self.pipeline.metrics.rejected.add(1, {"transport": "http", "reason": "undecodable_request"})
-        log.warning("request_invalid", transport="http", content_type=ctype, status=status, error=clip(message, 300))
+        log.warning("request_invalid", transport="http", content_type=clip(ctype, 100), status=status,
+                    error=clip(message, 300))
         return self._error(status, message, answer_as or ctype)
 
     def _error(self, status: int, message: str, ctype: str) -> web.Response:

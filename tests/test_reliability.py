@@ -32,10 +32,10 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from collector.assembler import Assembler, Backpressure
 from collector.config import CollectorConfig
 from collector.decode import decode_request
-from collector.journal import Journal
+from collector.journal import Journal, JournalError
 from collector.loader import workflow_trace_run
 from collector.metrics import Metrics
-from collector.pipeline import Pipeline, StoreWriter
+from collector.pipeline import IngestResult, Pipeline, StoreWriter
 from collector.reconcile import reconcile
 from collector.store import StoredRun, open_store
 from conftest import AGENTEVAL, JSON, PROTOBUF, CaptureReceiver, CollectorProcess, free_port, post
@@ -795,4 +795,36 @@ def test_a_late_span_stays_journaled_until_its_own_revision_is_stored(tmp_path):
         assert late_id not in journaled()  # its own revision stored: now it may go
     finally:
         held.set()
+        pipeline.close()
+
+
+def test_an_exporters_retry_after_a_failed_journal_write_is_journaled(tmp_path, monkeypatch):
+    """The write failed (the client was told so) but the spans were taken: the retry found them all
+    duplicates, accepted none, journaled nothing, and was answered 200 with nothing more on disk."""
+    cfg = CollectorConfig(store={"url": str(tmp_path / "runs.db")}, journal={"path": str(tmp_path / "j")},
+                          assembly={"quiet_period": 3600})
+    pipeline = Pipeline(cfg, open_store(tmp_path / "runs.db"), None, None)
+    spans, _ = record([SCENARIOS["pass"][0]])
+    fsync, failing = os.fsync, [True]
+
+    def flaky_fsync(fd: int) -> None:
+        if failing[0]:
+            failing[0] = False
+            raise OSError(5, "Input/output error")
+        fsync(fd)
+
+    async def export() -> IngestResult:
+        result = pipeline.ingest_decoded(decode_request(export_request(spans), pipeline.matcher), "grpc")
+        if result.durable is not None:
+            await result.durable
+        return result
+
+    monkeypatch.setattr(os, "fsync", flaky_fsync)
+    try:
+        with pytest.raises(JournalError, match="Input/output error"):
+            asyncio.run(export())
+        written = pipeline.journal.size
+        retried = asyncio.run(export())  # every span a duplicate now
+        assert retried.durable is not None and pipeline.journal.size == 2 * written
+    finally:
         pipeline.close()

@@ -245,7 +245,10 @@ class Metrics:
         self.refused = meter.create_counter("collector.spans.refused",
                                             description="Spans refused with a retryable status (over capacity)")
         self.rejected = meter.create_counter("collector.spans.rejected",
-                                             description="Spans rejected as unusable (partial_success) or undecodable")
+                                             description="Spans rejected as unusable (partial_success), by reason")
+        self.requests_rejected = meter.create_counter(
+            "collector.requests.rejected",
+            description="Requests refused whole, by reason: not OTLP, not authenticated, body not received in time")
         self.duplicates = meter.create_counter("collector.spans.duplicate", description="Spans already seen")
         self.ignored = meter.create_counter("collector.traces.ignored",
                                             description="Finalized traces without executor, agent or chat spans")

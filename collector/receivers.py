@@ -160,7 +160,7 @@ class GrpcTraceService:
 
     def _count_undecodable(self) -> None:
         if self.pipeline.metrics:
-            self.pipeline.metrics.rejected.add(1, {"transport": "grpc", "reason": "undecodable_request"})
+            self.pipeline.metrics.requests_rejected.add(1, {"transport": "grpc", "reason": "undecodable"})
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(TRACE_SERVICE, {
@@ -182,7 +182,7 @@ def grpc_server(max_message_bytes: int, handshake_timeout: float) -> grpc.aio.Se
 def _count_unauthenticated(pipeline: Pipeline, transport: str) -> None:
     log.warning("request_unauthenticated", transport=transport)
     if pipeline.metrics:
-        pipeline.metrics.rejected.add(1, {"transport": transport, "reason": "unauthenticated"})
+        pipeline.metrics.requests_rejected.add(1, {"transport": transport, "reason": "unauthenticated"})
 
 
 # --- HTTP -----------------------------------------------------------------------------------------
@@ -202,7 +202,7 @@ class _ServerLog(logging.Handler):
             log.error("http_server_error", message=record.getMessage(), exc_info=record.exc_info)
             return
         if self.pipeline.metrics:
-            self.pipeline.metrics.rejected.add(1, {"transport": "http", "reason": "malformed_http"})
+            self.pipeline.metrics.requests_rejected.add(1, {"transport": "http", "reason": "malformed_http"})
         error = " ".join(str(exc.message or exc).split())
         if error.startswith("Pause on PRI"):  # HTTP/2's connection preface; aiohttp adds the frames' bytes
             error = "an HTTP/2 connection preface: a gRPC client? OTLP/gRPC has a port of its own (receivers.grpc)"
@@ -270,7 +270,7 @@ class HttpTraceReceiver:
         except TimeoutError:
             log.warning("request_timeout", transport="http", read_timeout=self.read_timeout)
             if self.pipeline.metrics:
-                self.pipeline.metrics.rejected.add(1, {"transport": "http", "reason": "read_timeout"})
+                self.pipeline.metrics.requests_rejected.add(1, {"transport": "http", "reason": "read_timeout"})
             return self._closing(self._error(408, f"request body not received within {self.read_timeout}s", ctype))
         matcher = self.pipeline.matcher
         try:
@@ -315,7 +315,7 @@ class HttpTraceReceiver:
     def _invalid(self, status: int, message: str, ctype: str, answer_as: str | None = None) -> web.Response:
         """A request that is not OTLP (content type, encoding, payload): counted, logged, answered."""
         if self.pipeline.metrics:
-            self.pipeline.metrics.rejected.add(1, {"transport": "http", "reason": "undecodable_request"})
+            self.pipeline.metrics.requests_rejected.add(1, {"transport": "http", "reason": "undecodable"})
         log.warning("request_invalid", transport="http", content_type=clip(ctype, 100), status=status,
                     error=clip(message, 300))
         return self._error(status, message, answer_as or ctype)

@@ -245,6 +245,7 @@ def scraped(tmp_path_factory) -> set[str]:
         bad = export_request(record([SCENARIOS["pass"][0]])[0])
         bad.resource_spans[0].scope_spans[0].spans[0].trace_id = b"short"  # unusable: rejected
         assert post(proc.http, bad.SerializeToString())[0] == 200
+        assert post(proc.http, b"\xff not a request")[0] == 400  # rejected whole
         text = urllib.request.urlopen(proc.prometheus, timeout=5).read().decode()
     finally:
         proc.stop()

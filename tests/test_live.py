@@ -227,6 +227,10 @@ def test_undecodable_requests_get_400_and_invalid_argument(collector):
               if e.get("event") == "request_invalid" and e["transport"] == "http"][-4:]
     assert logged == [(400, "application/x-protobuf"), (400, "application/json"), (415, "text/plain"),
                       (400, "application/x-protobuf")]  # each one logged, as the client's error
+    metrics = collector.metrics()  # counted as requests, not as spans (they hold none we could read)
+    assert metrics[("collector_requests_rejected_total", (("reason", "undecodable"), ("transport", "http")))] >= 4
+    assert not any(name == "collector_spans_rejected_total" and ("reason", "undecodable") in labels
+                   for name, labels in metrics)
     channel = grpc.insecure_channel(collector.grpc)
     raw = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
     with pytest.raises(grpc.RpcError) as info:

@@ -310,7 +310,7 @@ def test_a_request_aiohttp_cannot_parse_is_one_json_line_and_counted(tmp_path):
                 sock.sendall(raw)
                 assert closed_by_server(sock, time.monotonic() + 10)
         assert post(proc.http, valid_request()[0])[0] == 200
-        series = ("collector_spans_rejected_total", (("reason", "malformed_http"), ("transport", "http")))
+        series = ("collector_requests_rejected_total", (("reason", "malformed_http"), ("transport", "http")))
         assert proc.metrics()[series] == 2
         text = proc.stderr_path.read_text()
         assert "Traceback" not in text

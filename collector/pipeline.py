@@ -319,6 +319,7 @@ class Pipeline:
         """Settled traces wait for their runs to be stored before the journal lets them go."""
         settled = {tid.hex(): tid for tid in self.assembler.settled}
         self.assembler.settled.clear()
+        self._replayed.difference_update(settled)  # replayed traces that made no run are done too
         mark = self.journal.mark()  # what they were settled from; spans appended later are a new revision's
         counts: dict[str, int] = {}
         for item in finalized:

@@ -274,7 +274,7 @@ class Assembler:
             self._late_spans -= trace.held
             self._remember_expired(tid)
             if trace.state.waiting:
-                runs = trace.state.run_inputs(cut=_LATE_WINDOW_CLOSED, everything=True, missing=True)
+                runs = trace.state.run_inputs(cut=_LATE_WINDOW_CLOSED, everything=True)
                 out.extend(Finalized(run, revision, None) for run, revision in runs)
                 self.settled.append(tid)
         return out

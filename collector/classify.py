@@ -200,7 +200,7 @@ class TraceState:
     """Everything known about one trace, updated span batch by span batch."""
 
     __slots__ = ("matcher", "trace_id", "root_span_id", "subject", "_context", "_pending", "_pending_ids",
-                 "_runs", "_names", "_fallback_subject", "run_spans_seen", "unusable")
+                 "_runs", "_names", "_fallback_subject", "run_spans_seen", "unusable", "orphaned")
 
     def __init__(self, matcher: Matcher, trace_id: bytes) -> None:
         self.matcher = matcher
@@ -217,6 +217,9 @@ class TraceState:
         self.run_spans_seen = 0
         #: Spans whose classification failed: ignored on their own (their children inherit around them).
         self.unusable = 0
+        #: Spans classified as if parentless because their parent never arrived (a workflow-run
+        #: span's parent aside, which may never be exported): spans of the trace are missing.
+        self.orphaned = 0
 
     def add(self, span: SpanRecord) -> bool:
         """Classify one span now if its parent is known (or it has none), else park it.
@@ -362,6 +365,7 @@ class TraceState:
             for child in children:
                 if child not in keep:
                     self._pending_ids.discard(child.span_id)
+                    self.orphaned += child.facts[KIND] != RUN
                     self._resolve(child, _NO_CONTEXT)
             if keep:
                 self._pending[parent_id] = keep
@@ -375,6 +379,7 @@ class TraceState:
             if not children:
                 del self._pending[parent_id]
             self._pending_ids.discard(child.span_id)
+            self.orphaned += 1
             self._resolve(child, _NO_CONTEXT)
 
     @property
@@ -382,31 +387,34 @@ class TraceState:
         """Spans still wait for a parent (a run not yet finalized may need them)."""
         return bool(self._pending)
 
-    def run_inputs(self, cut: str | None = None, everything: bool = True,
-                   missing: bool = False) -> list[tuple[RunInput, int]]:
+    def run_inputs(self, cut: str | None = None, everything: bool = True) -> list[tuple[RunInput, int]]:
         """Reconciler inputs for every run that changed since the last call, with its revision.
 
         ``cut``: why the caller finalizes the trace before it could be complete (the runs are then
         flagged incomplete, with that reason in their notes). ``everything``: the trace is complete
         (or timed out), so orphans are resolved too; otherwise only runs whose workflow-run span has
         arrived are finalized, the rest keep waiting. Runs in which no agent ran are not runs.
-        ``missing``: the cut means spans of the trace never arrived (see :attr:`RunInput.partial`),
-        as a run's own missing workflow-run or root span does.
+        Every run of a trace some of whose spans are known never to have arrived (its root, or the
+        parent of a span) is :attr:`RunInput.partial`: which run a lost span belonged to is unknown.
         """
+        orphaned = self.orphaned
         self.resolve_orphans(everything)
+        if self.orphaned > orphaned:  # spans are missing: runs already published cannot pass either
+            for run in self._runs.values():
+                run.dirty = True
         out = []
         for key, run in self._runs.items():
             if not run.dirty or not (everything or run.seen):
                 continue
             run.dirty = False
-            partial = True
-            if key is not None and not run.seen:
-                cut_short = "its workflow-run span never arrived"
-            elif key is None and self.root_span_id is None:
+            rootless = key is None and self.root_span_id is None
+            if rootless:
                 cut_short = "its root span never arrived"
+            elif self.orphaned and cut is None:
+                cut_short = f"{self.orphaned} span(s) of it never got their parent span"
             else:
-                cut_short, partial = cut, missing
-            built = self._run_input(run, cut_short, partial)
+                cut_short = cut
+            built = self._run_input(run, cut_short, rootless or self.orphaned > 0)
             if built.is_workflow:
                 run.revision += 1
                 out.append((built, run.revision))

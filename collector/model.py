@@ -198,9 +198,9 @@ class RunInput:
     root_span_id: str | None = None
     subject: str | None = None
     incomplete: bool = False
-    #: Spans of this run are known never to have arrived (its workflow-run or root span, or the
-    #: parents spans of it waited for), so units may be missing: it cannot pass. A run cut short
-    #: with its own run span present (a collector stopping mid quiet period) is incomplete only.
+    #: Spans of its trace are known never to have arrived (the root of a run without a
+    #: workflow-run span, or the parent of a span), so units may be missing: it cannot pass. A run
+    #: cut short otherwise (a collector stopping mid quiet period) is incomplete only.
     partial: bool = False
     unattributed_chat_spans: int = 0
     #: Executors in which no agent ran (function executors, dispatchers, idle participants...).

@@ -289,3 +289,28 @@ def test_an_incomplete_run_says_why_in_its_notes():
     clock.now += CONFIG.assembly.quiet_period
     (item,) = assembler.sweep()
     assert not item.run.incomplete and item.run.notes == ()
+
+
+def test_a_run_whose_spans_lost_their_parent_cannot_pass():
+    """A workflow-run span lost (an exporter's queue dropped it, a crash) under a root that did
+    arrive: its agents' spans are classified as if parentless, and units may be missing, so the run
+    is incomplete and withheld from passing (it was a plain PASS: nothing looked missing)."""
+    import dataclasses
+
+    from mafshape import SCENARIOS, export_request, record
+
+    from collector.classify import TraceState, span_facts
+    from collector.model import Status
+    spans, _ = record([SCENARIOS["pass"][0]])
+    records = decode_request(export_request(spans), MATCHER).spans
+    workflow = next(s for s in records if s.name.startswith("workflow"))
+    root = dataclasses.replace(workflow, span_id=b"\x55" * 8, parent_id=b"", name="POST /chat",
+                               facts=span_facts(MATCHER, "POST /chat", {}))
+    state = TraceState(MATCHER, workflow.trace_id)
+    for span in [root] + [s for s in records if s is not workflow]:
+        state.add(span)
+    ((run, revision),) = state.run_inputs()
+    verdict = reconcile(run, revision=revision)
+    assert run.partial and run.incomplete and "never got their parent span" in run.notes[0]
+    assert (verdict.status, verdict.score) == (Status.WARN, 1.0)
+    assert {e.executor_id: e.verdict.value for e in verdict.executors} == {"researcher": "Agree", "writer": "Agree"}

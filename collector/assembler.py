@@ -239,11 +239,13 @@ class Assembler:
         self.spans_in_flight -= trace.spans
         trace.spans = 0
         trace.revision += 1
-        runs = trace.state.run_inputs(cut=cut, everything=everything)
+        late = self.config.late_window > 0 and self.config.max_late_traces > 0
+        # Without a late window nothing will come for spans still waiting for a parent: now or never.
+        runs = trace.state.run_inputs(cut=cut, everything=everything or not late)
         if trace.revision == 1:
             trace.finalized_at = now
             self.ignored += not runs  # no agent ran in it (e.g. MAF's separate workflow.build trace)
-        if self.config.late_window > 0 and self.config.max_late_traces > 0:
+        if late:
             self._to_late(tid, trace)
         else:
             self._remember_expired(tid)

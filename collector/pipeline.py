@@ -38,6 +38,16 @@ class IngestResult:
     durable: asyncio.Future | None = None
 
 
+@dataclass(slots=True)
+class _Unstored:
+    """A trace's runs published but not yet stored."""
+
+    runs: int = 0
+    #: The journal's mark when the trace was last settled.
+    mark: int = 0
+    settled: bool = False
+
+
 class StoreWriter:
     """Writes verdicts on a thread of its own, in batches, so the event loop never waits on SQLite.
 
@@ -165,9 +175,8 @@ class Pipeline:
         #: Called after spans are accepted with the deadline of their traces' quiet period, so a
         #: sweeper sleeping past it can wake (set by the server; the pipeline knows no event loop).
         self.on_deadline: Callable[[float], None] = lambda due: None
-        #: Settled trace -> (its runs not yet stored, the journal's mark when it was last settled);
-        #: at 0 runs the journal lets go of the trace's spans up to that mark.
-        self._unstored: dict[str, tuple[int, int]] = {}
+        #: Trace -> its runs not yet stored (see :meth:`_settle`).
+        self._unstored: dict[str, _Unstored] = {}
         self._unstored_lock = threading.Lock()
         #: Traces replayed from the journal, not yet finalized (see :meth:`_not_yet_stored`).
         self._replayed: set[str] = set()
@@ -218,7 +227,7 @@ class Pipeline:
         if offer.accepted:
             self.on_deadline(self.assembler.clock() + self.config.assembly.quiet_period)
         # Duplicates are journaled again: an exporter retries a request whose journal write failed.
-        durable = (self.journal.append(decoded.spans, decoded.journal_line, offer.idle)
+        durable = (self._journal(decoded, offer.idle)
                    if self.journal is not None and (offer.accepted or offer.duplicates) else None)
         rejected = decoded.rejected + offer.expired
         messages = list(decoded.reasons)
@@ -315,39 +324,58 @@ class Pipeline:
                 log.exception("metrics_record_failed", runs=len(published))
         self.writer.put(published)
 
+    def _journal(self, decoded: Decoded, idle: frozenset[bytes]) -> asyncio.Future:
+        """Journal an accepted request. A trace nothing will settle again is not waited for, unless
+        runs of it are still to be stored (a retry of a request whose write failed, arriving after
+        the trace was finalized from memory): then the release it waits for covers this request."""
+        assert self.journal is not None
+        if not idle:
+            return self.journal.append(decoded.spans, decoded.journal_line)
+        with self._unstored_lock:  # against _done letting the trace go meanwhile
+            waiting = [tid for tid in idle if tid.hex() in self._unstored]
+            durable = self.journal.append(decoded.spans, decoded.journal_line, idle.difference(waiting))
+            for tid in waiting:
+                entry = self._unstored[tid.hex()]
+                entry.mark = self.journal.mark()
+        return durable
+
     def _settle(self, finalized: list[Finalized]) -> None:
-        """Settled traces wait for their runs to be stored before the journal lets them go."""
+        """A trace's spans are let go once it is settled (nothing of it waits for a parent) and every
+        run published from it is stored, up to the journal's mark when it was last settled: spans
+        appended later belong to a revision not yet stored."""
         settled = {tid.hex(): tid for tid in self.assembler.settled}
         self.assembler.settled.clear()
         self._replayed.difference_update(settled)  # replayed traces that made no run are done too
-        mark = self.journal.mark()  # what they were settled from; spans appended later are a new revision's
-        counts: dict[str, int] = {}
-        for item in finalized:
-            if item.run.trace_id in settled:
-                counts[item.run.trace_id] = counts.get(item.run.trace_id, 0) + 1
+        mark = self.journal.mark()
+        released = []
         with self._unstored_lock:
-            for hex_id in settled:
-                if hex_id in counts:
-                    self._unstored[hex_id] = (self._unstored.get(hex_id, (0, 0))[0] + counts[hex_id], mark)
-        self.journal.release([(tid, mark) for hex_id, tid in settled.items() if hex_id not in counts])
+            for item in finalized:  # settled or not: a trace still waiting can have published runs
+                if item.run.trace_id:
+                    self._unstored.setdefault(item.run.trace_id, _Unstored()).runs += 1
+            for hex_id, tid in settled.items():
+                entry = self._unstored.get(hex_id)
+                if entry is None:
+                    released.append((tid, mark))
+                else:
+                    entry.settled, entry.mark = True, mark
+        self.journal.release(released)
 
     def _done(self, trace_ids: Iterable[str | None]) -> None:
-        """Runs of settled traces are stored (or failed for good); the journal lets go of a trace
-        once all its runs are, in one call per batch."""
+        """Runs are stored (or failed for good); the journal lets go of a settled trace once all
+        its runs are, in one call per batch."""
         if self.journal is None:
             return
         released = []
         with self._unstored_lock:
             for trace_id in trace_ids:
-                unstored = self._unstored.get(trace_id) if trace_id is not None else None
-                if unstored is None:
+                entry = self._unstored.get(trace_id) if trace_id is not None else None
+                if entry is None:
                     continue
-                left, mark = unstored
-                if left > 1:
-                    self._unstored[trace_id] = (left - 1, mark)
-                else:
+                entry.runs -= 1
+                if entry.runs <= 0:
                     del self._unstored[trace_id]
-                    released.append((bytes.fromhex(trace_id), mark))
+                    if entry.settled:  # else its settling lets it go
+                        released.append((bytes.fromhex(trace_id), entry.mark))
         if released:
             self.journal.release(released)
 

@@ -828,3 +828,118 @@ def test_an_exporters_retry_after_a_failed_journal_write_is_journaled(tmp_path, 
         assert retried.durable is not None and pipeline.journal.size == 2 * written
     finally:
         pipeline.close()
+
+
+class _HeldStore:
+    """A pipeline with a journal whose store writes wait (a database outage) until ``resume``."""
+
+    def __init__(self, tmp_path, **assembly) -> None:
+        self.now = [0.0]
+        cfg = CollectorConfig(store={"url": str(tmp_path / "runs.db")},
+                              journal={"path": str(tmp_path / "j"), "segment_bytes": 1},  # a segment per request
+                              assembly={"quiet_period": 1.0, **assembly})
+        self.dir = tmp_path / "j"
+        self.pipeline = Pipeline(cfg, open_store(tmp_path / "runs.db"), None, None)
+        self.pipeline.assembler.clock = lambda: self.now[0]
+        self.store = self.pipeline.writer.store
+        self.held, save_many = threading.Event(), self.store.save_many
+        self.store.save_many = lambda runs: (self.held.wait(30), save_many(runs))[1]
+
+    def ingest(self, decoded) -> None:
+        async def go() -> None:
+            await self.pipeline.ingest_decoded(decoded, "grpc").durable
+        asyncio.run(go())
+
+    def sweep(self) -> int:
+        self.now[0] += 2.0
+        return self.pipeline.sweep()
+
+    def journaled(self, trace_id: str) -> bool:
+        return any(trace_id in p.read_text() for p in self.dir.glob("*.jsonl"))
+
+    def close(self) -> None:
+        self.held.set()
+        self.pipeline.close()
+
+
+def test_a_late_span_that_changes_no_run_does_not_release_a_revision_still_unstored(tmp_path):
+    """Revision 1 queued in a database outage; a late span re-opens the trace and changes no run:
+    settled again with no run, the trace was let go at once, its unstored revision's spans too."""
+    import dataclasses
+
+    from collector.classify import span_facts
+    from collector.decode import Decoded
+    held = _HeldStore(tmp_path, late_window=300)
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    try:
+        decoded = decode_request(export_request(spans), held.pipeline.matcher)
+        held.ingest(decoded)
+        assert held.sweep() == 1  # revision 1, waiting for the store
+        workflow = next(s for s in decoded.spans if s.name.startswith("workflow"))
+        late = dataclasses.replace(workflow, span_id=b"\x77" * 8, parent_id=workflow.span_id, name="message.send",
+                                   facts=span_facts(held.pipeline.matcher, "message.send", {}))
+        held.ingest(Decoded(spans=[late]))
+        held.ingest(decode_request(export_request(record([SCENARIOS["pass"][0]])[0]), held.pipeline.matcher))
+        assert held.sweep() == 1  # the other trace; the late span changed nothing
+        assert held.store.get_run(run_id(trace_id)) is None and held.journaled(trace_id)
+    finally:
+        held.close()
+
+
+def test_a_retry_after_a_failed_write_of_a_trace_finalized_meanwhile_stays_journaled(tmp_path, monkeypatch):
+    """The only copy on disk of spans whose write failed: the retry, all duplicates of a trace
+    finalized from memory whose run is not yet stored. It was written but not waited for."""
+    held = _HeldStore(tmp_path, late_window=300)
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    fsync, failing = os.fsync, [True]
+
+    def flaky_fsync(fd: int) -> None:
+        if failing[0]:
+            failing[0] = False
+            raise OSError(28, "No space left on device")
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", flaky_fsync)
+    try:
+        with pytest.raises(JournalError):
+            held.ingest(decode_request(export_request(spans), held.pipeline.matcher))
+        (failed,) = held.dir.glob("*.jsonl")
+        failed.write_bytes(b"")  # the failed write never reached the disk
+        assert held.sweep() == 1  # finalized from memory; its run waits for the store
+        held.ingest(decode_request(export_request(spans), held.pipeline.matcher))  # the exporter's retry
+        held.ingest(decode_request(export_request(record([SCENARIOS["pass"][0]])[0]), held.pipeline.matcher))
+        assert held.journaled(trace_id)
+        held.held.set()
+        deadline = time.monotonic() + 10
+        while held.journaled(trace_id):  # stored: now it goes
+            assert time.monotonic() < deadline, "the retry stays journaled after its run is stored"
+            time.sleep(0.05)
+    finally:
+        held.close()
+
+
+def test_without_a_late_window_a_trace_with_orphans_is_finalized_whole_and_let_go(tmp_path):
+    """late_window: 0 and spans still waiting for a parent at finalization: nothing would ever
+    finalize them, so the trace was never settled and its journal segment stayed needed for good."""
+    import dataclasses
+
+    from collector.classify import span_facts
+    from collector.decode import Decoded
+    held = _HeldStore(tmp_path, late_window=0)
+    held.pipeline.journal.max_bytes = 1  # full while any span is still needed
+    spans, _ = record([SCENARIOS["pass"][0]])
+    try:
+        decoded = decode_request(export_request(spans), held.pipeline.matcher)
+        workflow = next(s for s in decoded.spans if s.name.startswith("workflow"))
+        workflow.parent_id = b"\x66" * 8  # a caller's span around the run, not exported
+        beside = dataclasses.replace(workflow, span_id=b"\x67" * 8, name="message.send",  # waits for it
+                                     facts=span_facts(held.pipeline.matcher, "message.send", {}))
+        held.ingest(Decoded(spans=decoded.spans + [beside]))
+        held.held.set()
+        assert held.sweep() == 1
+        deadline = time.monotonic() + 10
+        while held.pipeline.journal.full():
+            assert time.monotonic() < deadline, "the trace's spans are still needed after its run was stored"
+            time.sleep(0.05)
+    finally:
+        held.close()

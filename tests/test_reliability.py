@@ -798,6 +798,19 @@ def test_a_late_span_stays_journaled_until_its_own_revision_is_stored(tmp_path):
         pipeline.close()
 
 
+def _fsync_fails_once(monkeypatch: pytest.MonkeyPatch, error: OSError) -> None:
+    """The disk refuses the next fsync (the journal's group commit), then recovers."""
+    fsync, failing = os.fsync, [True]
+
+    def flaky(fd: int) -> None:
+        if failing[0]:
+            failing[0] = False
+            raise error
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", flaky)
+
+
 def test_an_exporters_retry_after_a_failed_journal_write_is_journaled(tmp_path, monkeypatch):
     """The write failed (the client was told so) but the spans were taken: the retry found them all
     duplicates, accepted none, journaled nothing, and was answered 200 with nothing more on disk."""
@@ -805,13 +818,6 @@ def test_an_exporters_retry_after_a_failed_journal_write_is_journaled(tmp_path, 
                           assembly={"quiet_period": 3600})
     pipeline = Pipeline(cfg, open_store(tmp_path / "runs.db"), None, None)
     spans, _ = record([SCENARIOS["pass"][0]])
-    fsync, failing = os.fsync, [True]
-
-    def flaky_fsync(fd: int) -> None:
-        if failing[0]:
-            failing[0] = False
-            raise OSError(5, "Input/output error")
-        fsync(fd)
 
     async def export() -> IngestResult:
         result = pipeline.ingest_decoded(decode_request(export_request(spans), pipeline.matcher), "grpc")
@@ -819,7 +825,7 @@ def test_an_exporters_retry_after_a_failed_journal_write_is_journaled(tmp_path, 
             await result.durable
         return result
 
-    monkeypatch.setattr(os, "fsync", flaky_fsync)
+    _fsync_fails_once(monkeypatch, OSError(5, "Input/output error"))
     try:
         with pytest.raises(JournalError, match="Input/output error"):
             asyncio.run(export())
@@ -891,15 +897,7 @@ def test_a_retry_after_a_failed_write_of_a_trace_finalized_meanwhile_stays_journ
     finalized from memory whose run is not yet stored. It was written but not waited for."""
     held = _HeldStore(tmp_path, late_window=300)
     spans, (trace_id,) = record([SCENARIOS["pass"][0]])
-    fsync, failing = os.fsync, [True]
-
-    def flaky_fsync(fd: int) -> None:
-        if failing[0]:
-            failing[0] = False
-            raise OSError(28, "No space left on device")
-        fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", flaky_fsync)
+    _fsync_fails_once(monkeypatch, OSError(28, "No space left on device"))
     try:
         with pytest.raises(JournalError):
             held.ingest(decode_request(export_request(spans), held.pipeline.matcher))

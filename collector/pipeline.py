@@ -334,9 +334,9 @@ class Pipeline:
         with self._unstored_lock:  # against _done letting the trace go meanwhile
             waiting = [tid for tid in idle if tid.hex() in self._unstored]
             durable = self.journal.append(decoded.spans, decoded.journal_line, idle.difference(waiting))
+            mark = self.journal.mark()
             for tid in waiting:
-                entry = self._unstored[tid.hex()]
-                entry.mark = self.journal.mark()
+                self._unstored[tid.hex()].mark = mark
         return durable
 
     def _settle(self, finalized: list[Finalized]) -> None:

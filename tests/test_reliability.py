@@ -751,51 +751,35 @@ def test_a_late_span_stays_journaled_until_its_own_revision_is_stored(tmp_path):
     """Revision 1 of a trace stored after a late span re-opened it: the journal let go of the whole
     trace, the late span's segment too, so a kill -9 before revision 2 was stored lost an
     acknowledged span (review)."""
-    now = [0.0]
-    cfg = CollectorConfig(store={"url": str(tmp_path / "runs.db")},
-                          journal={"path": str(tmp_path / "j"), "segment_bytes": 1},  # a segment per request
-                          assembly={"quiet_period": 1.0, "late_window": 300})
-    pipeline = Pipeline(cfg, open_store(tmp_path / "runs.db"), None, None)
-    pipeline.assembler.clock = lambda: now[0]
+    held = _HeldStore(tmp_path, late_window=300)  # revision 1's write is slow
     spans, (trace_id,) = record([SCENARIOS["pass"][0]])
     late = next(s for s in spans if s.name.startswith("chat"))
     late_id = format(late.context.span_id, "016x")
     other, _ = record([SCENARIOS["pass"][0]])
-    store = pipeline.writer.store
-    held, save_many = threading.Event(), store.save_many
-    store.save_many = lambda runs: (held.wait(10), save_many(runs))[1]  # revision 1's write is slow
 
     def ingest(batch: list) -> None:
-        async def go() -> None:
-            await pipeline.ingest_decoded(decode_request(export_request(batch), pipeline.matcher), "grpc").durable
-        asyncio.run(go())
-
-    def journaled() -> str:
-        return "".join(p.read_text() for p in (tmp_path / "j").glob("*.jsonl"))
+        held.ingest(decode_request(export_request(batch), held.pipeline.matcher))
 
     def stored(revision: int) -> None:
         deadline = time.monotonic() + 10
-        while (store.get_run(run_id(trace_id)) or {}).get("revision") != revision:
+        while (held.store.get_run(run_id(trace_id)) or {}).get("revision") != revision:
             assert time.monotonic() < deadline
             time.sleep(0.01)
         time.sleep(0.2)  # and the journal told
 
     try:
         ingest([s for s in spans if s is not late])
-        now[0] += 2.0
-        assert pipeline.sweep() == 1  # revision 1, on its way to the store
+        assert held.sweep() == 1  # revision 1, on its way to the store
         ingest([late])  # acknowledged: it re-opens the trace
-        held.set()
+        held.held.set()
         stored(1)
         ingest(other)  # the late span's segment is no longer the one written
-        assert late_id in journaled()
-        now[0] += 2.0
-        assert pipeline.sweep() == 2
+        assert held.journaled(late_id)
+        assert held.sweep() == 2
         stored(2)
-        assert late_id not in journaled()  # its own revision stored: now it may go
+        assert not held.journaled(late_id)  # its own revision stored: now it may go
     finally:
-        held.set()
-        pipeline.close()
+        held.close()
 
 
 def _fsync_fails_once(monkeypatch: pytest.MonkeyPatch, error: OSError) -> None:

@@ -248,7 +248,8 @@ class Metrics:
                                              description="Spans rejected as unusable (partial_success), by reason")
         self.requests_rejected = meter.create_counter(
             "collector.requests.rejected",
-            description="Requests refused whole, by reason: not OTLP, not authenticated, body not received in time")
+            description="Requests refused whole, by reason: not OTLP, not authenticated, body not received in time, "
+                        "body over the size limit (HTTP)")
         self.duplicates = meter.create_counter("collector.spans.duplicate", description="Spans already seen")
         self.ignored = meter.create_counter("collector.traces.ignored",
                                             description="Finalized traces without executor, agent or chat spans")

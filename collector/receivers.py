@@ -257,12 +257,12 @@ class HttpTraceReceiver:
         if ctype not in (PROTOBUF, JSON):
             return self._invalid(415, f"unsupported Content-Type {ctype!r}; use {PROTOBUF} or {JSON}", ctype, JSON)
         if (request.content_length or 0) > self.max_body_bytes:
-            return self._closing(self._error(413, f"Content-Length {request.content_length} is over the "
-                                                  f"{self.max_body_bytes}-byte limit", ctype))
+            return self._too_large(f"Content-Length {request.content_length} is over the "
+                                   f"{self.max_body_bytes}-byte limit", ctype)
         try:
             body = await self._body(request)
         except _TooLarge as exc:
-            return self._closing(self._error(413, str(exc), ctype))
+            return self._too_large(str(exc), ctype)
         except _BadRequest as exc:
             return self._invalid(400, str(exc), ctype)
         except ConnectionError:  # the client went away mid-body: nobody to answer
@@ -319,6 +319,14 @@ class HttpTraceReceiver:
         log.warning("request_invalid", transport="http", content_type=clip(ctype, 100), status=status,
                     error=clip(message, 300))
         return self._error(status, message, answer_as or ctype)
+
+    def _too_large(self, message: str, ctype: str) -> web.Response:
+        """413 for a body over ``max_body_bytes``: the sender's exporter drops that batch, so it is
+        counted and logged; the connection is closed (the body was not, or not wholly, read)."""
+        if self.pipeline.metrics:
+            self.pipeline.metrics.requests_rejected.add(1, {"transport": "http", "reason": "too_large"})
+        log.warning("request_too_large", transport="http", error=clip(message, 300))
+        return self._closing(self._error(413, message, ctype))
 
     def _error(self, status: int, message: str, ctype: str) -> web.Response:
         return self._message(status, status_pb2.Status(code=_RPC_CODES.get(status, code_pb2.UNKNOWN),

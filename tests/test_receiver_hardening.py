@@ -294,6 +294,26 @@ def test_content_length_over_the_limit_is_refused_before_the_body(collector):
     assert post(collector.http, valid_request()[0])[0] == 200
 
 
+def test_every_request_over_the_size_limit_is_counted_and_logged(tmp_path):
+    """A 413 means the sender's exporter dropped that batch: ops see it in the rejected-requests series
+    and a request_too_large line, whichever way the size was found (header, body, after gunzip)."""
+    proc = CollectorProcess(tmp_path)
+    try:
+        sock = half_sent(proc, f"Content-Type: {PROTOBUF}\r\nContent-Length: 104857600\r\n\r\n".encode())
+        with sock:
+            assert response_status(sock) == 413
+        member = gzip.compress(b"\x00" * (3 * 1024 * 1024))
+        assert post(proc.http, member + member, headers={"Content-Encoding": "gzip"})[0] == 413
+        assert post(proc.http, valid_request()[0])[0] == 200
+        series = ("collector_requests_rejected_total", (("reason", "too_large"), ("transport", "http")))
+        assert proc.metrics()[series] == 2
+        logged = [e for e in proc.log_events() if e.get("event") == "request_too_large"]
+        assert [e["transport"] for e in logged] == ["http", "http"]
+        assert "104857600" in logged[0]["error"] and "limit" in logged[1]["error"]
+    finally:
+        proc.stop()
+
+
 # --- requests aiohttp cannot parse ---------------------------------------------------------------
 
 def test_a_request_aiohttp_cannot_parse_is_one_json_line_and_counted(tmp_path):

@@ -18,7 +18,7 @@ from aiohttp import web
 from collector.assembler import Failure
 from collector.model import NO_TRUTH_FIXES, Status
 from collector.security import BearerAuth
-from collector.store import UNREADABLE, RunStore, StoreError
+from collector.store import RETRY_READ_AFTER, UNREADABLE, RunStore, StoreError
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -61,7 +61,8 @@ class RunPage:
             return await asyncio.to_thread(read, *args)
         except StoreError as exc:
             log.warning("store_read_failed", transport="http", error=str(exc))
-            raise web.HTTPServiceUnavailable(text=UNREADABLE + "\n") from None
+            raise web.HTTPServiceUnavailable(text=UNREADABLE + "\n",
+                                             headers={"Retry-After": str(RETRY_READ_AFTER)}) from None
 
     def _denied(self, request: web.Request) -> web.Response | None:
         if self.auth.allows(request.headers.get("Authorization")):

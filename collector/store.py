@@ -169,6 +169,8 @@ class StoreError(Exception):
 #: What an API client or run page reader is told when a store read fails: the error itself names
 #: the store (path, database URL) and goes to the collector's log only.
 UNREADABLE = "the run store cannot be read right now (the collector's log says why); retry later"
+#: Seconds a reader is told to wait before it retries an unreadable store (the run page's Retry-After).
+RETRY_READ_AFTER = 5
 
 
 @dataclass(frozen=True, slots=True)

@@ -205,6 +205,7 @@ def test_a_database_outage_makes_reads_retryable_without_telling_clients_where_t
                 urllib.request.urlopen(f"{proc.http}/runs/{run_id(trace_id)}", timeout=15)
             body = page.value.read().decode()
             assert page.value.code == 503 and "retry later" in body and not any(h in body for h in hidden)
+            assert int(page.value.headers["Retry-After"]) > 0  # a browser or a script knows when
         finally:
             postgres.start()
         failed = [e for e in proc.log_events() if e.get("event") == "store_read_failed"]

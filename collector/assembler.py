@@ -106,6 +106,9 @@ class Assembler:
         #: Traces finalized with nothing left waiting since the last look (the pipeline drains them:
         #: once their runs are stored, the journal may let their spans go).
         self.settled: list[bytes] = []
+        #: Traces cut short by a forced sweep (shutdown) since the last look: the journal keeps their
+        #: spans, so the spans that reach the next collector (a rolling restart) complete their runs.
+        self.cut: list[bytes] = []
 
     @property
     def traces_in_flight(self) -> int:
@@ -216,9 +219,12 @@ class Assembler:
             quiet = now - trace.last_seen >= cfg.quiet_period
             complete = quiet and trace.state.root_span_id is not None
             timed_out = trace.root_arrived is None and now - trace.first_seen >= cfg.max_trace_wait
+            cut = force and not complete
             try:
-                out.extend(self._finalize(tid, now, cut=_SHUTDOWN if force and not complete else None,
+                out.extend(self._finalize(tid, now, cut=_SHUTDOWN if cut else None,
                                           everything=force or complete or timed_out))
+                if cut:
+                    self.cut.append(tid)
             except Exception as exc:  # noqa: BLE001 - one trace that cannot be finalized costs no other
                 self._drop(tid, trace)
                 self.failures.append(Failure(tid.hex(), "finalize", f"{type(exc).__name__}: {exc}"[:200]))

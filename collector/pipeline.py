@@ -293,8 +293,9 @@ class Pipeline:
             if self.metrics is not None:
                 self.metrics.ignored.add(self.assembler.ignored)
             self.assembler.ignored = 0
+        cut, self.assembler.cut = set(self.assembler.cut), []
         if self.journal is not None:
-            self._settle(finalized)
+            self._settle(finalized, cut)
         published: list[tuple[StoredRun, float | None]] = []
         try:
             for item in finalized:
@@ -339,11 +340,12 @@ class Pipeline:
                 self._unstored[tid.hex()].mark = mark
         return durable
 
-    def _settle(self, finalized: list[Finalized]) -> None:
+    def _settle(self, finalized: list[Finalized], kept: set[bytes]) -> None:
         """A trace's spans are let go once it is settled (nothing of it waits for a parent) and every
         run published from it is stored, up to the journal's mark when it was last settled: spans
-        appended later belong to a revision not yet stored."""
-        settled = {tid.hex(): tid for tid in self.assembler.settled}
+        appended later belong to a revision not yet stored. ``kept``: traces cut short at shutdown,
+        journaled until the rest of them, sent to the next collector, completes their runs."""
+        settled = {tid.hex(): tid for tid in self.assembler.settled if tid not in kept}
         self.assembler.settled.clear()
         self._replayed.difference_update(settled)  # replayed traces that made no run are done too
         mark = self.journal.mark()
@@ -420,7 +422,8 @@ class Pipeline:
 
     def close(self) -> None:
         """Finalize every in-flight trace (flagged incomplete where it was), flush the store, and
-        close the journal (empty now, unless a write failed: then it replays on the next start)."""
+        close the journal. It keeps the spans of the traces cut short (and of any whose write
+        failed): they replay on the next start, so the rest of a trace, sent there, completes its run."""
         self.sweep(force=True)
         self.writer.close()
         if self.journal is not None:

@@ -16,7 +16,7 @@ from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
 from collector.store import open_store
 from conftest import AGENTEVAL, JSON, CollectorProcess, post
-from mafshape import SCENARIOS, export_request, record, run_id, to_otlp_json
+from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, run_id, to_otlp_json
 
 
 def good_and(mutate, scenario: str = "pass") -> tuple[dict, str, str]:
@@ -183,6 +183,39 @@ def test_a_direct_agent_run_cut_by_a_restart_gets_its_complete_verdict_under_the
         assert cut["incomplete"] and cut["run_id"] == trace_id
         doc = _wait_complete(second, trace_id)
         assert doc["status"] == "PASS" and doc["revision"] > cut["revision"]  # revisions keep increasing
+    finally:
+        second.stop()
+
+
+def test_a_workflow_running_across_a_restart_is_reconciled_whole(tmp_path):
+    """A rolling restart (SIGTERM) while a workflow runs: the spans of its first agent reached the old
+    collector, the rest (and the workflow-run span) the new one; no exporter re-sends acknowledged
+    spans. The run is reconciled over both halves: the first agent's divergence is not dropped
+    (the cut run's row superseded by a PASS over the second agent alone)."""
+    spans, (trace_id,) = record([Scenario({
+        "researcher": [Invocation([ok(300, 120, "tool_calls"), ok(310, 230)], reported=(310, 230, "stop"))],
+        "writer": [Invocation([ok(420, 180)])]}, name="rolling")])
+    researcher = {s.context.span_id for s in spans if "researcher" in s.name}
+    researcher |= {s.context.span_id for s in spans if s.parent and s.parent.span_id in researcher}
+    first = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 60}})
+    post(first.http, export_request([s for s in spans if s.context.span_id in researcher]).SerializeToString())
+    time.sleep(0.3)
+    assert first.stop() == 0
+    cut = open_store(first.store_url)
+    (stored,) = cut.list_runs(limit=10, with_docs=True)  # what the old collector had: shown meanwhile
+    cut.close()
+    assert stored["incomplete"] and [e["executor_id"] for e in stored["executors"]] == ["researcher"]
+    second = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 60}})
+    try:
+        post(second.http, export_request([s for s in spans if s.context.span_id not in researcher]).SerializeToString())
+        doc = _wait_complete(second, run_id(trace_id))
+        assert {e["executor_id"]: e["verdict"] for e in doc["executors"]} == {
+            "researcher": "TokenMismatch", "writer": "Agree"}
+        assert doc["status"] == "FAIL" and doc["score"] == 0.75
+        researcher_unit = next(e for e in doc["executors"] if e["executor_id"] == "researcher")
+        assert researcher_unit["evidence"]["truth_tokens"] == 300 + 120 + 310 + 230
+        runs = [r["run_id"] for r in second.store().list_runs(limit=50) if r["trace_id"] == trace_id]
+        assert runs == [run_id(trace_id)]
     finally:
         second.stop()
 

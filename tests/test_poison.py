@@ -220,6 +220,35 @@ def test_a_workflow_running_across_a_restart_is_reconciled_whole(tmp_path):
         second.stop()
 
 
+def test_a_cut_trace_whose_rest_never_comes_is_kept_once_and_then_let_go(tmp_path):
+    """The spans SIGTERM kept replay once: the trace is finalized again at the next start (no second
+    row, no second run_verdict line for the same revision), then the journal lets them go."""
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    overrides = {"assembly": {"max_trace_wait": 1}}
+    first = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 60}})
+    post(first.http, export_request([s for s in spans if s.parent is not None]).SerializeToString())
+    time.sleep(0.3)
+    assert first.stop() == 0
+    def segments() -> list:
+        return [p for p in (tmp_path / "runs.db.journal").iterdir() if p.name != "LOCK"]
+
+    assert segments()  # the cut trace's spans
+    second = CollectorProcess(tmp_path, overrides=overrides)
+    try:
+        replayed = [e for e in second.log_events() if e.get("event") == "journal_replayed"]
+        assert replayed and replayed[0]["spans"] == len(spans) - 1
+        deadline = time.monotonic() + 15
+        while second.metrics()[("collector_traces_in_flight", ())] and time.monotonic() < deadline:
+            time.sleep(0.1)  # until max_trace_wait (1 s) finalizes it again: found stored, not published
+        rows = [r for r in second.store().list_runs(limit=50, with_docs=True) if r["trace_id"] == trace_id]
+        assert [(r["run_id"], r["incomplete"], r["revision"]) for r in rows] == [(trace_id, True, 1)]
+        assert {e["executor_id"]: e["verdict"] for e in rows[0]["executors"]} == {"researcher": "Agree", "writer": "Agree"}
+        assert not any(e.get("event") == "run_verdict" for e in second.log_events())
+    finally:
+        assert second.stop() == 0
+    assert not segments()  # let go: nothing replays at the start after
+
+
 def test_deleting_the_store_file_while_running_is_reported_and_later_runs_are_kept(tmp_path):
     proc = CollectorProcess(tmp_path)
     try:

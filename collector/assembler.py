@@ -106,8 +106,9 @@ class Assembler:
         #: Traces finalized with nothing left waiting since the last look (the pipeline drains them:
         #: once their runs are stored, the journal may let their spans go).
         self.settled: list[bytes] = []
-        #: Traces cut short by a forced sweep (shutdown) since the last look: the journal keeps their
-        #: spans, so the spans that reach the next collector (a rolling restart) complete their runs.
+        #: Traces cut short by a forced sweep (shutdown) at their first finalization since the last
+        #: look: the journal keeps their spans, so the spans that reach the next collector (a rolling
+        #: restart) complete their runs. One re-opened by late spans is not: its earlier spans are gone.
         self.cut: list[bytes] = []
 
     @property
@@ -223,7 +224,7 @@ class Assembler:
             try:
                 out.extend(self._finalize(tid, now, cut=_SHUTDOWN if cut else None,
                                           everything=force or complete or timed_out))
-                if cut:
+                if cut and trace.revision == 1:
                     self.cut.append(tid)
             except Exception as exc:  # noqa: BLE001 - one trace that cannot be finalized costs no other
                 self._drop(tid, trace)
@@ -258,6 +259,12 @@ class Assembler:
         if not trace.state.waiting:
             self.settled.append(tid)
         return [Finalized(run, revision, trace.root_arrived if revision == 1 else None) for run, revision in runs]
+
+    def revise(self, tid: bytes, run_id: str, revision: int) -> None:
+        """See :meth:`TraceState.revise`."""
+        trace = self._open.get(tid) or self._late.get(tid)
+        if trace is not None:
+            trace.state.revise(run_id, revision)
 
     def _to_late(self, tid: bytes, trace: _Trace) -> None:
         self._late[tid] = trace

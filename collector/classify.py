@@ -420,6 +420,17 @@ class TraceState:
                 out.append((built, run.revision))
         return out
 
+    def _run_id(self, run: _Run) -> str:
+        trace_id = self.trace_id.hex()
+        return f"{trace_id}-{run.span_id}" if run.span_id else trace_id
+
+    def revise(self, run_id: str, revision: int) -> None:
+        """The store holds ``run_id`` at ``revision`` (a replayed trace, whose count began again at
+        1): its next revision numbers on from there, or the store would refuse it as stale."""
+        for run in self._runs.values():
+            if self._run_id(run) == run_id:
+                run.revision = max(run.revision, revision)
+
     def _run_input(self, run: _Run, cut: str | None, partial: bool) -> RunInput:
         names = self._names
         records = []
@@ -455,7 +466,7 @@ class TraceState:
             unattributed_chat_spans=run.unattributed,
             non_agent_executors=non_agent,
             workflow_errors=tuple(run.errors),
-            run_id=f"{trace_id}-{run.span_id}" if run.span_id else trace_id,
+            run_id=self._run_id(run),
             notes=(f"Trace incomplete: {cut}; spans that had not arrived are not in this verdict.",) if cut else (),
         )
 

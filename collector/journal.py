@@ -9,6 +9,9 @@ answers, and replayed on start, so a kill -9 loses no acknowledged span.
   has been finalized and its runs stored (the one being written, once it is full). ``max_bytes``
   bounds the spans still needed: past it the pipeline refuses new spans with a retryable status
   until traces complete.
+- A clean close leaves the segments of the traces still needed (cut short at shutdown, or a
+  failed write) and a manifest naming those traces (:data:`KEPT`): the next start replays only
+  them from those segments, not the records there of traces already done.
 - One collector per journal directory (an exclusive lock); replicas on one machine need their own.
 """
 
@@ -30,6 +33,10 @@ from collector.profiles import Matcher
 from collector.serialize import from_json, to_json
 
 log = structlog.get_logger("agenteval.collector")
+
+
+#: The manifest a clean close leaves: ``{"upto": last segment, "traces": [hex trace ids]}``.
+KEPT = "KEPT.json"
 
 
 class JournalError(Exception):
@@ -84,6 +91,8 @@ class Journal:
         self._trace_segments: dict[bytes, dict[int, int]] = {}
         existing = self._segments()
         self._number = (existing[-1] + 1) if existing else 0
+        #: From the last clean close: segments up to ``upto`` hold records only these traces need.
+        self._kept_upto, self._kept = self._read_kept()
         self._file: IO[bytes] = self._start_segment(self._number)
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
@@ -108,6 +117,32 @@ class Journal:
         self._sizes[number] = 0
         return handle
 
+    def _read_kept(self) -> tuple[int | None, set[bytes]]:
+        try:
+            manifest = from_json((self.directory / KEPT).read_bytes())
+            return int(manifest["upto"]), {bytes.fromhex(t) for t in manifest["traces"]}
+        except FileNotFoundError:
+            return None, set()
+        except (ValueError, TypeError, KeyError) as exc:  # unreadable: every record replays, as after a crash
+            log.warning("journal_manifest_skipped", reason=str(exc)[:200])
+            return None, set()
+
+    def _write_kept(self) -> None:
+        """Name the traces still needed, for the segments left (the mutex is held); none: no manifest."""
+        path = self.directory / KEPT
+        if not self._trace_segments:
+            path.unlink(missing_ok=True)
+            return
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as fh:
+            # the last segment left: the next start writes to higher numbers, never under the manifest
+            upto = max(self._segments(), default=self._number)
+            fh.write(to_json({"upto": upto, "traces": sorted(t.hex() for t in self._trace_segments)}))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.directory)
+
     @property
     def size(self) -> int:
         return sum(self._sizes.values())
@@ -124,14 +159,17 @@ class Journal:
 
     # --- replay ---------------------------------------------------------------------------------
     def replay(self, matcher: Matcher) -> Iterator[list[SpanRecord]]:
-        """The span records of every earlier segment, oldest first; they stay journaled (and counted)
-        until their traces are done again. A torn last line (a crash mid-write) is skipped."""
+        """The span records of every earlier segment, oldest first (of segments a clean close left,
+        only those of the traces it named); they stay journaled (and counted) until their traces are
+        done again. A torn last line (a crash mid-write) is skipped."""
+        kept_upto, kept = self._kept_upto, self._kept
         for number in self._segments():
             if number == self._number:
                 continue
             path = self._path(number)
             self._open.setdefault(number, set())
             self._sizes[number] = path.stat().st_size
+            named = kept_upto is not None and number <= kept_upto
             with path.open("rb") as fh:
                 for line in fh:
                     try:
@@ -139,6 +177,10 @@ class Journal:
                     except (ValueError, TypeError):
                         log.warning("journal_record_skipped", segment=path.name, reason="torn or unreadable line")
                         continue
+                    if named:
+                        spans = [s for s in spans if s.trace_id in kept]
+                        if not spans:
+                            continue
                     self._track(number, {s.trace_id for s in spans}, 0)
                     yield spans
             self._collect(number)
@@ -242,7 +284,8 @@ class Journal:
                 self._collect(number)
 
     def _collect(self, number: int) -> None:
-        """Delete a finished segment whose traces are all done (the mutex is held or not needed)."""
+        """Delete a finished segment whose traces are all done (the mutex is held or not needed),
+        and the manifest once no segment it speaks for is left."""
         if number != self._number and not self._open.get(number):
             self._open.pop(number, None)
             self._sizes.pop(number, None)
@@ -250,6 +293,9 @@ class Journal:
                 self._path(number).unlink()
             except FileNotFoundError:
                 pass
+            if self._kept_upto is not None and not any(n <= self._kept_upto for n in self._segments()):
+                (self.directory / KEPT).unlink(missing_ok=True)
+                self._kept_upto, self._kept = None, set()
 
     def close(self) -> None:
         with self._wakeup:
@@ -261,6 +307,10 @@ class Journal:
             if not self._open.get(self._number):  # nothing of the current segment is still needed
                 self._path(self._number).unlink(missing_ok=True)
                 self._sizes.pop(self._number, None)
+            try:
+                self._write_kept()
+            except OSError as exc:  # without it the next start replays the segments whole, as after a crash
+                log.warning("journal_manifest_failed", error=str(exc))
         self._lock_file.close()
 
 

@@ -274,9 +274,19 @@ class Pipeline:
         except StoreError as exc:
             log.warning("replay_check_failed", error=str(exc), runs=len(run_ids))
             return finalized
-
-        return [item for item in finalized if item.run.trace_id not in replayed
-                or replaces(stored.get(item.run.run_id or ""), item.revision, item.run.incomplete)]
+        kept = []
+        for item in finalized:
+            held = stored.get(item.run.run_id or "") if item.run.trace_id in replayed else None
+            if held is None:
+                kept.append(item)
+                continue
+            if replaces(held, item.revision, item.run.incomplete):
+                # complete over incomplete: numbered past the stored one, as the store numbers it
+                item.revision = max(item.revision, held[0] + 1)
+                kept.append(item)
+            self.assembler.revise(bytes.fromhex(item.run.trace_id or ""), item.run.run_id or "",
+                                  max(item.revision, held[0]))
+        return kept
 
     def next_deadline(self) -> float:
         """Monotonic time the next :meth:`sweep` is due."""
@@ -287,13 +297,16 @@ class Pipeline:
         for failure in self.assembler.failures:
             self._failed(failure)
         self.assembler.failures.clear()
+        # Cut short at shutdown: kept journaled, unless already replayed once (a collector
+        # restarting faster than max_trace_wait would otherwise keep it, and its segments, for good).
+        cut = {tid for tid in self.assembler.cut if tid.hex() not in self._replayed}
+        self.assembler.cut.clear()
         if self._replayed:
             finalized = self._not_yet_stored(finalized)
         if self.assembler.ignored:
             if self.metrics is not None:
                 self.metrics.ignored.add(self.assembler.ignored)
             self.assembler.ignored = 0
-        cut, self.assembler.cut = set(self.assembler.cut), []
         if self.journal is not None:
             self._settle(finalized, cut)
         published: list[tuple[StoredRun, float | None]] = []

@@ -270,3 +270,40 @@ def test_a_segment_that_cannot_be_started_fails_that_request_only(tmp_path, monk
             journal.close()
 
     asyncio.run(scenario())
+
+
+def test_a_clean_close_names_what_it_kept_and_a_crash_after_it_loses_nothing_new(tmp_path):
+    """A clean close keeps the segment of a trace still needed (a) beside the records of one done (b)
+    and names a in its manifest: the next start replays a alone. What that start journals (c) is
+    past the manifest's segments: a kill -9 then replays it whole, a still filtered, b never."""
+    matcher = CollectorConfig().matcher()
+    a, b, c = (decode.decode_request(export_request(record([SCENARIOS["pass"][0]])[0]), matcher).spans
+               for _ in range(3))
+    traces = {name: spans[0].trace_id for name, spans in (("a", a), ("b", b), ("c", c))}
+
+    def replayed(journal: Journal) -> set[str]:
+        return {name for batch in journal.replay(matcher) for s in batch for name, t in traces.items()
+                if s.trace_id == t}
+
+    async def first() -> None:
+        journal = Journal(tmp_path, 1 << 20, 1 << 30)
+        await journal.append(a + b)  # one request, one line
+        journal.release([(traces["b"], journal.mark())])
+        journal.close()
+
+    async def second() -> None:
+        journal = Journal(tmp_path, 1 << 20, 1 << 30)
+        assert replayed(journal) == {"a"}
+        await journal.append(c)
+        journal._lock_file.close()  # killed: no close, no new manifest
+
+    asyncio.run(first())
+    assert (tmp_path / "KEPT.json").exists()
+    asyncio.run(second())
+    journal = Journal(tmp_path, 1 << 20, 1 << 30)
+    try:
+        assert replayed(journal) == {"a", "c"}
+        journal.release([(traces["a"], journal.mark()), (traces["c"], journal.mark())])
+    finally:
+        journal.close()
+    assert not list(tmp_path.glob("*.jsonl")) and not (tmp_path / "KEPT.json").exists()

@@ -195,8 +195,7 @@ def test_a_workflow_running_across_a_restart_is_reconciled_whole(tmp_path):
     spans, (trace_id,) = record([Scenario({
         "researcher": [Invocation([ok(300, 120, "tool_calls"), ok(310, 230)], reported=(310, 230, "stop"))],
         "writer": [Invocation([ok(420, 180)])]}, name="rolling")])
-    researcher = {s.context.span_id for s in spans if "researcher" in s.name}
-    researcher |= {s.context.span_id for s in spans if s.parent and s.parent.span_id in researcher}
+    researcher = _subtree(spans, "researcher")
     first = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 60}})
     post(first.http, export_request([s for s in spans if s.context.span_id in researcher]).SerializeToString())
     time.sleep(0.3)
@@ -229,10 +228,7 @@ def test_a_cut_trace_whose_rest_never_comes_is_kept_once_and_then_let_go(tmp_pat
     post(first.http, export_request([s for s in spans if s.parent is not None]).SerializeToString())
     time.sleep(0.3)
     assert first.stop() == 0
-    def segments() -> list:
-        return [p for p in (tmp_path / "runs.db.journal").iterdir() if p.name != "LOCK"]
-
-    assert segments()  # the cut trace's spans
+    assert _journal_segments(tmp_path)  # the cut trace's spans
     second = CollectorProcess(tmp_path, overrides=overrides)
     try:
         replayed = [e for e in second.log_events() if e.get("event") == "journal_replayed"]
@@ -246,7 +242,91 @@ def test_a_cut_trace_whose_rest_never_comes_is_kept_once_and_then_let_go(tmp_pat
         assert not any(e.get("event") == "run_verdict" for e in second.log_events())
     finally:
         assert second.stop() == 0
-    assert not segments()  # let go: nothing replays at the start after
+    assert not _journal_segments(tmp_path)  # let go: nothing replays at the start after
+
+
+def _subtree(spans, agent: str) -> set[int]:
+    """Span ids of an agent's executor, agent and ledger spans and its chat calls."""
+    ids = {s.context.span_id for s in spans if agent in s.name}
+    return ids | {s.context.span_id for s in spans if s.parent and s.parent.span_id in ids}
+
+
+def _journal_segments(tmp_path) -> list:
+    return [p for p in (tmp_path / "runs.db.journal").iterdir() if p.suffix == ".jsonl"]
+
+
+def test_a_replayed_cut_run_numbers_on_from_the_stored_revision(tmp_path):
+    """Cut at SIGTERM after its workflow-run span arrived (stored revision 1, incomplete); replayed
+    and completed by the next collector (the store makes it revision 2); then a late chat call that
+    turns the writer into a TokenMismatch. Numbered 2 again, the store would refuse it as stale and
+    keep the PASS; it must be revision 3, FAIL."""
+    spans, (trace_id,) = record([SCENARIOS["fail_under_report"][0]])
+    writer_chats = [s for s in spans if s.name.startswith("chat") and s.parent.span_id in _subtree(spans, "writer")]
+    held = next(s for s in writer_chats if s.attributes["gen_ai.response.finish_reasons"] == '["tool_calls"]')
+    first = CollectorProcess(tmp_path, overrides={"assembly": {"quiet_period": 30, "max_trace_wait": 60}})
+    post(first.http, export_request([s for s in spans if s is not held]).SerializeToString())
+    time.sleep(0.3)
+    assert first.stop() == 0
+    second = CollectorProcess(tmp_path)
+    try:
+        doc = _wait_complete(second, run_id(trace_id))
+        assert doc["status"] == "PASS" and doc["revision"] == 2  # the late chat call not yet seen
+        post(second.http, export_request([held]).SerializeToString())
+        doc = second.run(trace_id, revision=3)
+        assert doc["status"] == "FAIL" and not doc["incomplete"]
+        assert {e["executor_id"]: e["verdict"] for e in doc["executors"]} == {
+            "researcher": "Agree", "writer": "TokenMismatch"}
+        logged = [e["revision"] for e in second.log_events() if e.get("event") == "run_verdict"]
+        assert logged == [2, 3]  # what the log says is what the store holds
+    finally:
+        second.stop()
+
+
+def test_a_kept_segment_replays_only_the_cut_traces(tmp_path):
+    """SIGTERM keeps a segment for a trace it cut (K); the segment also holds the late spans of a
+    trace stored before (T), whose earlier records are gone. Replayed, they would make a run of
+    their own under T's trace id beside T's real run; the journal names what it kept."""
+    t_spans, (t_id,) = record([SCENARIOS["pass"][0]])
+    k_spans, (k_id,) = record([SCENARIOS["pass"][0]])
+    t_late = _subtree(t_spans, "writer")
+    first = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 60},
+                                                  "journal": {"segment_bytes": 1}})  # a segment a request
+    post(first.http, export_request([s for s in t_spans if s.context.span_id not in t_late]).SerializeToString())
+    first.run(t_id)
+    post(first.http, export_request([s for s in t_spans if s.context.span_id in t_late]
+                                    + [s for s in k_spans if s.parent is not None]).SerializeToString())
+    assert first.stop() == 0
+    assert _journal_segments(tmp_path)
+    second = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 60}})
+    try:
+        replayed = [e for e in second.log_events() if e.get("event") == "journal_replayed"]
+        assert replayed and replayed[0]["spans"] == len(k_spans) - 1  # K's, not T's
+        post(second.http, export_request([s for s in k_spans if s.parent is None]).SerializeToString())
+        assert _wait_complete(second, run_id(k_id))["status"] == "PASS"
+        rows = [r["run_id"] for r in second.store().list_runs(limit=50) if r["trace_id"] == t_id]
+        assert rows == [run_id(t_id)]
+        assert not [e for e in second.log_events() if e.get("event") == "run_verdict" and e["trace_id"] == t_id]
+    finally:
+        assert second.stop() == 0
+    assert not _journal_segments(tmp_path) and not (tmp_path / "runs.db.journal" / "KEPT.json").exists()
+
+
+def test_a_cut_trace_is_kept_across_one_restart_not_every_one(tmp_path):
+    """Restarted again before its workflow-run span came (a crash loop under SIGTERM), a kept trace
+    is not kept again: its segments would stay, and replay, for as long as the loop lasts."""
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    overrides = {"assembly": {"max_trace_wait": 60}}
+    first = CollectorProcess(tmp_path, overrides=overrides)
+    post(first.http, export_request([s for s in spans if s.parent is not None]).SerializeToString())
+    time.sleep(0.3)
+    assert first.stop() == 0
+    assert _journal_segments(tmp_path)
+    second = CollectorProcess(tmp_path, overrides=overrides)
+    assert [e["spans"] for e in second.log_events() if e.get("event") == "journal_replayed"] == [len(spans) - 1]
+    assert second.stop() == 0
+    assert not _journal_segments(tmp_path)
+    (row,) = [r for r in open_store(str(tmp_path / "runs.db")).list_runs(limit=50) if r["trace_id"] == trace_id]
+    assert row["incomplete"] and row["run_id"] == trace_id  # the cut verdict stays, flagged
 
 
 def test_deleting_the_store_file_while_running_is_reported_and_later_runs_are_kept(tmp_path):

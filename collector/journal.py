@@ -90,9 +90,12 @@ class Journal:
         #: trace id -> segment number -> the last request with spans of it there
         self._trace_segments: dict[bytes, dict[int, int]] = {}
         existing = self._segments()
-        self._number = (existing[-1] + 1) if existing else 0
         #: From the last clean close: segments up to ``upto`` hold records only these traces need.
         self._kept_upto, self._kept = self._read_kept()
+        # Numbered past the manifest too: what this start writes is never read through it.
+        self._number = max([*existing, -1 if self._kept_upto is None else self._kept_upto]) + 1
+        if self._kept_upto is not None and not any(n <= self._kept_upto for n in existing):
+            self._drop_kept()  # its segments are gone (let go after the close, or deleted by hand)
         self._file: IO[bytes] = self._start_segment(self._number)
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
@@ -126,6 +129,10 @@ class Journal:
         except (ValueError, TypeError, KeyError) as exc:  # unreadable: every record replays, as after a crash
             log.warning("journal_manifest_skipped", reason=str(exc)[:200])
             return None, set()
+
+    def _drop_kept(self) -> None:
+        (self.directory / KEPT).unlink(missing_ok=True)
+        self._kept_upto, self._kept = None, set()
 
     def _write_kept(self) -> None:
         """Name the traces still needed, for the segments left (the mutex is held); none: no manifest."""
@@ -294,8 +301,7 @@ class Journal:
             except FileNotFoundError:
                 pass
             if self._kept_upto is not None and not any(n <= self._kept_upto for n in self._segments()):
-                (self.directory / KEPT).unlink(missing_ok=True)
-                self._kept_upto, self._kept = None, set()
+                self._drop_kept()
 
     def close(self) -> None:
         with self._wakeup:
@@ -309,7 +315,7 @@ class Journal:
                 self._sizes.pop(self._number, None)
             try:
                 self._write_kept()
-            except OSError as exc:  # without it the next start replays the segments whole, as after a crash
+            except OSError as exc:  # an older manifest, if any, still names a superset of what is needed
                 log.warning("journal_manifest_failed", error=str(exc))
         self._lock_file.close()
 

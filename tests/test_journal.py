@@ -307,3 +307,34 @@ def test_a_clean_close_names_what_it_kept_and_a_crash_after_it_loses_nothing_new
     finally:
         journal.close()
     assert not list(tmp_path.glob("*.jsonl")) and not (tmp_path / "KEPT.json").exists()
+
+
+def test_a_manifest_whose_segments_are_gone_hides_nothing_written_later(tmp_path):
+    """The kept segment deleted by hand (or let go after the close, by a store write finishing late),
+    the manifest left: the next start drops it and numbers its segments past it, so a kill -9 after
+    that start still replays what it wrote."""
+    matcher = CollectorConfig().matcher()
+    a, c = (decode.decode_request(export_request(record([SCENARIOS["pass"][0]])[0]), matcher).spans
+            for _ in range(2))
+
+    async def first() -> None:
+        journal = Journal(tmp_path, 1 << 20, 1 << 30)
+        await journal.append(a)
+        journal.close()
+
+    async def second() -> None:
+        journal = Journal(tmp_path, 1 << 20, 1 << 30)
+        assert not list(journal.replay(matcher))
+        await journal.append(c)
+        journal._lock_file.close()  # killed
+
+    asyncio.run(first())
+    (segment,) = tmp_path.glob("*.jsonl")
+    segment.unlink()
+    assert (tmp_path / "KEPT.json").exists()
+    asyncio.run(second())
+    journal = Journal(tmp_path, 1 << 20, 1 << 30)
+    try:
+        assert [s.span_id for batch in journal.replay(matcher) for s in batch] == [s.span_id for s in c]
+    finally:
+        journal.close()

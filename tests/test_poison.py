@@ -282,6 +282,71 @@ def test_a_replayed_cut_run_numbers_on_from_the_stored_revision(tmp_path):
         second.stop()
 
 
+def test_a_replayed_run_published_unchecked_still_numbers_its_next_revision_on(tmp_path, monkeypatch):
+    """The store cannot be read when the replayed cut run completes: it is published unchecked, and
+    the store numbers it 2. The late chat call after it must then be revision 3, not a stale 2."""
+    import asyncio
+
+    from collector.config import CollectorConfig
+    from collector.decode import decode_request
+    from collector.pipeline import Pipeline
+    from collector.store import StoreError
+
+    spans, (trace_id,) = record([SCENARIOS["fail_under_report"][0]])
+    held = next(s for s in spans if s.name.startswith("chat") and s.attributes["gen_ai.response.finish_reasons"]
+                == '["tool_calls"]' and s.parent.span_id in _subtree(spans, "writer"))
+    cfg = CollectorConfig(store={"url": str(tmp_path / "runs.db")}, journal={"path": str(tmp_path / "j")},
+                          assembly={"quiet_period": 1.0, "max_trace_wait": 60.0})
+    now = [0.0]
+
+    def pipeline() -> Pipeline:
+        p = Pipeline(cfg, open_store(tmp_path / "runs.db"), None, None)
+        p.assembler.clock = lambda: now[0]
+        p.replay()
+        return p
+
+    def ingest(p: Pipeline, batch: list) -> None:
+        async def go() -> None:
+            result = p.ingest_decoded(decode_request(export_request(batch), p.matcher), "grpc")
+            await result.durable
+
+        asyncio.run(go())
+
+    def stored(p: Pipeline, revision: int) -> dict:
+        deadline = time.monotonic() + 10
+        while (doc := p.writer.store.get_run(run_id(trace_id))) is None or doc["revision"] < revision:
+            assert time.monotonic() < deadline, doc
+            time.sleep(0.05)
+        return doc
+
+    first = pipeline()
+    ingest(first, [s for s in spans if s is not held])
+    first.close()  # SIGTERM before the quiet period: cut, kept
+    second = pipeline()
+    real, asked = second.writer.store.revisions, []
+
+    def revisions(run_ids: list[str]) -> dict:
+        asked.append(run_ids)
+        if len(asked) == 1:  # the replay check: unreadable
+            raise StoreError("store unreadable")
+        return real(run_ids)
+
+    monkeypatch.setattr(second.writer.store, "revisions", revisions)
+    try:
+        now[0] += 2
+        second.sweep()
+        assert stored(second, 2)["status"] == "PASS" and asked  # published unchecked: the store numbered it 2
+        ingest(second, [held])
+        now[0] += 2
+        second.sweep()
+        doc = stored(second, 3)
+        assert doc["revision"] == 3 and doc["status"] == "FAIL"
+        assert {e["executor_id"]: e["verdict"] for e in doc["executors"]} == {
+            "researcher": "Agree", "writer": "TokenMismatch"}
+    finally:
+        second.close()
+
+
 def test_a_kept_segment_replays_only_the_cut_traces(tmp_path):
     """SIGTERM keeps a segment for a trace it cut (K); the segment also holds the late spans of a
     trace stored before (T), whose earlier records are gone. Replayed, they would make a run of

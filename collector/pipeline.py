@@ -180,9 +180,6 @@ class Pipeline:
         self._unstored_lock = threading.Lock()
         #: Traces replayed from the journal, not yet finalized (see :meth:`_not_yet_stored`).
         self._replayed: set[str] = set()
-        #: Replayed traces whose runs were published without the store's word (it could not be
-        #: read): a later revision of theirs is numbered past the stored one, not taken for stale.
-        self._unchecked: set[str] = set()
 
     def gauges(self) -> dict[str, int]:
         a = self.assembler
@@ -265,32 +262,26 @@ class Pipeline:
     def _not_yet_stored(self, finalized: list[Finalized]) -> list[Finalized]:
         """Of the runs of replayed traces, those the store would not take (it holds them already:
         a journal segment outlives stored traces while another trace in it is open) are not
-        published again; the store's own rule decides (:func:`collector.store.replaces`). Those it
-        takes are numbered past the stored revision, and so are their later ones. A store that
-        cannot answer costs nothing but the check: the trace's next revision is checked instead."""
-        traces: set[str] = {trace_id for item in finalized if (trace_id := item.run.trace_id)}
-        replayed, unchecked = traces & self._replayed, traces & self._unchecked
-        checked = replayed | unchecked
-        if not checked:
+        published again; the store's own rule decides (:func:`collector.store.replaces`). A store that
+        cannot answer costs nothing but the check."""
+        replayed = {item.run.trace_id for item in finalized} & self._replayed
+        if not replayed:
             return finalized
         self._replayed -= replayed
-        run_ids = [item.run.run_id or "" for item in finalized if item.run.trace_id in checked]
+        run_ids = [item.run.run_id or "" for item in finalized if item.run.trace_id in replayed]
         try:
             stored = self.writer.store.revisions(run_ids)
         except StoreError as exc:
             log.warning("replay_check_failed", error=str(exc), runs=len(run_ids))
-            self._unchecked |= replayed
             return finalized
-        self._unchecked -= unchecked
         kept = []
         for item in finalized:
-            held = stored.get(item.run.run_id or "") if item.run.trace_id in checked else None
+            held = stored.get(item.run.run_id or "") if item.run.trace_id in replayed else None
             if held is None:
                 kept.append(item)
                 continue
-            if item.run.trace_id in unchecked or replaces(held, item.revision, item.run.incomplete):
-                # complete over incomplete, or new spans after an unchecked revision: numbered past
-                # the stored one, as the store numbers it
+            if replaces(held, item.revision, item.run.incomplete):
+                # complete over incomplete: numbered past the stored one, as the store numbers it
                 item.revision = max(item.revision, held[0] + 1)
                 kept.append(item)
             self.assembler.revise(bytes.fromhex(item.run.trace_id or ""), item.run.run_id or "",
@@ -310,7 +301,7 @@ class Pipeline:
         # restarting faster than max_trace_wait would otherwise keep it, and its segments, for good).
         cut = {tid for tid in self.assembler.cut if tid.hex() not in self._replayed}
         self.assembler.cut.clear()
-        if self._replayed or self._unchecked:
+        if self._replayed:
             finalized = self._not_yet_stored(finalized)
         if self.assembler.ignored:
             if self.metrics is not None:

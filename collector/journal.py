@@ -303,7 +303,8 @@ class Journal:
             if self._kept_upto is not None and not any(n <= self._kept_upto for n in self._segments()):
                 self._drop_kept()
 
-    def close(self) -> None:
+    def close(self) -> int:
+        """Stop; returns how many traces the journal keeps for the next start (named in :data:`KEPT`)."""
         with self._wakeup:
             self._closing = True
             self._wakeup.notify()
@@ -317,7 +318,9 @@ class Journal:
                 self._write_kept()
             except OSError as exc:  # an older manifest, if any, still names a superset of what is needed
                 log.warning("journal_manifest_failed", error=str(exc))
+            kept = len(self._trace_segments)
         self._lock_file.close()
+        return kept
 
 
 @dataclass(slots=True)

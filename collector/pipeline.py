@@ -433,11 +433,11 @@ class Pipeline:
                     self.metrics.latency.record(now - arrived)
 
 
-    def close(self) -> None:
+    def close(self) -> int:
         """Finalize every in-flight trace (flagged incomplete where it was), flush the store, and
         close the journal. It keeps the spans of the traces cut short (and of any whose write
-        failed): they replay on the next start, so the rest of a trace, sent there, completes its run."""
+        failed): they replay on the next start, so the rest of a trace, sent there, completes its run.
+        Returns how many traces it keeps."""
         self.sweep(force=True)
         self.writer.close()
-        if self.journal is not None:
-            self.journal.close()
+        return self.journal.close() if self.journal is not None else 0

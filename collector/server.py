@@ -178,8 +178,9 @@ class Collector:
             await asyncio.gather(self._sweeper, return_exceptions=True)
         if self.pipeline is not None:
             open_traces = self.pipeline.assembler.traces_in_flight
-            await asyncio.to_thread(self.pipeline.close)
-            log.info("collector_stopped", finalized_on_shutdown=open_traces)
+            kept = await asyncio.to_thread(self.pipeline.close)
+            # kept: traces whose spans the journal holds for the next start (cut short, or not stored)
+            log.info("collector_stopped", finalized_on_shutdown=open_traces, journal_traces=kept)
         logs.flush()
         if self.spans is not None:
             self.spans.shutdown()

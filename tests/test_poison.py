@@ -200,6 +200,8 @@ def test_a_workflow_running_across_a_restart_is_reconciled_whole(tmp_path):
     post(first.http, export_request([s for s in spans if s.context.span_id in researcher]).SerializeToString())
     time.sleep(0.3)
     assert first.stop() == 0
+    stopped = [e for e in first.log_events() if e.get("event") == "collector_stopped"]
+    assert [(e["finalized_on_shutdown"], e["journal_traces"]) for e in stopped] == [(1, 1)]
     cut = open_store(first.store_url)
     (stored,) = cut.list_runs(limit=10, with_docs=True)  # what the old collector had: shown meanwhile
     cut.close()

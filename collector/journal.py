@@ -94,8 +94,7 @@ class Journal:
         self._kept_upto, self._kept = self._read_kept()
         # Numbered past the manifest too: what this start writes is never read through it.
         self._number = max([*existing, -1 if self._kept_upto is None else self._kept_upto]) + 1
-        if self._kept_upto is not None and not any(n <= self._kept_upto for n in existing):
-            self._drop_kept()  # its segments are gone (let go after the close, or deleted by hand)
+        self._drop_kept_if_spent()  # its segments may be gone (let go after the close, or deleted by hand)
         self._file: IO[bytes] = self._start_segment(self._number)
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
@@ -130,9 +129,11 @@ class Journal:
             log.warning("journal_manifest_skipped", reason=str(exc)[:200])
             return None, set()
 
-    def _drop_kept(self) -> None:
-        (self.directory / KEPT).unlink(missing_ok=True)
-        self._kept_upto, self._kept = None, set()
+    def _drop_kept_if_spent(self) -> None:
+        """Delete the manifest once no segment it speaks for is left."""
+        if self._kept_upto is not None and not any(n <= self._kept_upto for n in self._segments()):
+            (self.directory / KEPT).unlink(missing_ok=True)
+            self._kept_upto, self._kept = None, set()
 
     def _write_kept(self) -> None:
         """Name the traces still needed, for the segments left (the mutex is held); none: no manifest."""
@@ -292,7 +293,7 @@ class Journal:
 
     def _collect(self, number: int) -> None:
         """Delete a finished segment whose traces are all done (the mutex is held or not needed),
-        and the manifest once no segment it speaks for is left."""
+        then the manifest if it spoke for no other."""
         if number != self._number and not self._open.get(number):
             self._open.pop(number, None)
             self._sizes.pop(number, None)
@@ -300,8 +301,7 @@ class Journal:
                 self._path(number).unlink()
             except FileNotFoundError:
                 pass
-            if self._kept_upto is not None and not any(n <= self._kept_upto for n in self._segments()):
-                self._drop_kept()
+            self._drop_kept_if_spent()
 
     def close(self) -> int:
         """Stop; returns how many traces the journal keeps for the next start (named in :data:`KEPT`)."""

@@ -17,6 +17,7 @@ from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
 from collector.store import open_store
 from conftest import AGENTEVAL, JSON, CollectorProcess, post
 from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, run_id, to_otlp_json
+from test_journal import segments
 
 
 def good_and(mutate, scenario: str = "pass") -> tuple[dict, str, str]:
@@ -187,6 +188,12 @@ def test_a_direct_agent_run_cut_by_a_restart_gets_its_complete_verdict_under_the
         second.stop()
 
 
+def _subtree(spans, agent: str) -> set[int]:
+    """Span ids of an agent's executor, agent and ledger spans and its chat calls."""
+    ids = {s.context.span_id for s in spans if agent in s.name}
+    return ids | {s.context.span_id for s in spans if s.parent and s.parent.span_id in ids}
+
+
 def test_a_workflow_running_across_a_restart_is_reconciled_whole(tmp_path):
     """A rolling restart (SIGTERM) while a workflow runs: the spans of its first agent reached the old
     collector, the rest (and the workflow-run span) the new one; no exporter re-sends acknowledged
@@ -230,7 +237,7 @@ def test_a_cut_trace_whose_rest_never_comes_is_kept_once_and_then_let_go(tmp_pat
     post(first.http, export_request([s for s in spans if s.parent is not None]).SerializeToString())
     time.sleep(0.3)
     assert first.stop() == 0
-    assert _journal_segments(tmp_path)  # the cut trace's spans
+    assert segments(first)  # the cut trace's spans
     second = CollectorProcess(tmp_path, overrides=overrides)
     try:
         replayed = [e for e in second.log_events() if e.get("event") == "journal_replayed"]
@@ -244,17 +251,7 @@ def test_a_cut_trace_whose_rest_never_comes_is_kept_once_and_then_let_go(tmp_pat
         assert not any(e.get("event") == "run_verdict" for e in second.log_events())
     finally:
         assert second.stop() == 0
-    assert not _journal_segments(tmp_path)  # let go: nothing replays at the start after
-
-
-def _subtree(spans, agent: str) -> set[int]:
-    """Span ids of an agent's executor, agent and ledger spans and its chat calls."""
-    ids = {s.context.span_id for s in spans if agent in s.name}
-    return ids | {s.context.span_id for s in spans if s.parent and s.parent.span_id in ids}
-
-
-def _journal_segments(tmp_path) -> list:
-    return [p for p in (tmp_path / "runs.db.journal").iterdir() if p.suffix == ".jsonl"]
+    assert not segments(second)  # let go: nothing replays at the start after
 
 
 def test_a_replayed_cut_run_numbers_on_from_the_stored_revision(tmp_path):
@@ -298,7 +295,7 @@ def test_a_kept_segment_replays_only_the_cut_traces(tmp_path):
     post(first.http, export_request([s for s in t_spans if s.context.span_id in t_late]
                                     + [s for s in k_spans if s.parent is not None]).SerializeToString())
     assert first.stop() == 0
-    assert _journal_segments(tmp_path)
+    assert segments(first)
     second = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 60}})
     try:
         replayed = [e for e in second.log_events() if e.get("event") == "journal_replayed"]
@@ -310,7 +307,7 @@ def test_a_kept_segment_replays_only_the_cut_traces(tmp_path):
         assert not [e for e in second.log_events() if e.get("event") == "run_verdict" and e["trace_id"] == t_id]
     finally:
         assert second.stop() == 0
-    assert not _journal_segments(tmp_path) and not (tmp_path / "runs.db.journal" / "KEPT.json").exists()
+    assert not segments(second) and not (tmp_path / "runs.db.journal" / "KEPT.json").exists()
 
 
 def test_a_cut_trace_is_kept_across_one_restart_not_every_one(tmp_path):
@@ -322,11 +319,11 @@ def test_a_cut_trace_is_kept_across_one_restart_not_every_one(tmp_path):
     post(first.http, export_request([s for s in spans if s.parent is not None]).SerializeToString())
     time.sleep(0.3)
     assert first.stop() == 0
-    assert _journal_segments(tmp_path)
+    assert segments(first)
     second = CollectorProcess(tmp_path, overrides=overrides)
     assert [e["spans"] for e in second.log_events() if e.get("event") == "journal_replayed"] == [len(spans) - 1]
     assert second.stop() == 0
-    assert not _journal_segments(tmp_path)
+    assert not segments(second)
     (row,) = [r for r in open_store(str(tmp_path / "runs.db")).list_runs(limit=50) if r["trace_id"] == trace_id]
     assert row["incomplete"] and row["run_id"] == trace_id  # the cut verdict stays, flagged
 

@@ -21,7 +21,7 @@ import asyncio
 import fcntl
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -35,7 +35,8 @@ from collector.serialize import from_json, to_json
 log = structlog.get_logger("agenteval.collector")
 
 
-#: The manifest a clean close leaves: ``{"upto": last segment, "traces": [hex trace ids]}``.
+#: The manifest a clean close leaves: ``{"upto": last segment, "traces": [hex trace ids],
+#: "first_cut": {hex trace id: Unix time}}`` (when a collector first cut each trace it keeps).
 KEPT = "KEPT.json"
 
 
@@ -90,8 +91,9 @@ class Journal:
         #: trace id -> segment number -> the last request with spans of it there
         self._trace_segments: dict[bytes, dict[int, int]] = {}
         existing = self._segments()
-        #: From the last clean close: segments up to ``upto`` hold records only these traces need.
-        self._kept_upto, self._kept = self._read_kept()
+        #: From the last clean close: segments up to ``upto`` hold records only the ``kept`` traces
+        #: need (each whole: a kept trace was never let go), ``first_cut``: when each was first cut.
+        self._kept_upto, self.kept, self.first_cut = self._read_kept()
         # Numbered past the manifest too: what this start writes is never read through it.
         self._number = max([*existing, -1 if self._kept_upto is None else self._kept_upto]) + 1
         self._drop_kept_if_spent()  # its segments may be gone (let go after the close, or deleted by hand)
@@ -119,23 +121,26 @@ class Journal:
         self._sizes[number] = 0
         return handle
 
-    def _read_kept(self) -> tuple[int | None, set[bytes]]:
+    def _read_kept(self) -> tuple[int | None, set[bytes], dict[bytes, float]]:
+        """The manifest's ``upto``, traces and first cuts (a manifest of the previous version names
+        none: its traces count as first cut by the collector that reads it)."""
         try:
             manifest = from_json((self.directory / KEPT).read_bytes())
-            return int(manifest["upto"]), {bytes.fromhex(t) for t in manifest["traces"]}
+            first_cut = {bytes.fromhex(t): float(at) for t, at in manifest.get("first_cut", {}).items()}
+            return int(manifest["upto"]), {bytes.fromhex(t) for t in manifest["traces"]}, first_cut
         except FileNotFoundError:
-            return None, set()
-        except (ValueError, TypeError, KeyError) as exc:  # unreadable: every record replays, as after a crash
+            return None, set(), {}
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # unreadable: all replays, as after a crash
             log.warning("journal_manifest_skipped", reason=str(exc)[:200])
-            return None, set()
+            return None, set(), {}
 
     def _drop_kept_if_spent(self) -> None:
         """Delete the manifest once no segment it speaks for is left."""
         if self._kept_upto is not None and not any(n <= self._kept_upto for n in self._segments()):
             (self.directory / KEPT).unlink(missing_ok=True)
-            self._kept_upto, self._kept = None, set()
+            self._kept_upto, self.kept, self.first_cut = None, set(), {}
 
-    def _write_kept(self) -> None:
+    def _write_kept(self, first_cut: Mapping[bytes, float]) -> None:
         """Name the traces still needed, for the segments left (the mutex is held); none: no manifest."""
         path = self.directory / KEPT
         if not self._trace_segments:
@@ -145,7 +150,9 @@ class Journal:
         with open(tmp, "wb") as fh:
             # the last segment left: the next start writes to higher numbers, never under the manifest
             upto = max(self._segments(), default=self._number)
-            fh.write(to_json({"upto": upto, "traces": sorted(t.hex() for t in self._trace_segments)}))
+            traces = sorted(self._trace_segments)
+            fh.write(to_json({"upto": upto, "traces": [t.hex() for t in traces],
+                              "first_cut": {t.hex(): first_cut[t] for t in traces if t in first_cut}}))
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -170,7 +177,7 @@ class Journal:
         """The span records of every earlier segment, oldest first (of segments a clean close left,
         only those of the traces it named); they stay journaled (and counted) until their traces are
         done again. A torn last line (a crash mid-write) is skipped."""
-        kept_upto, kept = self._kept_upto, self._kept
+        kept_upto, kept = self._kept_upto, self.kept
         for number in self._segments():
             if number == self._number:
                 continue
@@ -303,8 +310,9 @@ class Journal:
                 pass
             self._drop_kept_if_spent()
 
-    def close(self) -> int:
-        """Stop; returns how many traces the journal keeps for the next start (named in :data:`KEPT`)."""
+    def close(self, first_cut: Mapping[bytes, float] | None = None) -> int:
+        """Stop; returns how many traces the journal keeps for the next start (named in :data:`KEPT`,
+        with when each was first cut, of ``first_cut``: Unix times)."""
         with self._wakeup:
             self._closing = True
             self._wakeup.notify()
@@ -315,7 +323,7 @@ class Journal:
                 self._path(self._number).unlink(missing_ok=True)
                 self._sizes.pop(self._number, None)
             try:
-                self._write_kept()
+                self._write_kept(first_cut or {})
             except OSError as exc:  # an older manifest, if any, still names a superset of what is needed
                 log.warning("journal_manifest_failed", error=str(exc))
             kept = len(self._trace_segments)

@@ -180,6 +180,13 @@ class Pipeline:
         self._unstored_lock = threading.Lock()
         #: Traces replayed from the journal, not yet finalized (see :meth:`_not_yet_stored`).
         self._replayed: set[str] = set()
+        #: Replayed traces a clean close kept (cut short at shutdown), not yet finalized: whole in
+        #: the journal, so what arrives for them extends the run the store holds (see ``_extended``).
+        self._awaited: set[bytes] = set()
+        #: Of those, the ones spans arrived for since the replay (hex).
+        self._extended: set[str] = set()
+        #: Traces cut short at shutdown and kept, with when a collector first cut them (Unix time).
+        self._first_cut: dict[bytes, float] = {}
 
     def gauges(self) -> dict[str, int]:
         a = self.assembler
@@ -226,6 +233,8 @@ class Pipeline:
         offer = self.assembler.offer(decoded.spans)
         if offer.accepted:
             self.on_deadline(self.assembler.clock() + self.config.assembly.quiet_period)
+            if self._awaited:  # (a duplicate of a replayed span counts too: it costs a row, not a verdict)
+                self._extended.update(s.trace_id.hex() for s in decoded.spans if s.trace_id in self._awaited)
         # Duplicates are journaled again: an exporter retries a request whose journal write failed.
         durable = (self._journal(decoded, offer.idle)
                    if self.journal is not None and (offer.accepted or offer.duplicates) else None)
@@ -254,6 +263,7 @@ class Pipeline:
         if self.journal is None:
             return 0
         spans = 0
+        self._awaited = set(self.journal.kept)
         for batch in self.journal.replay(self.matcher):
             spans += self.assembler.offer(batch).accepted
             self._replayed.update(span.trace_id.hex() for span in batch)
@@ -268,6 +278,9 @@ class Pipeline:
         if not replayed:
             return finalized
         self._replayed -= replayed
+        extended = self._extended & replayed
+        self._extended -= replayed
+        self._awaited.difference_update(bytes.fromhex(t) for t in replayed)
         run_ids = [item.run.run_id or "" for item in finalized if item.run.trace_id in replayed]
         try:
             stored = self.writer.store.revisions(run_ids)
@@ -280,8 +293,8 @@ class Pipeline:
             if held is None:
                 kept.append(item)
                 continue
-            if replaces(held, item.revision, item.run.incomplete):
-                # complete over incomplete: numbered past the stored one, as the store numbers it
+            if replaces(held, item.revision, item.run.incomplete) or item.run.trace_id in extended:
+                # complete over incomplete, or a kept trace grown since: numbered past the stored one
                 item.revision = max(item.revision, held[0] + 1)
                 kept.append(item)
             self.assembler.revise(bytes.fromhex(item.run.trace_id or ""), item.run.run_id or "",
@@ -297,9 +310,7 @@ class Pipeline:
         for failure in self.assembler.failures:
             self._failed(failure)
         self.assembler.failures.clear()
-        # Cut short at shutdown: kept journaled, unless already replayed once (a collector
-        # restarting faster than max_trace_wait would otherwise keep it, and its segments, for good).
-        cut = {tid for tid in self.assembler.cut if tid.hex() not in self._replayed}
+        cut = self._keep(self.assembler.cut)
         self.assembler.cut.clear()
         if self._replayed:
             finalized = self._not_yet_stored(finalized)
@@ -324,6 +335,23 @@ class Pipeline:
         finally:
             self._hand_over(published)
         return len(finalized)
+
+    def _keep(self, cut: list[bytes]) -> set[bytes]:
+        """Of the traces cut short at shutdown, those the journal keeps, so the rest of them, sent to
+        the next collector, completes their runs: for as long as their late spans would be taken
+        had the collector run on (``late_window``, at least ``max_trace_wait``) from when a
+        collector first cut them. A collector restarting faster would otherwise keep them for good."""
+        if self.journal is None or not cut:
+            return set()
+        now = time.time()
+        bound = max(self.config.assembly.late_window, self.config.assembly.max_trace_wait)
+        kept = set()
+        for tid in cut:
+            first = self.journal.first_cut.get(tid, now)
+            if now - first < bound:
+                self._first_cut[tid] = first
+                kept.add(tid)
+        return kept
 
     def _hand_over(self, published: list[tuple[StoredRun, float | None]]) -> None:
         """Published runs to the metrics, then to the store writer, together: handed over one by one,
@@ -361,6 +389,7 @@ class Pipeline:
         settled = {tid.hex(): tid for tid in self.assembler.settled if tid not in kept}
         self.assembler.settled.clear()
         self._replayed.difference_update(settled)  # replayed traces that made no run are done too
+        self._awaited.difference_update(settled.values())
         mark = self.journal.mark()
         released = []
         with self._unstored_lock:
@@ -440,4 +469,4 @@ class Pipeline:
         Returns how many traces it keeps."""
         self.sweep(force=True)
         self.writer.close()
-        return self.journal.close() if self.journal is not None else 0
+        return self.journal.close(self._first_cut) if self.journal is not None else 0

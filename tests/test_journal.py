@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -307,6 +308,35 @@ def test_a_clean_close_names_what_it_kept_and_a_crash_after_it_loses_nothing_new
     finally:
         journal.close()
     assert not list(tmp_path.glob("*.jsonl")) and not (tmp_path / "KEPT.json").exists()
+
+
+def test_a_manifest_says_when_each_kept_trace_was_first_cut(tmp_path):
+    """The close names, of the first cuts it is given, those of the traces it keeps; the next start
+    reads them back. A manifest of the previous version (no first cuts) still names its traces."""
+    matcher = CollectorConfig().matcher()
+    a, b = (decode.decode_request(export_request(record([SCENARIOS["pass"][0]])[0]), matcher).spans
+            for _ in range(2))
+
+    async def first() -> None:
+        journal = Journal(tmp_path, 1 << 20, 1 << 30)
+        await journal.append(a + b)
+        journal.release([(b[0].trace_id, journal.mark())])
+        journal.close({a[0].trace_id: 1000.5, b[0].trace_id: 2000.0})
+
+    asyncio.run(first())
+    manifest = json.loads((tmp_path / "KEPT.json").read_text())
+    assert manifest["first_cut"] == {a[0].trace_id.hex(): 1000.5}
+    journal = Journal(tmp_path, 1 << 20, 1 << 30)
+    assert (journal.kept, journal.first_cut) == ({a[0].trace_id}, {a[0].trace_id: 1000.5})
+    journal.close({a[0].trace_id: 1000.5})
+    del manifest["first_cut"]
+    (tmp_path / "KEPT.json").write_text(json.dumps(manifest))
+    journal = Journal(tmp_path, 1 << 20, 1 << 30)
+    try:
+        assert (journal.kept, journal.first_cut) == ({a[0].trace_id}, {})
+        assert {s.trace_id for batch in journal.replay(matcher) for s in batch} == {a[0].trace_id}
+    finally:
+        journal.close()
 
 
 def test_a_manifest_whose_segments_are_gone_hides_nothing_written_later(tmp_path):

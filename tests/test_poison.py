@@ -228,6 +228,41 @@ def test_a_workflow_running_across_a_restart_is_reconciled_whole(tmp_path):
         second.stop()
 
 
+def test_a_workflow_running_across_two_restarts_is_reconciled_whole(tmp_path):
+    """Two rolling restarts inside one workflow: its researcher reached the first collector, its
+    writer the second, the workflow-run span the third. Each keeps what it had for the next (the
+    second cut stored meanwhile over the first, with both agents); the third reconciles the whole."""
+    spans, (trace_id,) = record([Scenario({
+        "researcher": [Invocation([ok(300, 120, "tool_calls"), ok(310, 230)], reported=(310, 230, "stop"))],
+        "writer": [Invocation([ok(420, 180)])]}, name="rolling")])
+    researcher = _subtree(spans, "researcher")
+    parts = [[s for s in spans if s.context.span_id in researcher],
+             [s for s in spans if s.context.span_id not in researcher and s.parent is not None]]
+    for part in parts:
+        proc = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 60}})
+        post(proc.http, export_request(part).SerializeToString())
+        time.sleep(0.3)
+        assert proc.stop() == 0
+        assert [e["journal_traces"] for e in proc.log_events() if e.get("event") == "collector_stopped"] == [1]
+    store = open_store(str(tmp_path / "runs.db"))
+    (cut,) = [r for r in store.list_runs(limit=10, with_docs=True) if r["trace_id"] == trace_id]
+    store.close()
+    assert cut["incomplete"] and cut["revision"] == 2
+    assert {e["executor_id"]: e["verdict"] for e in cut["executors"]} == {"researcher": "TokenMismatch", "writer": "Agree"}
+    third = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 60}})
+    try:
+        post(third.http, export_request([s for s in spans if s.parent is None]).SerializeToString())
+        doc = _wait_complete(third, run_id(trace_id))
+        assert doc["status"] == "FAIL" and doc["score"] == 0.75
+        units = {e["executor_id"]: e for e in doc["executors"]}
+        assert {name: unit["verdict"] for name, unit in units.items()} == {"researcher": "TokenMismatch", "writer": "Agree"}
+        assert units["researcher"]["evidence"]["truth_tokens"] == 300 + 120 + 310 + 230
+        assert [r["run_id"] for r in third.store().list_runs(limit=50) if r["trace_id"] == trace_id] == [run_id(trace_id)]
+    finally:
+        assert third.stop() == 0
+    assert not segments(third)
+
+
 def test_a_cut_trace_whose_rest_never_comes_is_kept_once_and_then_let_go(tmp_path):
     """The spans SIGTERM kept replay once: the trace is finalized again at the next start (no second
     row, no second run_verdict line for the same revision), then the journal lets them go."""
@@ -310,22 +345,31 @@ def test_a_kept_segment_replays_only_the_cut_traces(tmp_path):
     assert not segments(second) and not (tmp_path / "runs.db.journal" / "KEPT.json").exists()
 
 
-def test_a_cut_trace_is_kept_across_one_restart_not_every_one(tmp_path):
-    """Restarted again before its workflow-run span came (a crash loop under SIGTERM), a kept trace
-    is not kept again: its segments would stay, and replay, for as long as the loop lasts."""
+def test_a_cut_trace_is_let_go_once_its_rest_could_no_longer_count(tmp_path):
+    """Restarted again and again before its workflow-run span came (a crash loop under SIGTERM), a
+    kept trace is kept for the late window from when it was first cut, not for as long as the loop
+    lasts: a manifest saying it was first cut an hour ago (late_window 300 s) lets it go."""
     spans, (trace_id,) = record([SCENARIOS["pass"][0]])
     overrides = {"assembly": {"max_trace_wait": 60}}
     first = CollectorProcess(tmp_path, overrides=overrides)
     post(first.http, export_request([s for s in spans if s.parent is not None]).SerializeToString())
     time.sleep(0.3)
     assert first.stop() == 0
-    assert segments(first)
+    manifest_path = tmp_path / "runs.db.journal" / "KEPT.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert list(manifest["first_cut"]) == [trace_id] and abs(manifest["first_cut"][trace_id] - time.time()) < 60
     second = CollectorProcess(tmp_path, overrides=overrides)
     assert [e["spans"] for e in second.log_events() if e.get("event") == "journal_replayed"] == [len(spans) - 1]
     assert second.stop() == 0
-    assert not segments(second)
+    assert json.loads(manifest_path.read_text())["first_cut"] == manifest["first_cut"]  # kept again, same first cut
+    manifest["first_cut"][trace_id] -= 3600
+    manifest_path.write_text(json.dumps(manifest))
+    third = CollectorProcess(tmp_path, overrides=overrides)
+    assert [e["spans"] for e in third.log_events() if e.get("event") == "journal_replayed"] == [len(spans) - 1]
+    assert third.stop() == 0
+    assert not segments(third) and not manifest_path.exists()
     (row,) = [r for r in open_store(str(tmp_path / "runs.db")).list_runs(limit=50) if r["trace_id"] == trace_id]
-    assert row["incomplete"] and row["run_id"] == trace_id  # the cut verdict stays, flagged
+    assert row["incomplete"] and row["run_id"] == trace_id and row["revision"] == 1  # the cut verdict stays, flagged
 
 
 def test_deleting_the_store_file_while_running_is_reported_and_later_runs_are_kept(tmp_path):

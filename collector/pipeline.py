@@ -29,6 +29,9 @@ log = structlog.get_logger("agenteval.collector")
 
 SOURCE_LIVE = "live"
 
+#: Seconds between asking a store that could not be read what it holds of replayed runs: first, most.
+CHECK_RETRY = (1.0, 30.0)
+
 
 @dataclass(frozen=True, slots=True)
 class IngestResult:
@@ -185,6 +188,11 @@ class Pipeline:
         self._awaited: set[bytes] = set()
         #: Of those, the ones spans arrived for since the replay (hex).
         self._extended: set[str] = set()
+        #: Runs of replayed traces waiting for the store to say what it holds of them, by trace (hex),
+        #: and when to ask it again (see :meth:`_not_yet_stored`).
+        self._unchecked: dict[str, list[Finalized]] = {}
+        self._check_at = 0.0
+        self._check_delay = CHECK_RETRY[0]
         #: Traces cut short at shutdown and kept, with when a collector first cut them (Unix time).
         self._first_cut: dict[bytes, float] = {}
 
@@ -269,37 +277,65 @@ class Pipeline:
             self._replayed.update(span.trace_id.hex() for span in batch)
         return spans
 
-    def _not_yet_stored(self, finalized: list[Finalized]) -> list[Finalized]:
-        """Of the runs of replayed traces, those the store would not take (it holds them already:
-        a journal segment outlives stored traces while another trace in it is open) are not
-        published again; the store's own rule decides (:func:`collector.store.replaces`). A store that
-        cannot answer costs nothing but the check."""
-        replayed = {item.run.trace_id for item in finalized} & self._replayed
-        if not replayed:
-            return finalized
-        self._replayed -= replayed
-        extended = self._extended & replayed
-        self._extended -= replayed
-        self._awaited.difference_update(bytes.fromhex(t) for t in replayed)
-        run_ids = [item.run.run_id or "" for item in finalized if item.run.trace_id in replayed]
-        try:
-            stored = self.writer.store.revisions(run_ids)
-        except StoreError as exc:
-            log.warning("replay_check_failed", error=str(exc), runs=len(run_ids))
-            return finalized
-        kept = []
-        for item in finalized:
-            held = stored.get(item.run.run_id or "") if item.run.trace_id in replayed else None
-            if held is None:
-                kept.append(item)
-                continue
-            if replaces(held, item.revision, item.run.incomplete) or item.run.trace_id in extended:
-                # complete over incomplete, or a kept trace grown since: numbered past the stored one
-                item.revision = max(item.revision, held[0] + 1)
-                kept.append(item)
-            self.assembler.revise(bytes.fromhex(item.run.trace_id or ""), item.run.run_id or "",
-                                  max(item.revision, held[0]))
-        return kept
+    def _not_yet_stored(self, finalized: list[Finalized]) -> tuple[list[Finalized], list[Finalized]]:
+        """Runs of replayed traces are checked against the store before they are published: those
+        it holds already (a journal segment outlives stored traces while another trace in it is
+        open) are not published again; the others number on from the revision it holds (it numbers
+        a complete verdict over an incomplete one past it). The store's own rule decides
+        (:func:`collector.store.replaces`). While the store cannot answer, they wait, and the later
+        revisions of their traces with them, asked again with backoff: published unchecked, a run
+        the store numbered past this collector's count made the next revision stale.
+
+        Returns the runs to publish, and the runs of this sweep to count as not yet stored."""
+        first = {item.run.trace_id for item in finalized} & self._replayed
+        self._replayed -= first
+        self._awaited.difference_update(bytes.fromhex(t) for t in first if t)
+        waiting = first | self._unchecked.keys()
+        mine = [item for item in finalized if item.run.trace_id in waiting]
+        if not mine and not self._unchecked:
+            return finalized, finalized
+        others = [item for item in finalized if item.run.trace_id not in waiting]
+        earlier = [item for items in self._unchecked.values() for item in items]  # counted when they came
+        items = earlier + mine
+        now = self.assembler.clock()
+        stored = None
+        if first or now >= self._check_at:
+            try:
+                stored = self.writer.store.revisions(list({item.run.run_id or "" for item in items}))
+            except StoreError as exc:
+                log.warning("replay_check_failed", error=str(exc), waiting_runs=len(items), retry_in=self._check_delay)
+                self._check_at = now + self._check_delay
+                self._check_delay = min(self._check_delay * 2, CHECK_RETRY[1])
+        if stored is None:
+            for item in mine:
+                self._unchecked.setdefault(item.run.trace_id, []).append(item)
+            return others, finalized
+        self._unchecked.clear()
+        self._check_delay = CHECK_RETRY[0]
+        traces = {item.run.trace_id for item in items}
+        extended = self._extended & traces
+        self._extended -= traces
+        latest = {item.run.run_id: item for item in items}  # a later revision holds all an earlier one did
+        publish, counted, dropped = list(others), list(others), []
+        new = {id(item) for item in mine}
+        for item in items:
+            held = stored.get(item.run.run_id or "")
+            # numbered past the stored one: complete over incomplete, a kept trace grown since its
+            # replay, or a revision made by late spans while it waited
+            if latest[item.run.run_id] is item and (held is None or replaces(held, item.revision, item.run.incomplete)
+                                                    or item.run.trace_id in extended or item.revision > 1):
+                if held is not None:
+                    item.revision = max(item.revision, held[0] + 1)
+                publish.append(item)
+                if id(item) in new:
+                    counted.append(item)
+            elif id(item) not in new:
+                dropped.append(item.run.trace_id)
+            if held is not None:
+                self.assembler.revise(bytes.fromhex(item.run.trace_id or ""), item.run.run_id or "",
+                                      max(item.revision, held[0]))
+        self._done(dropped)
+        return publish, counted
 
     def next_deadline(self) -> float:
         """Monotonic time the next :meth:`sweep` is due."""
@@ -312,14 +348,15 @@ class Pipeline:
         self.assembler.failures.clear()
         cut = self._keep(self.assembler.cut)
         self.assembler.cut.clear()
-        if self._replayed:
-            finalized = self._not_yet_stored(finalized)
+        counted = finalized
+        if self._replayed or self._unchecked:
+            finalized, counted = self._not_yet_stored(finalized)
         if self.assembler.ignored:
             if self.metrics is not None:
                 self.metrics.ignored.add(self.assembler.ignored)
             self.assembler.ignored = 0
         if self.journal is not None:
-            self._settle(finalized, cut)
+            self._settle(counted, cut)
         published: list[tuple[StoredRun, float | None]] = []
         try:
             for item in finalized:

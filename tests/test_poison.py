@@ -3,18 +3,23 @@ regression tests for the adversarial report of issue 14, against a running colle
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 
 import grpc
 import pytest
 
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
-from collector.store import open_store
+from collector.config import CollectorConfig
+from collector.decode import decode_request
+from collector.pipeline import Pipeline
+from collector.store import StoreError, open_store
 from conftest import AGENTEVAL, JSON, CollectorProcess, post
 from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, run_id, to_otlp_json
 from test_journal import segments
@@ -314,6 +319,118 @@ def test_a_replayed_cut_run_numbers_on_from_the_stored_revision(tmp_path):
         assert logged == [2, 3]  # what the log says is what the store holds
     finally:
         second.stop()
+
+
+class _InProcess:
+    """Collectors started one after another on one journal and store, in-process, on a clock of
+    the test's; ``unreadable()`` makes the store's reads fail (a database that cannot be reached)."""
+
+    def __init__(self, tmp_path) -> None:
+        self.tmp_path, self.now = tmp_path, 0.0
+
+    def start(self) -> Pipeline:
+        cfg = CollectorConfig(store={"url": str(self.tmp_path / "runs.db")}, journal={"path": str(self.tmp_path / "j")},
+                              assembly={"quiet_period": 1.0, "max_trace_wait": 60})
+        made = Pipeline(cfg, open_store(self.tmp_path / "runs.db"), None, None)
+        made.assembler.clock = lambda: self.now
+        return made
+
+    @staticmethod
+    def ingest(into: Pipeline, part: list) -> None:
+        async def go() -> None:
+            await into.ingest_decoded(decode_request(export_request(part), into.matcher), "http").durable
+        asyncio.run(go())
+
+    def sweep(self, into: Pipeline, seconds: float) -> None:
+        self.now += seconds
+        into.sweep()
+
+    @staticmethod
+    def unreadable(into: Pipeline) -> Callable[[], None]:
+        """Reads fail until the returned function is called."""
+        store = into.writer.store
+
+        def fail(run_ids: list[str]) -> dict:
+            raise StoreError("the database cannot be reached")
+        store.revisions = fail
+        return lambda: vars(store).pop("revisions", None)
+
+    @staticmethod
+    def stored(into: Pipeline, run: str, revision: int) -> dict:
+        deadline = time.monotonic() + 10
+        while (doc := into.writer.store.get_run(run))["revision"] < revision:
+            assert time.monotonic() < deadline, doc
+            time.sleep(0.02)
+        return doc
+
+
+def _held_chat(spans) -> object:
+    """The writer's first chat call (finish reason tool_calls): without it, fail_under_report passes."""
+    writer = _subtree(spans, "writer")
+    return next(s for s in spans if s.name.startswith("chat") and s.parent.span_id in writer
+                and s.attributes["gen_ai.response.finish_reasons"] == '["tool_calls"]')
+
+
+def test_a_replayed_run_completing_while_the_store_cannot_be_read_waits_for_its_answer(tmp_path):
+    """As above, but the store cannot be read when the replayed run completes: published unchecked,
+    the store numbered it 2 while the collector counted 1, and the late chat call then made a
+    revision 2 the store refused as stale (the PASS stayed). The run waits for the store's answer."""
+    spans, (trace_id,) = record([SCENARIOS["fail_under_report"][0]])
+    held, run = _held_chat(spans), run_id(trace_id)
+    box = _InProcess(tmp_path)
+    first = box.start()
+    box.ingest(first, [s for s in spans if s is not held])
+    assert first.close() == 1  # cut before its quiet period ended: stored incomplete, kept
+    second = box.start()
+    readable = box.unreadable(second)
+    try:
+        assert second.replay() == len(spans) - 1
+        box.sweep(second, 2.0)  # complete, its stored revision unknown: it waits
+        box.sweep(second, 0.5)  # asked again only after a backoff
+        assert second.writer.backlog == 0 and second.writer.store.get_run(run)["incomplete"]
+        readable()
+        box.sweep(second, 60.0)
+        doc = box.stored(second, run, 2)
+        assert (doc["status"], doc["incomplete"]) == ("PASS", False)
+        box.ingest(second, [held])
+        box.sweep(second, 2.0)
+        doc = box.stored(second, run, 3)
+        assert doc["status"] == "FAIL"
+        assert {e["executor_id"]: e["verdict"] for e in doc["executors"]} == {
+            "researcher": "Agree", "writer": "TokenMismatch"}
+    finally:
+        readable()
+        second.close()
+    assert not list((tmp_path / "j").glob("*.jsonl"))
+
+
+def test_a_replayed_run_still_waiting_for_the_store_at_shutdown_stays_journaled(tmp_path):
+    """Waiting for the store's answer when the collector stops, with a late chat call that arrived
+    meanwhile: nothing of it is published, the journal keeps it, and the next start reconciles it
+    with the late call (FAIL), numbered past the stored cut."""
+    spans, (trace_id,) = record([SCENARIOS["fail_under_report"][0]])
+    held, run = _held_chat(spans), run_id(trace_id)
+    box = _InProcess(tmp_path)
+    first = box.start()
+    box.ingest(first, [s for s in spans if s is not held])
+    assert first.close() == 1
+    second = box.start()
+    box.unreadable(second)
+    second.replay()
+    box.sweep(second, 2.0)
+    box.ingest(second, [held])  # re-opens the waiting trace: its revision waits too
+    box.sweep(second, 2.0)
+    assert second.close() == 1
+    assert second.writer.store.get_run(run)["revision"] == 1
+    third = box.start()
+    try:
+        assert third.replay() == len(spans)
+        box.sweep(third, 2.0)
+        doc = box.stored(third, run, 2)
+        assert (doc["status"], doc["incomplete"]) == ("FAIL", False)
+    finally:
+        third.close()
+    assert not list((tmp_path / "j").glob("*.jsonl"))
 
 
 def test_a_kept_segment_replays_only_the_cut_traces(tmp_path):

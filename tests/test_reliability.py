@@ -845,7 +845,13 @@ class _HeldStore:
         return self.pipeline.sweep()
 
     def journaled(self, trace_id: str) -> bool:
-        return any(trace_id in p.read_text() for p in self.dir.glob("*.jsonl"))
+        for path in self.dir.glob("*.jsonl"):
+            try:
+                if trace_id in path.read_text():
+                    return True
+            except FileNotFoundError:  # let go between the listing and the read
+                continue
+        return False
 
     def close(self) -> None:
         self.held.set()

@@ -11,7 +11,10 @@ answers, and replayed on start, so a kill -9 loses no acknowledged span.
   until traces complete.
 - A clean close leaves the segments of the traces still needed (cut short at shutdown, or a
   failed write) and a manifest naming those traces (:data:`KEPT`): the next start replays only
-  them from those segments, not the records there of traces already done.
+  them from those segments, not the records there of traces already done. A trace cut short at
+  shutdown stays whole in the journal until a complete run of it is stored, at most for
+  ``keep_cut_for`` from its first cut, even while incomplete runs of it are stored, so the rest of
+  it completes its run however many restarts come in between.
 - One collector per journal directory (an exclusive lock); replicas on one machine need their own.
 """
 
@@ -21,6 +24,7 @@ import asyncio
 import fcntl
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,8 +71,10 @@ def _facts(value: list | dict, name: str, matcher: Matcher) -> Facts:
 
 
 class Journal:
-    def __init__(self, directory: Path, segment_bytes: int, max_bytes: int) -> None:
+    def __init__(self, directory: Path, segment_bytes: int, max_bytes: int, keep_cut_for: float = 0.0) -> None:
         self.directory = directory
+        #: Seconds from its first cut that a trace cut short at shutdown stays whole here.
+        self.keep_cut_for = keep_cut_for
         self.segment_bytes = segment_bytes
         self.max_bytes = max_bytes
         try:
@@ -92,8 +98,12 @@ class Journal:
         self._trace_segments: dict[bytes, dict[int, int]] = {}
         existing = self._segments()
         #: From the last clean close: segments up to ``upto`` hold records only the ``kept`` traces
-        #: need (each whole: a kept trace was never let go), ``first_cut``: when each was first cut.
+        #: need. ``first_cut``: traces a shutdown cut short, whole here since, with when it first
+        #: did (Unix time); a trace leaves it when it is let go or :meth:`completed`.
         self._kept_upto, self.kept, self.first_cut = self._read_kept()
+        #: Traces of ``first_cut`` done before ``keep_cut_for`` passed, with the mark their release
+        #: covers: let go once it has passed.
+        self._pinned: dict[bytes, int] = {}
         # Numbered past the manifest too: what this start writes is never read through it.
         self._number = max([*existing, -1 if self._kept_upto is None else self._kept_upto]) + 1
         self._drop_kept_if_spent()  # its segments may be gone (let go after the close, or deleted by hand)
@@ -122,25 +132,30 @@ class Journal:
         return handle
 
     def _read_kept(self) -> tuple[int | None, set[bytes], dict[bytes, float]]:
-        """The manifest's ``upto``, traces and first cuts (a manifest of the previous version names
-        none: its traces count as first cut by the collector that reads it)."""
+        """The manifest's ``upto``, traces and first cuts (a manifest of the previous version, or
+        first cuts that cannot be read: none, its traces are then not known to be whole)."""
         try:
             manifest = from_json((self.directory / KEPT).read_bytes())
-            first_cut = {bytes.fromhex(t): float(at) for t, at in manifest.get("first_cut", {}).items()}
-            return int(manifest["upto"]), {bytes.fromhex(t) for t in manifest["traces"]}, first_cut
+            upto, kept = int(manifest["upto"]), {bytes.fromhex(t) for t in manifest["traces"]}
         except FileNotFoundError:
             return None, set(), {}
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:  # unreadable: all replays, as after a crash
+        except (ValueError, TypeError, KeyError) as exc:  # unreadable: every record replays, as after a crash
             log.warning("journal_manifest_skipped", reason=str(exc)[:200])
             return None, set(), {}
+        try:
+            first_cut = {bytes.fromhex(t): float(at) for t, at in manifest.get("first_cut", {}).items()}
+        except (ValueError, TypeError, AttributeError) as exc:
+            log.warning("journal_manifest_first_cuts_skipped", reason=str(exc)[:200])
+            first_cut = {}
+        return upto, kept, {t: at for t, at in first_cut.items() if t in kept}
 
     def _drop_kept_if_spent(self) -> None:
         """Delete the manifest once no segment it speaks for is left."""
         if self._kept_upto is not None and not any(n <= self._kept_upto for n in self._segments()):
             (self.directory / KEPT).unlink(missing_ok=True)
-            self._kept_upto, self.kept, self.first_cut = None, set(), {}
+            self._kept_upto, self.kept, self.first_cut, self._pinned = None, set(), {}, {}
 
-    def _write_kept(self, first_cut: Mapping[bytes, float]) -> None:
+    def _write_kept(self, first_cut: dict[bytes, float]) -> None:
         """Name the traces still needed, for the segments left (the mutex is held); none: no manifest."""
         path = self.directory / KEPT
         if not self._trace_segments:
@@ -278,9 +293,19 @@ class Journal:
     def release(self, done: list[tuple[bytes, int]]) -> None:
         """These traces' runs are stored, each as of a :meth:`mark` (taken when it was settled):
         its records appended up to then are done; segments holding only done records go. Records
-        appended later (late spans re-opening the trace for a new revision) stay until that one is."""
+        appended later (late spans re-opening the trace for a new revision) stay until that one is.
+        A trace of :attr:`first_cut` stays until ``keep_cut_for`` has passed (checked at each call)."""
         with self._mutex:
             touched = set()
+            now = time.time()
+            for tid, upto in done:
+                if tid in self.first_cut:
+                    self._pinned[tid] = max(upto, self._pinned.get(tid, upto))
+            done = [item for item in done if item[0] not in self._pinned]
+            for tid, upto in list(self._pinned.items()):
+                if now - self.first_cut[tid] >= self.keep_cut_for:
+                    del self._pinned[tid], self.first_cut[tid]
+                    done.append((tid, upto))
             for tid, upto in done:
                 for request in self._buffer:  # appended, not yet placed
                     if request.number <= upto:
@@ -310,9 +335,18 @@ class Journal:
                 pass
             self._drop_kept_if_spent()
 
+    def completed(self, traces: list[bytes]) -> None:
+        """A complete run of these traces is published: they are kept no longer than any other
+        trace (the release that follows its store write covers what a pin held back)."""
+        with self._mutex:
+            for tid in traces:
+                if self.first_cut.pop(tid, None) is not None:
+                    self._pinned.pop(tid, None)
+
     def close(self, first_cut: Mapping[bytes, float] | None = None) -> int:
         """Stop; returns how many traces the journal keeps for the next start (named in :data:`KEPT`,
-        with when each was first cut, of ``first_cut``: Unix times)."""
+        with when each was first cut: of :attr:`first_cut`, and of ``first_cut``, the traces this
+        collector cut short, Unix times)."""
         with self._wakeup:
             self._closing = True
             self._wakeup.notify()
@@ -323,7 +357,7 @@ class Journal:
                 self._path(self._number).unlink(missing_ok=True)
                 self._sizes.pop(self._number, None)
             try:
-                self._write_kept(first_cut or {})
+                self._write_kept({**self.first_cut, **(first_cut or {})})
             except OSError as exc:  # an older manifest, if any, still names a superset of what is needed
                 log.warning("journal_manifest_failed", error=str(exc))
             kept = len(self._trace_segments)

@@ -173,27 +173,35 @@ class Pipeline:
                                   self._store_failed)
         #: The most recent traces or runs that could not be finalized, published or stored (run page).
         self.failures: deque[Failure] = deque(maxlen=100)
+        # A trace cut short at shutdown stays journaled as long as its late spans would be taken.
         self.journal = (Journal(config.journal.directory(store_url), config.journal.segment_bytes,
-                                config.journal.max_bytes) if config.journal.enabled else None)
+                                config.journal.max_bytes,
+                                keep_cut_for=max(config.assembly.late_window, config.assembly.max_trace_wait))
+                        if config.journal.enabled else None)
         #: Called after spans are accepted with the deadline of their traces' quiet period, so a
         #: sweeper sleeping past it can wake (set by the server; the pipeline knows no event loop).
         self.on_deadline: Callable[[float], None] = lambda due: None
         #: Trace -> its runs not yet stored (see :meth:`_settle`).
         self._unstored: dict[str, _Unstored] = {}
         self._unstored_lock = threading.Lock()
-        #: Traces replayed from the journal, not yet finalized (see :meth:`_not_yet_stored`).
+        #: Traces replayed from the journal, not yet settled: their runs are checked against the
+        #: store before they are published (see :meth:`_not_yet_stored`).
         self._replayed: set[str] = set()
-        #: Replayed traces a clean close kept (cut short at shutdown), not yet finalized: whole in
-        #: the journal, so what arrives for them extends the run the store holds (see ``_extended``).
+        #: Replayed traces whole in the journal since a shutdown cut them (its manifest's first
+        #: cuts), not yet finalized: what arrives for them extends the run the store holds.
         self._awaited: set[bytes] = set()
-        #: Of those, the ones spans arrived for since the replay (hex).
-        self._extended: set[str] = set()
+        #: Of those, the ones spans arrived for since the replay (hex; until their runs are checked).
+        self._grown: set[str] = set()
         #: Runs of replayed traces waiting for the store to say what it holds of them, by trace (hex),
-        #: and when to ask it again (see :meth:`_not_yet_stored`).
+        #: and when to ask it again.
         self._unchecked: dict[str, list[Finalized]] = {}
         self._check_at = 0.0
         self._check_delay = CHECK_RETRY[0]
-        #: Traces cut short at shutdown and kept, with when a collector first cut them (Unix time).
+        #: Replayed traces finalized in this sweep that the journal may hold only part of (the store
+        #: held runs of them, or could not say): a cut does not keep them (see :meth:`_keep`).
+        self._partial: set[str] = set()
+        #: Traces this collector cut short at shutdown and keeps, with when a collector first cut
+        #: them (Unix time).
         self._first_cut: dict[bytes, float] = {}
 
     def gauges(self) -> dict[str, int]:
@@ -242,7 +250,7 @@ class Pipeline:
         if offer.accepted:
             self.on_deadline(self.assembler.clock() + self.config.assembly.quiet_period)
             if self._awaited:  # (a duplicate of a replayed span counts too: it costs a row, not a verdict)
-                self._extended.update(s.trace_id.hex() for s in decoded.spans if s.trace_id in self._awaited)
+                self._grown.update(s.trace_id.hex() for s in decoded.spans if s.trace_id in self._awaited)
         # Duplicates are journaled again: an exporter retries a request whose journal write failed.
         durable = (self._journal(decoded, offer.idle)
                    if self.journal is not None and (offer.accepted or offer.duplicates) else None)
@@ -271,7 +279,7 @@ class Pipeline:
         if self.journal is None:
             return 0
         spans = 0
-        self._awaited = set(self.journal.kept)
+        self._awaited = set(self.journal.first_cut)
         for batch in self.journal.replay(self.matcher):
             spans += self.assembler.offer(batch).accepted
             self._replayed.update(span.trace_id.hex() for span in batch)
@@ -287,19 +295,19 @@ class Pipeline:
         the store numbered past this collector's count made the next revision stale.
 
         Returns the runs to publish, and the runs of this sweep to count as not yet stored."""
-        first = {item.run.trace_id for item in finalized} & self._replayed
-        self._replayed -= first
-        self._awaited.difference_update(bytes.fromhex(t) for t in first if t)
-        waiting = first | self._unchecked.keys()
-        mine = [item for item in finalized if item.run.trace_id in waiting]
+        checked = self._replayed | self._unchecked.keys()
+        mine = [item for item in finalized if item.run.trace_id in checked]
         if not mine and not self._unchecked:
             return finalized, finalized
-        others = [item for item in finalized if item.run.trace_id not in waiting]
+        others = [item for item in finalized if item.run.trace_id not in checked]
+        traces = {item.run.trace_id or "" for item in mine}
+        whole = {t for t in traces if bytes.fromhex(t) in self._awaited}
+        self._awaited.difference_update(bytes.fromhex(t) for t in whole)
         earlier = [item for items in self._unchecked.values() for item in items]  # counted when they came
         items = earlier + mine
         now = self.assembler.clock()
         stored = None
-        if first or now >= self._check_at:
+        if now >= self._check_at:
             try:
                 stored = self.writer.store.revisions(list({item.run.run_id or "" for item in items}))
             except StoreError as exc:
@@ -308,13 +316,14 @@ class Pipeline:
                 self._check_delay = min(self._check_delay * 2, CHECK_RETRY[1])
         if stored is None:
             for item in mine:
-                self._unchecked.setdefault(item.run.trace_id, []).append(item)
+                self._unchecked.setdefault(item.run.trace_id or "", []).append(item)
+            self._partial = traces - whole
             return others, finalized
         self._unchecked.clear()
         self._check_delay = CHECK_RETRY[0]
-        traces = {item.run.trace_id for item in items}
-        extended = self._extended & traces
-        self._extended -= traces
+        self._partial = {item.run.trace_id or "" for item in mine if item.run.run_id in stored} - whole
+        grown = self._grown & {item.run.trace_id for item in items}
+        self._grown -= grown
         latest = {item.run.run_id: item for item in items}  # a later revision holds all an earlier one did
         publish, counted, dropped = list(others), list(others), []
         new = {id(item) for item in mine}
@@ -323,7 +332,7 @@ class Pipeline:
             # numbered past the stored one: complete over incomplete, a kept trace grown since its
             # replay, or a revision made by late spans while it waited
             if latest[item.run.run_id] is item and (held is None or replaces(held, item.revision, item.run.incomplete)
-                                                    or item.run.trace_id in extended or item.revision > 1):
+                                                    or item.run.trace_id in grown or item.revision > 1):
                 if held is not None:
                     item.revision = max(item.revision, held[0] + 1)
                 publish.append(item)
@@ -346,11 +355,15 @@ class Pipeline:
         for failure in self.assembler.failures:
             self._failed(failure)
         self.assembler.failures.clear()
-        cut = self._keep(self.assembler.cut)
-        self.assembler.cut.clear()
         counted = finalized
         if self._replayed or self._unchecked:
             finalized, counted = self._not_yet_stored(finalized)
+        cut = self._keep(self.assembler.cut)
+        self.assembler.cut.clear()
+        self._partial = set()
+        if self.journal is not None and self.journal.first_cut:  # kept for their rest: it came
+            self.journal.completed([bytes.fromhex(item.run.trace_id) for item in finalized
+                                    if item.run.trace_id and not item.run.incomplete])
         if self.assembler.ignored:
             if self.metrics is not None:
                 self.metrics.ignored.add(self.assembler.ignored)
@@ -376,16 +389,16 @@ class Pipeline:
     def _keep(self, cut: list[bytes]) -> set[bytes]:
         """Of the traces cut short at shutdown, those the journal keeps, so the rest of them, sent to
         the next collector, completes their runs: for as long as their late spans would be taken
-        had the collector run on (``late_window``, at least ``max_trace_wait``) from when a
-        collector first cut them. A collector restarting faster would otherwise keep them for good."""
+        had the collector run on (:attr:`Journal.keep_cut_for`) from when a collector first cut
+        them (a collector restarting faster would otherwise keep them for good). Not one the
+        journal may hold only part of: its rest would be reconciled as if it were the whole."""
         if self.journal is None or not cut:
             return set()
         now = time.time()
-        bound = max(self.config.assembly.late_window, self.config.assembly.max_trace_wait)
         kept = set()
         for tid in cut:
             first = self.journal.first_cut.get(tid, now)
-            if now - first < bound:
+            if now - first < self.journal.keep_cut_for and tid.hex() not in self._partial:
                 self._first_cut[tid] = first
                 kept.add(tid)
         return kept
@@ -427,6 +440,7 @@ class Pipeline:
         self.assembler.settled.clear()
         self._replayed.difference_update(settled)  # replayed traces that made no run are done too
         self._awaited.difference_update(settled.values())
+        self._grown.difference_update(t for t in settled if t not in self._unchecked)
         mark = self.journal.mark()
         released = []
         with self._unstored_lock:

@@ -265,14 +265,15 @@ def test_a_workflow_running_across_two_restarts_is_reconciled_whole(tmp_path):
         assert [r["run_id"] for r in third.store().list_runs(limit=50) if r["trace_id"] == trace_id] == [run_id(trace_id)]
     finally:
         assert third.stop() == 0
-    assert not segments(third)
+    assert not segments(third)  # complete: let go
 
 
-def test_a_cut_trace_whose_rest_never_comes_is_kept_once_and_then_let_go(tmp_path):
-    """The spans SIGTERM kept replay once: the trace is finalized again at the next start (no second
-    row, no second run_verdict line for the same revision), then the journal lets them go."""
+def test_a_cut_trace_whose_rest_never_comes_is_replayed_and_then_let_go(tmp_path):
+    """The spans SIGTERM kept replay: the trace is finalized again at the next start (no second
+    row, no second run_verdict line for the same revision), then, its late window (1 s) over since
+    its first cut, the journal lets them go."""
     spans, (trace_id,) = record([SCENARIOS["pass"][0]])
-    overrides = {"assembly": {"max_trace_wait": 1}}
+    overrides = {"assembly": {"max_trace_wait": 1, "late_window": 1}}
     first = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 60}})
     post(first.http, export_request([s for s in spans if s.parent is not None]).SerializeToString())
     time.sleep(0.3)
@@ -325,11 +326,12 @@ class _InProcess:
     """Collectors started one after another on one journal and store, in-process, on a clock of
     the test's; ``unreadable()`` makes the store's reads fail (a database that cannot be reached)."""
 
-    def __init__(self, tmp_path) -> None:
-        self.tmp_path, self.now = tmp_path, 0.0
+    def __init__(self, tmp_path, **journal: int) -> None:
+        self.tmp_path, self.now, self.journal = tmp_path, 0.0, journal
 
     def start(self) -> Pipeline:
-        cfg = CollectorConfig(store={"url": str(self.tmp_path / "runs.db")}, journal={"path": str(self.tmp_path / "j")},
+        cfg = CollectorConfig(store={"url": str(self.tmp_path / "runs.db")},
+                              journal={"path": str(self.tmp_path / "j"), **self.journal},
                               assembly={"quiet_period": 1.0, "max_trace_wait": 60})
         made = Pipeline(cfg, open_store(self.tmp_path / "runs.db"), None, None)
         made.assembler.clock = lambda: self.now
@@ -345,20 +347,33 @@ class _InProcess:
         self.now += seconds
         into.sweep()
 
-    @staticmethod
-    def unreadable(into: Pipeline) -> Callable[[], None]:
-        """Reads fail until the returned function is called."""
+    def unreadable(self, into: Pipeline) -> Callable[[], None]:
+        """Reads fail until the returned function is called; ``asks`` has when each was tried."""
         store = into.writer.store
+        self.asks: list[float] = []
 
         def fail(run_ids: list[str]) -> dict:
+            self.asks.append(self.now)
             raise StoreError("the database cannot be reached")
         store.revisions = fail
         return lambda: vars(store).pop("revisions", None)
 
     @staticmethod
+    def crash(into: Pipeline) -> None:
+        """kill -9: what is journaled stays, nothing more is written, no manifest."""
+        into.writer.close()
+        journal = into.journal
+        with journal._wakeup:
+            journal._closing = True
+            journal._wakeup.notify()
+        journal._thread.join()
+        journal._file.close()
+        journal._lock_file.close()
+
+    @staticmethod
     def stored(into: Pipeline, run: str, revision: int) -> dict:
         deadline = time.monotonic() + 10
-        while (doc := into.writer.store.get_run(run))["revision"] < revision:
+        while (doc := into.writer.store.get_run(run)) is None or doc["revision"] < revision:
             assert time.monotonic() < deadline, doc
             time.sleep(0.02)
         return doc
@@ -388,6 +403,7 @@ def test_a_replayed_run_completing_while_the_store_cannot_be_read_waits_for_its_
         box.sweep(second, 2.0)  # complete, its stored revision unknown: it waits
         box.sweep(second, 0.5)  # asked again only after a backoff
         assert second.writer.backlog == 0 and second.writer.store.get_run(run)["incomplete"]
+        assert box.asks == [2.0]
         readable()
         box.sweep(second, 60.0)
         doc = box.stored(second, run, 2)
@@ -420,8 +436,11 @@ def test_a_replayed_run_still_waiting_for_the_store_at_shutdown_stays_journaled(
     box.sweep(second, 2.0)
     box.ingest(second, [held])  # re-opens the waiting trace: its revision waits too
     box.sweep(second, 2.0)
+    manifest = tmp_path / "j" / "KEPT.json"
+    first_cut = json.loads(manifest.read_text())["first_cut"]
     assert second.close() == 1
     assert second.writer.store.get_run(run)["revision"] == 1
+    assert json.loads(manifest.read_text())["first_cut"] == first_cut  # kept whole: still the first cut's
     third = box.start()
     try:
         assert third.replay() == len(spans)
@@ -431,6 +450,92 @@ def test_a_replayed_run_still_waiting_for_the_store_at_shutdown_stays_journaled(
     finally:
         third.close()
     assert not list((tmp_path / "j").glob("*.jsonl"))
+
+
+def test_a_new_replayed_trace_does_not_cut_the_stores_backoff_short(tmp_path):
+    """Two replayed traces finalized in turn while the store cannot be read: the second waits for
+    the backoff the first started (each ask can hold the event loop for a read's timeout)."""
+    (one, _), (two, (two_id,)) = record([SCENARIOS["pass"][0]]), record([SCENARIOS["pass"][0]])
+    box = _InProcess(tmp_path)
+    first = box.start()
+    box.ingest(first, [s for s in one + two if s.name != "workflow.run"] + [s for s in one if s.name == "workflow.run"])
+    first.close()
+    second = box.start()
+    readable = box.unreadable(second)
+    try:
+        second.replay()
+        box.now += 0.5
+        box.ingest(second, [s for s in two if s.name == "workflow.run"])  # keeps the second open longer
+        box.sweep(second, 0.7)  # the first: asked, refused, next ask in 1 s
+        box.sweep(second, 0.5)  # the second: waits for it
+        assert box.asks == [1.2]
+        readable()
+        box.sweep(second, 1.0)
+        doc = box.stored(second, run_id(two_id), 1)
+        assert (doc["status"], doc["incomplete"]) == ("PASS", False)
+    finally:
+        readable()
+        second.close()
+
+
+def test_a_partial_trace_replayed_after_a_crash_is_not_taken_for_the_whole(tmp_path):
+    """A trace stored complete (its writer not yet seen); the writer's spans come late, with the
+    workflow-run span again, and the collector is killed. Its next start replays those alone and
+    is stopped before they are quiet: kept as if whole, the start after took them for the run and
+    stored a verdict of the writer alone, complete, over the researcher's."""
+    spans, (trace_id,) = record([SCENARIOS["fail_under_report"][0]])
+    writer = _subtree(spans, "writer")
+    root = next(s for s in spans if s.parent is None)
+    run = run_id(trace_id)
+    box = _InProcess(tmp_path, segment_bytes=1)
+    a = box.start()
+    box.ingest(a, [s for s in spans if s.context.span_id not in writer])
+    box.sweep(a, 2.0)
+    assert box.stored(a, run, 1)["status"] == "PASS"
+    box.ingest(a, [root] + [s for s in spans if s.context.span_id in writer])  # late, and re-sent
+    box.crash(a)
+    b = box.start()
+    assert b.replay() == len(writer) + 1
+    assert b.close() == 0  # cut, not kept: the journal may hold only part of it
+    c = box.start()
+    try:
+        assert c.replay() == 0
+        box.ingest(c, [root])
+        box.sweep(c, 2.0)
+    finally:
+        c.close()
+    doc = c.writer.store.get_run(run)
+    assert (doc["revision"], doc["status"], doc["incomplete"]) == (1, "PASS", False)
+    assert [e["executor_id"] for e in doc["executors"]] == ["researcher"]
+
+
+def test_a_kept_trace_finalized_before_the_next_restart_is_still_kept(tmp_path):
+    """The collector that replayed a cut trace finalizes it again (max_trace_wait, nothing new),
+    then is restarted itself before the rest comes: within the late window since the first cut,
+    the trace stays journaled, so the rest completes it over both parts, not the second alone."""
+    spans, (trace_id,) = record([Scenario({
+        "researcher": [Invocation([ok(300, 120, "tool_calls"), ok(310, 230)], reported=(310, 230, "stop"))],
+        "writer": [Invocation([ok(420, 180)])]}, name="rolling")])
+    researcher = _subtree(spans, "researcher")
+    box = _InProcess(tmp_path)
+    first = box.start()
+    box.ingest(first, [s for s in spans if s.context.span_id in researcher])
+    assert first.close() == 1
+    second = box.start()
+    second.replay()
+    box.sweep(second, 61.0)  # max_trace_wait: finalized again as it was stored, not published
+    assert second.close() == 1
+    third = box.start()
+    try:
+        third.replay()
+        box.ingest(third, [s for s in spans if s.context.span_id not in researcher])
+        box.sweep(third, 2.0)
+        doc = box.stored(third, run_id(trace_id), 1)
+    finally:
+        third.close()
+    assert (doc["status"], doc["score"], doc["incomplete"]) == ("FAIL", 0.75, False)
+    assert {e["executor_id"]: e["verdict"] for e in doc["executors"]} == {"researcher": "TokenMismatch", "writer": "Agree"}
+    assert not list((tmp_path / "j").glob("*.jsonl"))  # complete: let go
 
 
 def test_a_kept_segment_replays_only_the_cut_traces(tmp_path):

@@ -512,7 +512,6 @@ class Pipeline:
                 if arrived is not None:
                     self.metrics.latency.record(now - arrived)
 
-
     def close(self) -> int:
         """Finalize every in-flight trace (flagged incomplete where it was), flush the store, and
         close the journal. It keeps the spans of the traces cut short (and of any whose write

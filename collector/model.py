@@ -242,6 +242,7 @@ class Evidence:
     delta: int | None
     direction: str | None
     tolerance: float
+    #: The unit's finish reasons: of the first invocation whose reasons differ, else the last.
     framework_finish: str | None
     truth_finish: str | None
     finish_comparisons: tuple[FinishComparison, ...]

@@ -150,7 +150,9 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
 
     aliases = _aliases(policy.finish_aliases)
     comparisons, aligned = _compare_finish(ledger, responses, aliases)
-    finish_diverged = True in [c.diverged for c in comparisons]
+    # the reasons shown for the unit: of the first invocation whose reasons differ, else the last
+    shown = next((c for c in comparisons if c.diverged), None)
+    finish_diverged = shown is not None
 
     no_truth = _no_truth_reason(len(turns), bare, ledger, record.ledger_derived)
     if no_truth is not None:
@@ -171,8 +173,8 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
         delta=delta,
         direction=direction,
         tolerance=policy.tolerance,
-        framework_finish=_last_entry_reason(ledger),
-        truth_finish=_last_reason(responses),
+        framework_finish=shown.framework if shown else _last_entry_reason(ledger),
+        truth_finish=shown.truth if shown else _last_reason(responses),
         finish_comparisons=tuple(comparisons),
         aligned=aligned,
         ledger_source=record.ledger_source,

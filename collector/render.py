@@ -63,11 +63,17 @@ def executor_table(run: dict[str, Any]) -> Table:
             _num(ev["framework_tokens"]),
             _num(ev["truth_tokens"]),
             delta,
-            f"{shown(ev['framework_finish'] or 'none')} / {shown(ev['truth_finish'] or 'none')}",
+            f"{shown(_finish(ev['framework_finish'], ev['truth_finish']))} / {shown(_finish(ev['truth_finish']))}",
             shown(ev["ledger_source"]) + (" (missing)" if ev["ledger_missing"] else ""),
             e["no_truth_reason"] or "",
         )
     return table
+
+
+def _finish(value: str | None, truth: str | None = None) -> str:
+    """A finish reason as the run page words it: the framework's, missing where the chat boundary
+    has one, is called out as suppressed."""
+    return value or ("none (suppressed)" if truth else "none reported")
 
 
 def status_line(run: dict[str, Any]) -> str:

@@ -72,6 +72,12 @@ def test_json_output_carries_verdicts_and_evidence(tmp_path):
     assert reviewer["evidence"]["truth_finish"] == "content_filter"
 
 
+def test_the_table_calls_a_suppressed_finish_reason_what_the_run_page_calls_it(tmp_path):
+    proc = bench(ROOT / "examples/warn_suppressed_finish_reason.json", tmp_path / "runs.db")
+    reviewer = next(line for line in proc.stdout.splitlines() if "reviewer" in line)
+    assert "none (suppressed) / content_filter" in reviewer
+
+
 def test_preset_never_changes_scoring(tmp_path):
     scores = set()
     for preset in ("smoke", "standard", "audit-grade"):

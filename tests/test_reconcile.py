@@ -124,6 +124,20 @@ def test_invocation_alignment_finds_the_suppressed_reason_in_the_second_pass():
     assert [(c.invocation, c.framework, c.truth) for c in diverged] == [("b", None, "length")]
 
 
+def test_the_finish_reasons_shown_are_those_of_the_invocation_that_diverged():
+    """Three passes, the second's content_filter suppressed: the unit's finish reasons (shown as
+    "the framework's finish reason is ...") were the last pass's, stop / stop, beside FinishMismatch."""
+    ledger = [entry(100, 10, finish="stop", seq=0, inv="a"), entry(100, 10, finish=None, seq=1, inv="b"),
+              entry(100, 10, finish="stop", seq=2, inv="c")]
+    turns = [resp(100, 10, finish="stop", seq=0, inv="a"), resp(100, 10, finish="content_filter", seq=1, inv="b"),
+             resp(100, 10, finish="stop", seq=2, inv="c")]
+    v = reconcile_executor(ex(ledger, turns))
+    assert v.verdict is Verdict.FINISH_MISMATCH
+    assert (v.evidence.framework_finish, v.evidence.truth_finish) == (None, "content_filter")
+    agree = reconcile_executor(ex(ledger[:1] + ledger[2:], turns[:1] + turns[2:]))
+    assert (agree.verdict, agree.evidence.framework_finish, agree.evidence.truth_finish) == (Verdict.AGREE, "stop", "stop")
+
+
 def test_alignment_compares_the_last_chat_response_of_each_invocation():
     # A tool loop: the first call ends tool_calls, the last ends stop; the framework reports stop.
     ledger = [entry(300, 30, finish="stop", seq=0, inv="a")]

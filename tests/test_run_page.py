@@ -51,11 +51,16 @@ def site(tmp_path_factory):
     long_ids = Scenario({LONG_UNIT: [Invocation([ok(300, 120, "tool_calls"), ok(310, 230, "content_filter")],
                                                 reported=(310, 230, None))] * 3,
                          "writer": [Invocation([Call(), Call()], reported=(610, 350, "stop"))]}, name=LONG_NAME)
-    more, (hostile_id, long_id) = record([hostile, long_ids])
+    # three passes of one agent, only the second's content_filter suppressed
+    second_pass = Scenario({"reviewer": [Invocation([ok(400, 60)]), Invocation([ok(420, 55, "content_filter")],
+                                                                                reported=(420, 55, None)),
+                                         Invocation([ok(430, 20)])]}, name="second-pass")
+    more, (hostile_id, long_id, second_id) = record([hostile, long_ids, second_pass])
     export_spans(proc, spans + more)
     runs = {n: proc.run(i) for n, i in zip(names, ids)}
     runs["hostile"] = proc.run(hostile_id)
     runs["long_ids"] = proc.run(long_id)
+    runs["second_pass"] = proc.run(second_id)
     # `agenteval bench` stores a trace file's run under a fresh run id, apart from its trace id
     trace_file = tmp_path_factory.mktemp("bench") / "trace.json"
     trace_file.write_text(json.dumps(to_otlp_json(export_request(record([SCENARIOS["pass"][0]])[0]))))
@@ -267,6 +272,17 @@ def test_a_suppressed_framework_finish_reason_is_called_out(site, page):
         assert called_out.inner_text() == "none (suppressed)", where
         assert called_out.evaluate("e => getComputedStyle(e).color") == "rgb(207, 34, 46)", where  # --fail
     assert "content_filter" in page.locator('[data-diverged="reviewer"] .finish').inner_text()
+
+
+def test_the_finish_that_diverged_is_named_with_its_invocation_not_the_last_one(site, page):
+    """The unit's last pass agreed (stop / stop): the page said stop / stop beside FinishMismatch."""
+    proc, runs = site
+    page.goto(f"{proc.http}/runs/{runs['second_pass']['run_id']}")
+    assert page.locator('[data-diverged="reviewer"] .finish').inner_text() == (
+        "In invocation 2 of 3, the framework's finish reason is none (suppressed); "
+        "the chat boundary's is content_filter.")
+    assert page.locator('#executors tr[data-executor="reviewer"] .finish').inner_text() == (
+        "none (suppressed) / content_filter differs")
 
 
 def test_runs_list_shows_units_verdicts_and_reasons_and_each_id_once(site, page):

@@ -113,17 +113,33 @@ class Board:
         if not narrow:
             table.add_column("rev", justify="right", **fixed)
         table.add_column("NoTruth reasons", overflow="fold", ratio=3)
+        ids = _distinct_prefixes(list(self.runs))
         for doc in reversed(self.runs.values()):
             stamp = time.strftime("%H:%M:%S", time.localtime(doc["updated_at"])) if doc.get("updated_at") else "-"
             cells = [stamp, f"[{STATUS_STYLE[doc['status']]}]{doc['status']}[/]", fmt_score(doc["score"]),
                      f"{doc['checked']}/{doc['checked'] + doc['unchecked']}", shown(doc["subject"] or "-"),
-                     doc["run_id"][:16]]
+                     ids[doc["run_id"]]]
             if not narrow:
                 cells.append(str(doc["revision"]))
             table.add_row(*cells, no_truth_summary(doc) or "-")
         counts = Counter(d["status"] for d in self.runs.values())
         summary = "  ".join(f"[{STATUS_STYLE[s]}]{s}[/] {counts[s]}" for s in STATUS_STYLE if counts[s])
         return Group(table, Text.from_markup(f"{self.state}   {summary}"))
+
+
+def _distinct_prefixes(run_ids: list[str], shortest: int = 16) -> dict[str, str]:
+    """Each run id cut to the shortest prefix (at least ``shortest`` characters) no other shown id
+    starts with, so two runs of one trace (ids ``<trace id>-<span id>``) stay apart, and what
+    is shown is what ``runs show`` takes."""
+    ordered = sorted(run_ids)
+    out = {}
+    for index, run_id in enumerate(ordered):
+        length = shortest
+        for other in ordered[max(index - 1, 0):index] + ordered[index + 1:index + 2]:  # the nearest in order
+            common = next((i for i, (a, b) in enumerate(zip(run_id, other)) if a != b), min(len(run_id), len(other)))
+            length = max(length, common + 1)
+        out[run_id] = run_id[:length]
+    return out
 
 
 def stream(target: WatchTarget, replay: int, on_state: Callable[[str], None],

@@ -286,6 +286,22 @@ def test_watch_table_shows_status_score_checked_and_no_truth_reasons():
     assert lines and "WARN" in lines[0] and "2/4" in lines[0] and "1.000" in lines[0]
 
 
+def test_watch_table_tells_two_runs_of_one_trace_apart_by_a_prefix_runs_show_takes():
+    """Two workflow runs under one caller's span: their ids share the trace id, and both showed as
+    its first 16 characters."""
+    board = Board(rows=5)
+    trace = "1517a06608924996" + "0" * 16
+    docs = _example_docs()[:3]
+    for doc, run in zip(docs, [f"{trace}-aa11bb22cc33dd44", f"{trace}-aa11ff22cc33dd44", "f" * 32]):
+        doc["run_id"] = run
+        board.add(doc)
+    console = Console(record=True, width=260, color_system=None)
+    console.print(board.render(260))
+    text = console.export_text()
+    assert f" {trace}-aa11b " in text and f" {trace}-aa11f " in text
+    assert " " + "f" * 16 + " " in text  # no longer than it needs
+
+
 def test_watch_rejects_an_unknown_status():
     res = subprocess.run([AGENTEVAL, "watch", "--status", "GREEN"], capture_output=True, text=True, timeout=30)
     assert res.returncode == 1 and "--status" in res.stderr

@@ -78,6 +78,18 @@ def test_the_table_calls_a_suppressed_finish_reason_what_the_run_page_calls_it(t
     assert "none (suppressed) / content_filter" in reviewer
 
 
+def test_reading_a_failed_run_exits_0_and_its_own_code_is_in_the_json(tmp_path):
+    """`bench` gates on the run; `runs list` / `runs show` only read it (README "Command line")."""
+    store = tmp_path / "runs.db"
+    assert bench(ROOT / "examples/fail_both.json", store).returncode == 9
+    listed = run("runs", "list", "--json", store=store)
+    assert listed.returncode == 0
+    (doc,) = json.loads(listed.stdout)
+    shown = run("runs", "show", doc["run_id"][:12], "--json", store=store)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["exit_code"] == doc["exit_code"] == 9
+    assert run("runs", "show", doc["run_id"][:12], store=store).returncode == 0
+
+
 def test_preset_never_changes_scoring(tmp_path):
     scores = set()
     for preset in ("smoke", "standard", "audit-grade"):

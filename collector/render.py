@@ -60,7 +60,7 @@ def executor_table(run: dict[str, Any]) -> Table:
             shown(e["executor_id"]),
             f"[{VERDICT_STYLE[e['verdict']]}]{e['verdict']}[/]",
             fmt_score(e["score"]),
-            _num(ev["framework_tokens"]),
+            "-" if ev["ledger_missing"] else _num(ev["framework_tokens"]),
             _num(ev["truth_tokens"]),
             delta,
             f"{shown(_finish(ev['framework_finish'], ev['truth_finish']))} / {shown(_finish(ev['truth_finish']))}",

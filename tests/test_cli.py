@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mafshape import SCENARIOS, export_request, record, to_otlp_json
+from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, to_otlp_json
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
@@ -88,6 +88,19 @@ def test_reading_a_failed_run_exits_0_and_its_own_code_is_in_the_json(tmp_path):
     shown = run("runs", "show", doc["run_id"][:12], "--json", store=store)
     assert shown.returncode == 0 and json.loads(shown.stdout)["exit_code"] == doc["exit_code"] == 9
     assert run("runs", "show", doc["run_id"][:12], store=store).returncode == 0
+
+
+def test_a_unit_without_a_ledger_shows_no_framework_tokens_not_zero(tmp_path):
+    """MAF Python without the instrumentation: the only ledger re-sums the chat spans (ledger_derived).
+    The framework reported nothing: "0" read as a framework that reported 0 tokens."""
+    spans, _ = record([Scenario({"writer": [Invocation([ok(420, 180)])]}, name="derived", ledger="invoke_agent")])
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps(to_otlp_json(export_request(spans))))
+    proc = bench(trace, tmp_path / "runs.db")
+    assert proc.returncode == 11
+    writer = next(line for line in proc.stdout.splitlines() if "writer" in line)
+    cells = [cell.strip() for cell in writer.split("│")[1:-1]]
+    assert cells[1:5] == ["NoTruth", "-", "-", "600"], cells
 
 
 def test_preset_never_changes_scoring(tmp_path):

@@ -101,8 +101,8 @@ class Assembler:
         #: Traces that could not be finalized since the last look (the pipeline drains and reports them).
         self.failures: list[Failure] = []
         #: Traces whose first finalization held no run (no agent ran) since the last look (the
-        #: pipeline counts and resets it).
-        self.ignored = 0
+        #: pipeline counts and drains them).
+        self.ignored: list[bytes] = []
         #: Traces finalized with nothing left waiting since the last look (the pipeline drains them:
         #: once their runs are stored, the journal may let their spans go).
         self.settled: list[bytes] = []
@@ -251,7 +251,8 @@ class Assembler:
         runs = trace.state.run_inputs(cut=cut, everything=everything or not late)
         if trace.revision == 1:
             trace.finalized_at = now
-            self.ignored += not runs  # no agent ran in it (e.g. MAF's separate workflow.build trace)
+            if not runs:  # no agent ran in it (e.g. MAF's separate workflow.build trace)
+                self.ignored.append(tid)
         if late:
             self._to_late(tid, trace)
         else:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import math
 import os
 import threading
 import time
@@ -147,7 +148,8 @@ class Journal:
         except (ValueError, TypeError, AttributeError) as exc:
             log.warning("journal_manifest_first_cuts_skipped", reason=str(exc)[:200])
             first_cut = {}
-        return upto, kept, {t: at for t, at in first_cut.items() if t in kept}
+        now = time.time()  # a time ahead (a clock stepped back, or nonsense) counts as now: pins end
+        return upto, kept, {t: min(at, now) for t, at in first_cut.items() if t in kept and math.isfinite(at)}
 
     def _drop_kept_if_spent(self) -> None:
         """Delete the manifest once no segment it speaks for is left."""
@@ -161,11 +163,13 @@ class Journal:
         if not self._trace_segments:
             path.unlink(missing_ok=True)
             return
+        # the last segment left: the next start writes to higher numbers, never under the manifest
+        self._write_manifest(max(self._segments(), default=self._number), sorted(self._trace_segments), first_cut)
+
+    def _write_manifest(self, upto: int, traces: list[bytes], first_cut: Mapping[bytes, float]) -> None:
+        path = self.directory / KEPT
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as fh:
-            # the last segment left: the next start writes to higher numbers, never under the manifest
-            upto = max(self._segments(), default=self._number)
-            traces = sorted(self._trace_segments)
             fh.write(to_json({"upto": upto, "traces": [t.hex() for t in traces],
                               "first_cut": {t.hex(): first_cut[t] for t in traces if t in first_cut}}))
             fh.flush()
@@ -181,10 +185,12 @@ class Journal:
         """Whether the spans that may still be needed fill ``max_bytes``: every segment holding a
         trace not yet done. The segment being written stops counting once all its traces are done
         (it stays on disk until it is full or the journal closes, so a late span's trace keeps its
-        earlier records); counted, one request over ``max_bytes`` refused every later one for good."""
+        earlier records); counted, one request over ``max_bytes`` refused every later one for good.
+        Nor does a segment of pinned traces only: done, kept in case the rest of them comes (counted,
+        they refused that rest)."""
         with self._mutex:
-            current = self._number
-            needed = sum(size for number, size in self._sizes.items() if number != current or self._open.get(number))
+            needed = sum(size for number, size in self._sizes.items()
+                         if (traces := self._open.get(number)) and not traces.issubset(self._pinned))
         return needed >= self.max_bytes
 
     # --- replay ---------------------------------------------------------------------------------
@@ -302,10 +308,12 @@ class Journal:
                 if tid in self.first_cut:
                     self._pinned[tid] = max(upto, self._pinned.get(tid, upto))
             done = [item for item in done if item[0] not in self._pinned]
-            for tid, upto in list(self._pinned.items()):
-                if now - self.first_cut[tid] >= self.keep_cut_for:
-                    del self._pinned[tid], self.first_cut[tid]
-                    done.append((tid, upto))
+            expired = [(tid, upto) for tid, upto in self._pinned.items() if now - self.first_cut[tid] >= self.keep_cut_for]
+            for tid, upto in expired:
+                del self._pinned[tid], self.first_cut[tid]
+            if expired:
+                self._forget_first_cuts()
+                done.extend(expired)
             for tid, upto in done:
                 for request in self._buffer:  # appended, not yet placed
                     if request.number <= upto:
@@ -335,13 +343,26 @@ class Journal:
                 pass
             self._drop_kept_if_spent()
 
-    def completed(self, traces: list[bytes]) -> None:
-        """A complete run of these traces is published: they are kept no longer than any other
-        trace (the release that follows its store write covers what a pin held back)."""
+    def unpin(self, traces: list[bytes]) -> None:
+        """A complete run of these traces is published, or they made none: they are kept no longer
+        than any other trace (the release that follows covers what a pin held back)."""
         with self._mutex:
-            for tid in traces:
-                if self.first_cut.pop(tid, None) is not None:
-                    self._pinned.pop(tid, None)
+            unpinned = [tid for tid in traces if self.first_cut.pop(tid, None) is not None]
+            for tid in unpinned:
+                self._pinned.pop(tid, None)
+            if unpinned:
+                self._forget_first_cuts()
+
+    def _forget_first_cuts(self) -> None:
+        """The manifest stops calling whole the traces that left :attr:`first_cut`, before any of
+        their records go: after a kill -9, the part left of one would be taken for all of it (the
+        mutex is held)."""
+        if self._kept_upto is None:
+            return
+        try:
+            self._write_manifest(self._kept_upto, sorted(self.kept), self.first_cut)
+        except OSError as exc:  # its first cuts then stand: the next start may take a part for the whole
+            log.warning("journal_manifest_failed", error=str(exc))
 
     def close(self, first_cut: Mapping[bytes, float] | None = None) -> int:
         """Stop; returns how many traces the journal keeps for the next start (named in :data:`KEPT`,

@@ -197,9 +197,6 @@ class Pipeline:
         self._unchecked: dict[str, list[Finalized]] = {}
         self._check_at = 0.0
         self._check_delay = CHECK_RETRY[0]
-        #: Replayed traces finalized in this sweep that the journal may hold only part of (the store
-        #: held runs of them, or could not say): a cut does not keep them (see :meth:`_keep`).
-        self._partial: set[str] = set()
         #: Traces this collector cut short at shutdown and keeps, with when a collector first cut
         #: them (Unix time).
         self._first_cut: dict[bytes, float] = {}
@@ -301,8 +298,7 @@ class Pipeline:
             return finalized, finalized
         others = [item for item in finalized if item.run.trace_id not in checked]
         traces = {item.run.trace_id or "" for item in mine}
-        whole = {t for t in traces if bytes.fromhex(t) in self._awaited}
-        self._awaited.difference_update(bytes.fromhex(t) for t in whole)
+        self._awaited.difference_update(bytes.fromhex(t) for t in traces)
         earlier = [item for items in self._unchecked.values() for item in items]  # counted when they came
         items = earlier + mine
         now = self.assembler.clock()
@@ -317,11 +313,9 @@ class Pipeline:
         if stored is None:
             for item in mine:
                 self._unchecked.setdefault(item.run.trace_id or "", []).append(item)
-            self._partial = traces - whole
             return others, finalized
         self._unchecked.clear()
         self._check_delay = CHECK_RETRY[0]
-        self._partial = {item.run.trace_id or "" for item in mine if item.run.run_id in stored} - whole
         grown = self._grown & {item.run.trace_id for item in items}
         self._grown -= grown
         latest = {item.run.run_id: item for item in items}  # a later revision holds all an earlier one did
@@ -360,14 +354,15 @@ class Pipeline:
             finalized, counted = self._not_yet_stored(finalized)
         cut = self._keep(self.assembler.cut)
         self.assembler.cut.clear()
-        self._partial = set()
         if self.journal is not None and self.journal.first_cut:  # kept for their rest: it came
-            self.journal.completed([bytes.fromhex(item.run.trace_id) for item in finalized
-                                    if item.run.trace_id and not item.run.incomplete])
+            self.journal.unpin([bytes.fromhex(item.run.trace_id) for item in finalized
+                                if item.run.trace_id and not item.run.incomplete])
         if self.assembler.ignored:
             if self.metrics is not None:
-                self.metrics.ignored.add(self.assembler.ignored)
-            self.assembler.ignored = 0
+                self.metrics.ignored.add(len(self.assembler.ignored))
+            if self.journal is not None and self.journal.first_cut:  # kept for runs it never made
+                self.journal.unpin(self.assembler.ignored)
+            self.assembler.ignored.clear()
         if self.journal is not None:
             self._settle(counted, cut)
         published: list[tuple[StoredRun, float | None]] = []
@@ -391,14 +386,22 @@ class Pipeline:
         the next collector, completes their runs: for as long as their late spans would be taken
         had the collector run on (:attr:`Journal.keep_cut_for`) from when a collector first cut
         them (a collector restarting faster would otherwise keep them for good). Not one the
-        journal may hold only part of: its rest would be reconciled as if it were the whole."""
+        journal may hold only part of: replayed, not kept whole by the last close, and with runs in
+        the store (its earlier spans let go once they were stored, as after a kill -9); its rest
+        would be reconciled as if it were the whole. A store that cannot say keeps none of those."""
         if self.journal is None or not cut:
             return set()
+        doubtful = [tid.hex() for tid in cut if tid.hex() in self._replayed and tid not in self.journal.first_cut]
+        try:
+            partial = self.writer.store.traces_with_runs(doubtful) if doubtful else set()
+        except StoreError as exc:
+            log.warning("cut_trace_check_failed", error=str(exc), traces=len(doubtful))
+            partial = set(doubtful)
         now = time.time()
         kept = set()
         for tid in cut:
             first = self.journal.first_cut.get(tid, now)
-            if now - first < self.journal.keep_cut_for and tid.hex() not in self._partial:
+            if now - first < self.journal.keep_cut_for and tid.hex() not in partial:
                 self._first_cut[tid] = first
                 kept.add(tid)
         return kept
@@ -453,7 +456,7 @@ class Pipeline:
                     released.append((tid, mark))
                 else:
                     entry.settled, entry.mark = True, mark
-        self.journal.release(released)
+        self.journal.release(released)  # every sweep, with nothing released too: expired pins go then
 
     def _done(self, trace_ids: Iterable[str | None]) -> None:
         """Runs are stored (or failed for good); the journal lets go of a settled trace once all

@@ -356,6 +356,16 @@ class RunStore(ABC):
             out.update({r["run_id"]: (r["revision"], bool(r["incomplete"])) for r in rows})
         return out
 
+    def traces_with_runs(self, trace_ids: list[str]) -> set[str]:
+        """Those of these traces that have a run stored (a scan: for the few a shutdown cuts)."""
+        out: set[str] = set()
+        for part in _chunks(trace_ids, _ROWS_PER_STATEMENT):
+            params = {f"t{i}": trace_id for i, trace_id in enumerate(part)}
+            rows = self._query(f"SELECT DISTINCT trace_id FROM runs WHERE trace_id IN ({', '.join(f':{n}' for n in params)})",
+                               params)
+            out.update(r["trace_id"] for r in rows)
+        return out
+
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         """The stored run document; a unique prefix of the run id is enough."""
         rows = self._query(f"SELECT run_id, {_DOC} FROM runs WHERE run_id = :id OR run_id LIKE :prefix ESCAPE '\\' "

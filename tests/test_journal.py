@@ -329,6 +329,16 @@ def test_a_manifest_says_when_each_kept_trace_was_first_cut(tmp_path):
     journal = Journal(tmp_path, 1 << 20, 1 << 30)
     assert (journal.kept, journal.first_cut) == ({a[0].trace_id}, {a[0].trace_id: 1000.5})
     journal.close({a[0].trace_id: 1000.5})
+    for nonsense in ("nan", "inf"):  # would pin the trace for good
+        (tmp_path / "KEPT.json").write_text(json.dumps({**manifest, "first_cut": {a[0].trace_id.hex(): nonsense}}))
+        journal = Journal(tmp_path, 1 << 20, 1 << 30)
+        assert journal.first_cut == {}
+        journal.close()
+    ahead = time.time() + 3600  # a clock stepped back: the pin would last an hour longer
+    (tmp_path / "KEPT.json").write_text(json.dumps({**manifest, "first_cut": {a[0].trace_id.hex(): ahead}}))
+    journal = Journal(tmp_path, 1 << 20, 1 << 30)
+    assert journal.first_cut[a[0].trace_id] <= time.time()
+    journal.close()
     del manifest["first_cut"]
     (tmp_path / "KEPT.json").write_text(json.dumps(manifest))
     journal = Journal(tmp_path, 1 << 20, 1 << 30)

@@ -478,11 +478,13 @@ def test_a_new_replayed_trace_does_not_cut_the_stores_backoff_short(tmp_path):
         second.close()
 
 
-def test_a_partial_trace_replayed_after_a_crash_is_not_taken_for_the_whole(tmp_path):
-    """A trace stored complete (its writer not yet seen); the writer's spans come late, with the
-    workflow-run span again, and the collector is killed. Its next start replays those alone and
-    is stopped before they are quiet: kept as if whole, the start after took them for the run and
-    stored a verdict of the writer alone, complete, over the researcher's."""
+@pytest.mark.parametrize("resent_root", [True, False], ids=["with-root", "no-root"])
+def test_a_partial_trace_replayed_after_a_crash_is_not_taken_for_the_whole(tmp_path, resent_root):
+    """A trace stored complete (its writer not yet seen); the writer's spans come late (with the
+    workflow-run span again, or not: then their run is keyed apart from the stored one), and the
+    collector is killed. Its next start replays those alone and is stopped before they are quiet:
+    kept as if whole, the start after took them for the run and stored a verdict of the writer
+    alone, complete, over the researcher's."""
     spans, (trace_id,) = record([SCENARIOS["fail_under_report"][0]])
     writer = _subtree(spans, "writer")
     root = next(s for s in spans if s.parent is None)
@@ -492,10 +494,10 @@ def test_a_partial_trace_replayed_after_a_crash_is_not_taken_for_the_whole(tmp_p
     box.ingest(a, [s for s in spans if s.context.span_id not in writer])
     box.sweep(a, 2.0)
     assert box.stored(a, run, 1)["status"] == "PASS"
-    box.ingest(a, [root] + [s for s in spans if s.context.span_id in writer])  # late, and re-sent
+    box.ingest(a, [root] * resent_root + [s for s in spans if s.context.span_id in writer])  # late
     box.crash(a)
     b = box.start()
-    assert b.replay() == len(writer) + 1
+    assert b.replay() == len(writer) + resent_root
     assert b.close() == 0  # cut, not kept: the journal may hold only part of it
     c = box.start()
     try:
@@ -507,6 +509,80 @@ def test_a_partial_trace_replayed_after_a_crash_is_not_taken_for_the_whole(tmp_p
     doc = c.writer.store.get_run(run)
     assert (doc["revision"], doc["status"], doc["incomplete"]) == (1, "PASS", False)
     assert [e["executor_id"] for e in doc["executors"]] == ["researcher"]
+
+
+def test_a_kept_trace_stored_whole_is_no_longer_called_whole_by_the_manifest_a_kill_9_leaves(tmp_path):
+    """T and U cut together, in one segment. The next collector completes and stores T and lets go
+    of T's second part; U keeps the segment, and the manifest still called T whole. Killed, the
+    start after replayed T's first part as all of it, and a re-sent span made it store the
+    researcher alone, complete, over both agents."""
+    spans, (t_id, u_id) = record([SCENARIOS["fail_under_report"][0], SCENARIOS["pass"][0]])
+    t = [s for s in spans if f"{s.context.trace_id:032x}" == t_id]
+    u = [s for s in spans if f"{s.context.trace_id:032x}" == u_id]
+    writer, root = _subtree(t, "writer"), next(s for s in t if s.parent is None)
+    box = _InProcess(tmp_path, segment_bytes=1)
+    a = box.start()
+    box.ingest(a, [s for s in t if s.context.span_id not in writer and s is not root] + u[:3])
+    assert a.close() == 2
+    b = box.start()
+    b.replay()
+    box.ingest(b, [s for s in t if s.context.span_id in writer] + [root])
+    box.sweep(b, 2.0)
+    doc = box.stored(b, run_id(t_id), 1)
+    assert (doc["status"], doc["incomplete"]) == ("FAIL", False)
+    manifest = json.loads((tmp_path / "j" / "KEPT.json").read_text())
+    assert t_id in manifest["traces"] and list(manifest["first_cut"]) == [u_id]
+    box.ingest(b, u[-1:])  # a later request: the segment of T's second part is let go
+    box.crash(b)
+    c = box.start()
+    try:
+        c.replay()
+        box.ingest(c, [root])  # re-sent
+        box.sweep(c, 2.0)
+    finally:
+        c.close()
+    doc = c.writer.store.get_run(run_id(t_id))
+    assert [e["executor_id"] for e in doc["executors"]] == ["researcher", "writer"] and doc["status"] == "FAIL"
+
+
+def test_a_cut_trace_that_makes_no_run_is_let_go_once_replayed(tmp_path):
+    """Like MAF's separate workflow.build trace (a workflow span, no agent): cut, replayed and
+    finalized again, it made no run and never will; it stayed pinned for the late window."""
+    spans, _ = record([SCENARIOS["pass"][0]])
+    box = _InProcess(tmp_path)
+    a = box.start()
+    box.ingest(a, [s for s in spans if s.parent is None])
+    assert a.close() == 1
+    b = box.start()
+    b.replay()
+    box.sweep(b, 2.0)
+    assert b.close() == 0 and not list((tmp_path / "j").glob("*.jsonl"))
+
+
+def test_pinned_traces_do_not_fill_the_journal_against_their_rest(tmp_path):
+    """A cut trace filling journal.max_bytes, finalized again by the next collector (max_trace_wait)
+    and pinned: counted as needed, it made the journal refuse every request, its own rest too."""
+    spans, _ = record([SCENARIOS["fail_under_report"][0]])
+    writer = _subtree(spans, "writer")
+    first = [s for s in spans if s.context.span_id not in writer and s.parent is not None]
+    box = _InProcess(tmp_path, max_bytes=800)
+    a = box.start()
+    box.ingest(a, first)
+    assert a.journal.size > 800 and a.close() == 1
+    b = box.start()
+    try:
+        b.replay()
+        assert b.journal.full()
+        box.sweep(b, 61.0)
+        deadline = time.monotonic() + 10
+        while b.journal.full():
+            assert time.monotonic() < deadline, "a journal of pinned traces still refuses their rest"
+            box.sweep(b, 1.0)
+            time.sleep(0.05)
+        b.admit(lambda: len(spans) - len(first), "http")
+        assert b.journal.first_cut  # still pinned: their rest completes them over both parts
+    finally:
+        b.close()
 
 
 def test_a_kept_trace_finalized_before_the_next_restart_is_still_kept(tmp_path):

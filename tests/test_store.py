@@ -131,6 +131,18 @@ def test_revisions_are_those_of_the_stored_runs(url):
         store.close()
 
 
+def test_traces_with_runs_are_those_with_a_run_stored_under_any_run_id(url):
+    store = open_store(url)
+    try:
+        one, two = "a1" * 16, "b2" * 16
+        store.save_many([StoredRun(f"{one}-{'c3' * 8}", "live", _verdict(1, 100, trace_id=one)),
+                         StoredRun(two, "live", _verdict(1, 100, trace_id=two))])
+        assert store.traces_with_runs([one, two, "d4" * 16] + [f"{i:032x}" for i in range(600)]) == {one, two}
+        assert store.traces_with_runs([]) == set()
+    finally:
+        store.close()
+
+
 def test_refuses_a_schema_newer_than_the_code(url):
     open_store(url).close()
     if url.startswith("postgresql://"):

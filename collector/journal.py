@@ -100,7 +100,7 @@ class Journal:
         existing = self._segments()
         #: From the last clean close: segments up to ``upto`` hold records only the ``kept`` traces
         #: need. ``first_cut``: traces a shutdown cut short, whole here since, with when it first
-        #: did (Unix time); a trace leaves it when it is let go or :meth:`completed`.
+        #: did (Unix time); a trace leaves it when it is let go, or by :meth:`unpin`.
         self._kept_upto, self.kept, self.first_cut = self._read_kept()
         #: Traces of ``first_cut`` done before ``keep_cut_for`` passed, with the mark their release
         #: covers: let go once it has passed.
@@ -157,14 +157,14 @@ class Journal:
             (self.directory / KEPT).unlink(missing_ok=True)
             self._kept_upto, self.kept, self.first_cut, self._pinned = None, set(), {}, {}
 
-    def _write_kept(self, first_cut: dict[bytes, float]) -> None:
+    def _write_kept(self) -> None:
         """Name the traces still needed, for the segments left (the mutex is held); none: no manifest."""
         path = self.directory / KEPT
         if not self._trace_segments:
             path.unlink(missing_ok=True)
             return
         # the last segment left: the next start writes to higher numbers, never under the manifest
-        self._write_manifest(max(self._segments(), default=self._number), sorted(self._trace_segments), first_cut)
+        self._write_manifest(max(self._segments(), default=self._number), sorted(self._trace_segments), self.first_cut)
 
     def _write_manifest(self, upto: int, traces: list[bytes], first_cut: Mapping[bytes, float]) -> None:
         path = self.directory / KEPT
@@ -343,6 +343,11 @@ class Journal:
                 pass
             self._drop_kept_if_spent()
 
+    def cut(self, first_cut: Mapping[bytes, float]) -> None:
+        """These traces were cut short at shutdown (first, at these Unix times): whole here, kept."""
+        with self._mutex:
+            self.first_cut.update(first_cut)
+
     def unpin(self, traces: list[bytes]) -> None:
         """A complete run of these traces is published, or they made none: they are kept no longer
         than any other trace (the release that follows covers what a pin held back)."""
@@ -364,10 +369,9 @@ class Journal:
         except OSError as exc:  # its first cuts then stand: the next start may take a part for the whole
             log.warning("journal_manifest_failed", error=str(exc))
 
-    def close(self, first_cut: Mapping[bytes, float] | None = None) -> int:
+    def close(self) -> int:
         """Stop; returns how many traces the journal keeps for the next start (named in :data:`KEPT`,
-        with when each was first cut: of :attr:`first_cut`, and of ``first_cut``, the traces this
-        collector cut short, Unix times)."""
+        with when each was first cut)."""
         with self._wakeup:
             self._closing = True
             self._wakeup.notify()
@@ -378,7 +382,7 @@ class Journal:
                 self._path(self._number).unlink(missing_ok=True)
                 self._sizes.pop(self._number, None)
             try:
-                self._write_kept({**self.first_cut, **(first_cut or {})})
+                self._write_kept()
             except OSError as exc:  # an older manifest, if any, still names a superset of what is needed
                 log.warning("journal_manifest_failed", error=str(exc))
             kept = len(self._trace_segments)

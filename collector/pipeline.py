@@ -197,9 +197,6 @@ class Pipeline:
         self._unchecked: dict[str, list[Finalized]] = {}
         self._check_at = 0.0
         self._check_delay = CHECK_RETRY[0]
-        #: Traces this collector cut short at shutdown and keeps, with when a collector first cut
-        #: them (Unix time).
-        self._first_cut: dict[bytes, float] = {}
 
     def gauges(self) -> dict[str, int]:
         a = self.assembler
@@ -297,8 +294,7 @@ class Pipeline:
         if not mine and not self._unchecked:
             return finalized, finalized
         others = [item for item in finalized if item.run.trace_id not in checked]
-        traces = {item.run.trace_id or "" for item in mine}
-        self._awaited.difference_update(bytes.fromhex(t) for t in traces)
+        self._awaited.difference_update(bytes.fromhex(item.run.trace_id or "") for item in mine)
         earlier = [item for items in self._unchecked.values() for item in items]  # counted when they came
         items = earlier + mine
         now = self.assembler.clock()
@@ -354,14 +350,12 @@ class Pipeline:
             finalized, counted = self._not_yet_stored(finalized)
         cut = self._keep(self.assembler.cut)
         self.assembler.cut.clear()
-        if self.journal is not None and self.journal.first_cut:  # kept for their rest: it came
+        if self.journal is not None and self.journal.first_cut:  # kept for their rest: it came, or no run will
             self.journal.unpin([bytes.fromhex(item.run.trace_id) for item in finalized
-                                if item.run.trace_id and not item.run.incomplete])
+                                if item.run.trace_id and not item.run.incomplete] + self.assembler.ignored)
         if self.assembler.ignored:
             if self.metrics is not None:
                 self.metrics.ignored.add(len(self.assembler.ignored))
-            if self.journal is not None and self.journal.first_cut:  # kept for runs it never made
-                self.journal.unpin(self.assembler.ignored)
             self.assembler.ignored.clear()
         if self.journal is not None:
             self._settle(counted, cut)
@@ -398,13 +392,13 @@ class Pipeline:
             log.warning("cut_trace_check_failed", error=str(exc), traces=len(doubtful))
             partial = set(doubtful)
         now = time.time()
-        kept = set()
+        kept = {}
         for tid in cut:
             first = self.journal.first_cut.get(tid, now)
             if now - first < self.journal.keep_cut_for and tid.hex() not in partial:
-                self._first_cut[tid] = first
-                kept.add(tid)
-        return kept
+                kept[tid] = first
+        self.journal.cut(kept)
+        return set(kept)
 
     def _hand_over(self, published: list[tuple[StoredRun, float | None]]) -> None:
         """Published runs to the metrics, then to the store writer, together: handed over one by one,
@@ -522,4 +516,4 @@ class Pipeline:
         Returns how many traces it keeps."""
         self.sweep(force=True)
         self.writer.close()
-        return self.journal.close(self._first_cut) if self.journal is not None else 0
+        return self.journal.close() if self.journal is not None else 0

@@ -347,24 +347,20 @@ class RunStore(ABC):
                            "ORDER BY updated_at DESC, run_id DESC LIMIT :limit", params)
         return [_doc(r) for r in rows] if with_docs else rows
 
+    def _rows_in(self, sql: str, values: list[str]) -> Iterator[dict[str, Any]]:
+        """The rows of ``sql`` whose ``{ids}`` stands for ``values``, a statement per chunk of them."""
+        for part in _chunks(values, _ROWS_PER_STATEMENT):
+            params = {f"v{i}": value for i, value in enumerate(part)}
+            yield from self._query(sql.format(ids=", ".join(f":{name}" for name in params)), params)
+
     def revisions(self, run_ids: list[str]) -> dict[str, tuple[int, bool]]:
         """Run id -> (stored revision, incomplete) of those of these runs that are stored."""
-        out: dict[str, tuple[int, bool]] = {}
-        for part in _chunks(run_ids, _ROWS_PER_STATEMENT):
-            params = {f"r{i}": run_id for i, run_id in enumerate(part)}
-            rows = self._query(_CURRENT.format(ids=", ".join(f":{name}" for name in params)), params)
-            out.update({r["run_id"]: (r["revision"], bool(r["incomplete"])) for r in rows})
-        return out
+        return {r["run_id"]: (r["revision"], bool(r["incomplete"])) for r in self._rows_in(_CURRENT, run_ids)}
 
     def traces_with_runs(self, trace_ids: list[str]) -> set[str]:
         """Those of these traces that have a run stored (a scan: for the few a shutdown cuts)."""
-        out: set[str] = set()
-        for part in _chunks(trace_ids, _ROWS_PER_STATEMENT):
-            params = {f"t{i}": trace_id for i, trace_id in enumerate(part)}
-            rows = self._query(f"SELECT DISTINCT trace_id FROM runs WHERE trace_id IN ({', '.join(f':{n}' for n in params)})",
-                               params)
-            out.update(r["trace_id"] for r in rows)
-        return out
+        return {r["trace_id"] for r in self._rows_in("SELECT DISTINCT trace_id FROM runs WHERE trace_id IN ({ids})",
+                                                     trace_ids)}
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         """The stored run document; a unique prefix of the run id is enough."""

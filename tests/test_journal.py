@@ -321,14 +321,15 @@ def test_a_manifest_says_when_each_kept_trace_was_first_cut(tmp_path):
         journal = Journal(tmp_path, 1 << 20, 1 << 30)
         await journal.append(a + b)
         journal.release([(b[0].trace_id, journal.mark())])
-        journal.close({a[0].trace_id: 1000.5, b[0].trace_id: 2000.0})
+        journal.cut({a[0].trace_id: 1000.5, b[0].trace_id: 2000.0})
+        journal.close()
 
     asyncio.run(first())
     manifest = json.loads((tmp_path / "KEPT.json").read_text())
     assert manifest["first_cut"] == {a[0].trace_id.hex(): 1000.5}
     journal = Journal(tmp_path, 1 << 20, 1 << 30)
     assert (journal.kept, journal.first_cut) == ({a[0].trace_id}, {a[0].trace_id: 1000.5})
-    journal.close({a[0].trace_id: 1000.5})
+    journal.close()
     for nonsense in ("nan", "inf"):  # would pin the trace for good
         (tmp_path / "KEPT.json").write_text(json.dumps({**manifest, "first_cut": {a[0].trace_id.hex(): nonsense}}))
         journal = Journal(tmp_path, 1 << 20, 1 << 30)

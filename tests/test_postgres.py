@@ -11,10 +11,12 @@ import urllib.error
 import urllib.request
 
 import grpc
+import psycopg
 import pytest
 
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
+from collector.store import SCHEMA_VERSION, StoreError, open_store
 from conftest import AGENTEVAL, PG_PASSWORD_USER, CollectorProcess, export_spans, post
 from mafshape import SCENARIOS, export_request, record, run_id
 from test_stream import Follower, _wait_watchers
@@ -170,10 +172,6 @@ def test_password_comes_from_a_file_and_is_never_logged(postgres, tmp_path):
 
 def test_collector_refuses_to_start_on_a_newer_schema(postgres, tmp_path):
     url = postgres.database()
-    import psycopg
-
-    from collector.store import SCHEMA_VERSION, open_store
-
     open_store(url).close()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("INSERT INTO agenteval_schema VALUES (%s)", (SCHEMA_VERSION + 1,))
@@ -220,3 +218,52 @@ def test_a_database_outage_makes_reads_retryable_without_telling_clients_where_t
                 time.sleep(0.2)
     finally:
         proc.stop()
+
+
+def test_a_read_of_a_locked_table_is_answered_retry_later_not_held(postgres, tmp_path):
+    """Another session holds the runs table (a replica's migration, an operator's VACUUM FULL or
+    ALTER TABLE): each read gives up after READ_WAIT with a retryable error instead of waiting as
+    long as the lock is held: GetRun is UNAVAILABLE "retry later", and the replay check, which
+    runs on the collector's event loop, cannot hold the collector up."""
+    url = postgres.database()
+    proc = CollectorProcess(tmp_path, store_url=url)
+    stub = FidelityServiceStub(grpc.insecure_channel(proc.grpc))
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    store = open_store(url)
+    try:
+        export_spans(proc, spans)
+        assert proc.run(trace_id)["status"] == "PASS"
+        with psycopg.connect(url) as holder:
+            holder.execute("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")
+            for read in (lambda: store.get_run(run_id(trace_id)), lambda: store.list_runs(),
+                         lambda: store.revisions([run_id(trace_id)]), lambda: store.traces_with_runs([trace_id])):
+                with pytest.raises(StoreError, match="statement timeout"):
+                    _within(30, read)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.GetRun(pb.GetRunRequest(run_id=run_id(trace_id)), timeout=60)
+            assert err.value.code() is grpc.StatusCode.UNAVAILABLE and "retry later" in err.value.details()
+        assert store.get_run(run_id(trace_id))["status"] == "PASS"  # the lock gone, the same pool reads again
+        assert stub.GetRun(pb.GetRunRequest(run_id=run_id(trace_id))).status == pb.STATUS_PASS
+    finally:
+        store.close()
+        proc.stop()
+
+
+def _within(seconds: float, call):
+    """``call()``'s result or exception, failing the test if it has not returned after ``seconds``
+    (a liveness bound: without the read timeout it waits as long as the lock is held)."""
+    out: dict = {}
+
+    def target() -> None:
+        try:
+            out["value"] = call()
+        except Exception as exc:  # noqa: BLE001 - handed back to the caller
+            out["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still waiting after {seconds} s"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]

@@ -63,7 +63,8 @@ def executor_table(run: dict[str, Any]) -> Table:
             "-" if ev["ledger_missing"] else _num(ev["framework_tokens"]),
             _num(ev["truth_tokens"]),
             delta,
-            f"{shown(_finish(ev['framework_finish'], ev['truth_finish']))} / {shown(_finish(ev['truth_finish']))}",
+            f"{'-' if ev['ledger_missing'] else shown(_finish(ev['framework_finish'], ev['truth_finish']))} / "
+            f"{shown(_finish(ev['truth_finish']))}",
             shown(ev["ledger_source"]) + (" (missing)" if ev["ledger_missing"] else ""),
             e["no_truth_reason"] or "",
         )
@@ -74,6 +75,18 @@ def _finish(value: str | None, truth: str | None = None) -> str:
     """A finish reason as the run page words it: the framework's, missing where the chat boundary
     has one, is called out as suppressed."""
     return value or ("none (suppressed)" if truth else "none reported")
+
+
+def _no_truth_groups(executors: list[dict[str, Any]]) -> dict[tuple, list[str]]:
+    """Units left unchecked, by what is said of them (reason, explanation, failed calls, fix): said
+    once for all the units it is true of, as the run page's cards do."""
+    groups: dict[tuple, list[str]] = {}
+    for e in executors:
+        if e["no_truth_reason"]:
+            key = (e["no_truth_reason"], e["no_truth_explanation"], e["evidence"].get("failed_turns"),
+                   e.get("no_truth_fix"))
+            groups.setdefault(key, []).append(e["executor_id"])
+    return groups
 
 
 def status_line(run: dict[str, Any]) -> str:
@@ -95,14 +108,11 @@ def print_run(console: Console, run: dict[str, Any]) -> None:
         console.print(f"subject [bold]{shown(run['subject'])}[/]")
     if run["executors"]:
         console.print(executor_table(run))
-    for e in run["executors"]:
-        if e["no_truth_reason"]:
-            failed = e["evidence"].get("failed_turns")
-            extra = f" ({failed} chat call(s) failed)" if failed else ""
-            console.print(f"  [magenta]{shown(e['executor_id'])}[/]: {e['no_truth_reason']} - "
-                          f"{escape(e['no_truth_explanation'])}{extra}")
-            if e.get("no_truth_fix"):
-                console.print(f"    fix: {escape(e['no_truth_fix'])}")
+    for (reason, explanation, failed, fix), units in _no_truth_groups(run["executors"]).items():
+        extra = f" ({failed} chat call(s) failed)" if failed else ""
+        console.print(f"  [magenta]{', '.join(map(shown, units))}[/]: {reason} - {escape(explanation)}{extra}")
+        if fix:
+            console.print(f"    fix: {escape(fix)}")
     if not run["executors"]:
         console.print("  no agent ran in this run")
     if run.get("non_agent_executors"):

@@ -101,6 +101,19 @@ def test_a_unit_without_a_ledger_shows_no_framework_tokens_not_zero(tmp_path):
     writer = next(line for line in proc.stdout.splitlines() if "writer" in line)
     cells = [cell.strip() for cell in writer.split("│")[1:-1]]
     assert cells[1:5] == ["NoTruth", "-", "-", "600"], cells
+    assert cells[6] == "- / stop", cells  # no framework finish either: "none (suppressed)" blamed a ledger that is not there
+
+
+def test_units_with_the_same_reason_are_explained_once(tmp_path):
+    """Three agents without the instrumentation: one explanation and one fix naming the three, as
+    the run page's card does, not the same two lines three times."""
+    agents = ("researcher", "writer", "editor")
+    spans, _ = record([Scenario({a: [Invocation([ok(420, 180)])] for a in agents}, name="derived", ledger="invoke_agent")])
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps(to_otlp_json(export_request(spans))))
+    out = bench(trace, tmp_path / "runs.db").stdout
+    assert out.count("fix:") == 1 and out.count("could never disagree") == 1, out
+    assert "editor, researcher, writer: ledger_derived - the only framework ledger" in out, out
 
 
 def test_preset_never_changes_scoring(tmp_path):

@@ -55,12 +55,15 @@ def site(tmp_path_factory):
     second_pass = Scenario({"reviewer": [Invocation([ok(400, 60)]), Invocation([ok(420, 55, "content_filter")],
                                                                                 reported=(420, 55, None)),
                                          Invocation([ok(430, 20)])]}, name="second-pass")
-    more, (hostile_id, long_id, second_id) = record([hostile, long_ids, second_pass])
+    # MAF Python without the instrumentation: no framework ledger at all
+    derived = Scenario({"writer": [Invocation([ok(420, 180)])]}, name="derived", ledger="invoke_agent")
+    more, (hostile_id, long_id, second_id, derived_id) = record([hostile, long_ids, second_pass, derived])
     export_spans(proc, spans + more)
     runs = {n: proc.run(i) for n, i in zip(names, ids)}
     runs["hostile"] = proc.run(hostile_id)
     runs["long_ids"] = proc.run(long_id)
     runs["second_pass"] = proc.run(second_id)
+    runs["derived"] = proc.run(derived_id)
     # `agenteval bench` stores a trace file's run under a fresh run id, apart from its trace id
     trace_file = tmp_path_factory.mktemp("bench") / "trace.json"
     trace_file.write_text(json.dumps(to_otlp_json(export_request(record([SCENARIOS["pass"][0]])[0]))))
@@ -138,7 +141,8 @@ def test_runs_list_shows_recent_runs_and_filters_by_status(site, page):
     page.select_option("select[name=status]", "PENDING")
     page.click("button[type=submit]")
     page.wait_for_url("**status=PENDING**")
-    assert [r.get_attribute("data-run-id") for r in page.locator("#runs tbody tr").all()] == [runs["path2_pending"]["run_id"]]
+    pending = sorted(r["run_id"] for r in runs.values() if r["status"] == "PENDING")
+    assert len(pending) == 2 and sorted(r.get_attribute("data-run-id") for r in page.locator("#runs tbody tr").all()) == pending
 
 
 def test_fail_run_page_explains_the_token_divergence(site, page, tmp_path):
@@ -283,6 +287,15 @@ def test_the_finish_that_diverged_is_named_with_its_invocation_not_the_last_one(
         "the chat boundary's is content_filter.")
     assert page.locator('#executors tr[data-executor="reviewer"] .finish').inner_text() == (
         "none (suppressed) / content_filter differs")
+
+
+def test_a_unit_without_a_ledger_shows_no_framework_numbers_not_a_suppressed_reason(site, page):
+    """Nothing of the framework's was recorded: "none (suppressed)" blamed a ledger that is not there."""
+    proc, runs = site
+    page.goto(f"{proc.http}/runs/{runs['derived']['run_id']}")
+    cells = page.locator('#executors tr[data-executor="writer"] td')
+    assert cells.nth(3).inner_text() == "–" and cells.nth(4).inner_text() == "600"
+    assert page.locator('#executors tr[data-executor="writer"] .finish').inner_text() == "– / stop"
 
 
 def test_runs_list_shows_units_verdicts_and_reasons_and_each_id_once(site, page):

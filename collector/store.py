@@ -363,12 +363,14 @@ class RunStore(ABC):
                                                      trace_ids)}
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
-        """The stored run document; a unique prefix of the run id is enough."""
-        rows = self._query(f"SELECT run_id, {_DOC} FROM runs WHERE run_id = :id OR run_id LIKE :prefix ESCAPE '\\' "
-                           "ORDER BY run_id = :id DESC LIMIT 2", {"id": run_id, "prefix": _like_prefix(run_id)})
-        if not rows or (len(rows) > 1 and rows[0]["run_id"] != run_id):
-            return None
-        return _doc(rows[0])
+        """The stored run document; a unique prefix of the run id is enough. A whole id is looked up
+        in the index; only an id no run has is matched as a prefix, which scans the runs (LIKE
+        cannot use the index on either backend)."""
+        rows = self._query(f"SELECT {_DOC} FROM runs WHERE run_id = :id", {"id": run_id})
+        if not rows:
+            rows = self._query(f"SELECT {_DOC} FROM runs WHERE run_id LIKE :prefix ESCAPE '\\' LIMIT 2",
+                               {"prefix": _like_prefix(run_id)})
+        return _doc(rows[0]) if len(rows) == 1 else None
 
     def missing_run(self, run_id: str, remote: bool = False) -> str:
         """Why :meth:`get_run` found nothing: no such run, or a prefix that names several. ``remote``:

@@ -34,7 +34,7 @@ _LOCK_KEYS = ("SELECT pg_advisory_xact_lock(bucket) FROM (SELECT DISTINCT mod(ha
               "FROM unnest(CAST(%s AS text[])) AS key ORDER BY bucket) AS buckets")
 #: Catch-up after a lost LISTEN connection looks this far behind the last notification (clock skew).
 _CATCH_UP_MARGIN = 30.0
-#: Seconds a read waits for a pooled connection, and then for its answer (see ``_query``).
+#: Seconds a read waits for a pooled connection, and then for any lock it needs (see ``_query``).
 READ_WAIT = 3.0
 
 
@@ -112,14 +112,14 @@ class PostgresRunStore(RunStore):
                 {"channel": CHANNEL, "run_ids": run_ids})
 
     def _query(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
-        """A read waits at most :data:`READ_WAIT` for a connection and as long for its answer (the
-        statement timeout, for its transaction only): a reader (run page, API client, the replay
-        check on the event loop) is answered "retry later" soon in an outage or while another
-        session locks the table (a migration, VACUUM FULL), while the writer keeps the pool's
-        longer wait, retried, and no timeout."""
+        """A read waits at most :data:`READ_WAIT` for a connection, and as long for a lock (the lock
+        timeout, for its transaction only): a reader (run page, API client, the replay check on
+        the event loop) is answered "retry later" soon in an outage or while another session locks
+        the table (a migration, VACUUM FULL), while the writer keeps the pool's longer wait,
+        retried, and waits for locks. A read that is merely slow (a large ``runs list``) runs on."""
         try:
             with self._pool.connection(timeout=READ_WAIT) as conn:
-                conn.execute("SELECT set_config('statement_timeout', %s, true)", (f"{READ_WAIT:g}s",))
+                conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{READ_WAIT:g}s",))
                 return conn.execute(_pg(sql), params).fetchall()
         except (psycopg.Error, PoolTimeout) as exc:
             raise StoreError(f"{self.display}: {str(exc).strip() or type(exc).__name__}") from exc

@@ -237,7 +237,7 @@ def test_a_read_of_a_locked_table_is_answered_retry_later_not_held(postgres, tmp
             holder.execute("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")
             for read in (lambda: store.get_run(run_id(trace_id)), lambda: store.list_runs(),
                          lambda: store.revisions([run_id(trace_id)]), lambda: store.traces_with_runs([trace_id])):
-                with pytest.raises(StoreError, match="statement timeout"):
+                with pytest.raises(StoreError, match="lock timeout"):
                     _within(30, read)
             with pytest.raises(grpc.RpcError) as err:
                 stub.GetRun(pb.GetRunRequest(run_id=run_id(trace_id)), timeout=60)

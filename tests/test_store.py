@@ -95,6 +95,25 @@ def test_get_run_by_unique_prefix_only(url):
     store.close()
 
 
+def test_a_whole_run_id_is_looked_up_in_the_index_not_by_scanning_the_store(tmp_path):
+    """The run page, GetRun and the links `watch` prints name whole run ids: each read matched them
+    by prefix too, a scan of every run (and, on SQLite, with the writer held off meanwhile).
+    Counted in SQLite's virtual-machine steps, which grow with the store only for a scan."""
+    store = open_store(tmp_path / "runs.db")
+    try:
+        steps = []
+        for size in (200, 4_000):
+            store.save_many([StoredRun(f"{size:02x}{i:030x}", "live", _verdict(1, 100)) for i in range(size)])
+            counted = [0]
+            store._db.set_progress_handler(lambda: counted.__setitem__(0, counted[0] + 1), 1)
+            assert store.get_run(f"{size:02x}{7:030x}")["run_id"] == f"{size:02x}{7:030x}"
+            store._db.set_progress_handler(None, 1)
+            steps.append(counted[0])
+        assert steps[1] < 2 * steps[0], steps  # 4,200 runs cost what 200 do
+    finally:
+        store.close()
+
+
 def test_migrates_a_version_1_store_and_keeps_its_runs(url):
     for statement in MIGRATIONS[0]:
         _raw(url, statement)

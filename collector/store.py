@@ -333,18 +333,23 @@ class RunStore(ABC):
 
     def list_runs(self, statuses: Iterable[str] = (), subject: str | None = None, limit: int = 50,
                   with_docs: bool = False) -> list[dict[str, Any]]:
-        """Newest first; summary rows, or whole run documents with ``with_docs``."""
-        clauses, params = [], {"limit": limit}
+        """Newest first; summary rows, or whole run documents with ``with_docs``. Several statuses
+        are read as one index walk each, merged (``status IN`` read every run of those statuses and
+        sorted them all, for the newest few)."""
         wanted = sorted({s.upper() for s in statuses})
-        if wanted:
-            clauses.append(f"status IN ({', '.join(f':s{i}' for i in range(len(wanted)))})")
-            params.update({f"s{i}": s for i, s in enumerate(wanted)})
-        if subject:
-            clauses.append("subject = :subject")
-            params["subject"] = subject
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = self._query(f"SELECT {_DOC if with_docs else _SUMMARY} FROM runs {where} "
-                           "ORDER BY updated_at DESC, run_id DESC LIMIT :limit", params)
+        params: dict[str, Any] = {"limit": limit, "subject": subject, **{f"s{i}": s for i, s in enumerate(wanted)}}
+        columns = f"{_DOC}, run_id" if with_docs else _SUMMARY
+        newest = "ORDER BY updated_at DESC, run_id DESC LIMIT :limit"
+
+        def walk(status: str | None) -> str:
+            clauses = [c for c in (status and f"status = :{status}", subject and "subject = :subject") if c]
+            return f"SELECT {columns} FROM runs {'WHERE ' + ' AND '.join(clauses) if clauses else ''} {newest}"
+
+        if len(wanted) > 1:
+            sql = " UNION ALL ".join(f"SELECT * FROM ({walk(f's{i}')}) AS s{i}" for i in range(len(wanted))) + f" {newest}"
+        else:
+            sql = walk("s0" if wanted else None)
+        rows = self._query(sql, params)
         return [_doc(r) for r in rows] if with_docs else rows
 
     def _rows_in(self, sql: str, values: list[str]) -> Iterator[dict[str, Any]]:

@@ -95,21 +95,46 @@ def test_get_run_by_unique_prefix_only(url):
     store.close()
 
 
+def _steps(store, call) -> int:
+    """SQLite virtual-machine steps ``call`` costs: they grow with the store only for a scan or a sort."""
+    counted = [0]
+    store._db.set_progress_handler(lambda: counted.__setitem__(0, counted[0] + 1), 1)
+    try:
+        call()
+    finally:
+        store._db.set_progress_handler(None, 1)
+    return counted[0]
+
+
 def test_a_whole_run_id_is_looked_up_in_the_index_not_by_scanning_the_store(tmp_path):
     """The run page, GetRun and the links `watch` prints name whole run ids: each read matched them
-    by prefix too, a scan of every run (and, on SQLite, with the writer held off meanwhile).
-    Counted in SQLite's virtual-machine steps, which grow with the store only for a scan."""
+    by prefix too, a scan of every run (and, on SQLite, with the writer held off meanwhile)."""
     store = open_store(tmp_path / "runs.db")
     try:
         steps = []
         for size in (200, 4_000):
             store.save_many([StoredRun(f"{size:02x}{i:030x}", "live", _verdict(1, 100)) for i in range(size)])
-            counted = [0]
-            store._db.set_progress_handler(lambda: counted.__setitem__(0, counted[0] + 1), 1)
-            assert store.get_run(f"{size:02x}{7:030x}")["run_id"] == f"{size:02x}{7:030x}"
-            store._db.set_progress_handler(None, 1)
-            steps.append(counted[0])
+            wanted = f"{size:02x}{7:030x}"
+            steps.append(_steps(store, lambda: store.get_run(wanted)))
+            assert store.get_run(wanted)["run_id"] == wanted
         assert steps[1] < 2 * steps[0], steps  # 4,200 runs cost what 200 do
+    finally:
+        store.close()
+
+
+def test_the_newest_runs_of_several_statuses_are_read_without_sorting_all_of_them(tmp_path):
+    """`runs list --status FAIL --status PENDING` (an ops view of what needs a look): an IN list read
+    every run of those statuses and sorted them all to return the newest few."""
+    store = open_store(tmp_path / "runs.db")
+    try:
+        steps = []
+        for size in (100, 2_000):
+            store.save_many([StoredRun(f"f{size}-{i}", "live", _verdict(1, 1000, f"{i:032x}")) for i in range(size)]
+                            + [StoredRun(f"p{size}-{i}", "live", _pending(f"{i:032x}")) for i in range(size)])
+            steps.append(_steps(store, lambda: store.list_runs(["FAIL", "PENDING"], limit=4)))
+            assert [r["run_id"] for r in store.list_runs(["FAIL", "PENDING"], limit=4)] == [
+                f"p{size}-{size - 1}", f"p{size}-{size - 2}", f"p{size}-{size - 3}", f"p{size}-{size - 4}"]
+        assert steps[1] < 2 * steps[0], steps
     finally:
         store.close()
 

@@ -52,7 +52,6 @@ def executor_attributes(e: ExecutorVerdict, run: RunVerdict) -> dict:
     attrs = {
         "fidelity.executor.id": e.executor_id,
         "fidelity.verdict": e.verdict.value,
-        "fidelity.framework.tokens": ev.framework_tokens,
         "fidelity.evidence.ledger_source": ev.ledger_source,
         "fidelity.evidence.ledger_missing": ev.ledger_missing,
         "fidelity.evidence.response_turns": ev.response_turns,
@@ -63,6 +62,7 @@ def executor_attributes(e: ExecutorVerdict, run: RunVerdict) -> dict:
     }
     optional = {
         "fidelity.score": e.score,
+        "fidelity.framework.tokens": ev.framework_tokens,
         "fidelity.truth.tokens": ev.truth_tokens,
         "fidelity.delta": ev.delta,
         "fidelity.direction": ev.direction,

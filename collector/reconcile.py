@@ -50,7 +50,9 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
         non_agent_executors=run.non_agent_executors,
         workflow_errors=run.workflow_errors,
         notes=run.notes,
-        coverage_note=coverage_note(score, len(verdicts), unchecked, run.partial),
+        coverage_note=coverage_note(score, len(verdicts), unchecked,
+                                    [v.evidence.ledger_missing for v in verdicts if not v.checked].count(True),
+                                    run.partial),
         revision=revision,
     )
 
@@ -85,10 +87,13 @@ def run_score(verdicts: Iterable[ExecutorVerdict]) -> float | None:
     return sum(scores) / len(scores) if scores else None
 
 
-def coverage_note(score: float | None, units: int, unchecked: int, partial: bool = False) -> str | None:
+def coverage_note(score: float | None, units: int, unchecked: int, no_ledger: int = 0,
+                  partial: bool = False) -> str | None:
     """AgentEval's coverage note for a partly checked run, worded as AgentEval prints it so CI logs
-    read the same on both tools: a pass withheld (WARN), or what a WARN/FAIL score covers. A run
-    some of whose spans never arrived (``partial``) withholds a pass too: units may be missing."""
+    read the same on both tools: a pass withheld (WARN), or what a WARN/FAIL score covers. Units
+    unchecked for want of a framework ledger (``no_ledger`` of ``unchecked``; AgentEval's files
+    always have one) had chat-boundary truth, and are counted apart. A run some of whose spans
+    never arrived (``partial``) withholds a pass too: units may be missing."""
     if score is None:
         return None
     if not unchecked:
@@ -96,7 +101,11 @@ def coverage_note(score: float | None, units: int, unchecked: int, partial: bool
             return f"the trace is incomplete; a pass on the {units} unit(s) that arrived is withheld"
         return None
     verified = units - unchecked
-    head = f"{unchecked} of {units} executor(s) had no chat-boundary truth"
+    no_truth = unchecked - no_ledger
+    parts = [f"{no_truth} of {units} executor(s) had no chat-boundary truth"] if no_truth else []
+    if no_ledger:
+        parts.append(f"{no_ledger} no framework ledger" if parts else f"{no_ledger} of {units} executor(s) had no framework ledger")
+    head = " and ".join(parts)
     if score >= PASS_THRESHOLD:
         return f"{head}; a pass on the {verified} verified is withheld"
     return f"{head}; the score covers the {verified} verified"
@@ -135,29 +144,28 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
         else:
             bare += 1
 
-    framework_tokens = sum([e.usage.total or 0 for e in ledger])
+    framework_tokens = sum([e.usage.total or 0 for e in ledger]) if ledger else None
     # Failed calls add 0: a unit whose every answered call failed has a truth of 0 tokens.
     truth_tokens = summed if summed is not None else 0 if failed and not responses else None
+    no_truth = _no_truth_reason(len(turns), bare, ledger, record.ledger_derived)
 
+    # A unit with nothing honest to compare shows what each side said, never a difference
     delta = direction = None
     token_diverged = False
-    if truth_tokens is not None:
+    if no_truth is None and framework_tokens is not None and truth_tokens is not None:
         delta = framework_tokens - truth_tokens
         direction = "under" if delta < 0 else "over" if delta > 0 else "equal"
         numerator, denominator = _exact(policy.tolerance)
         beyond = abs(delta) * denominator > truth_tokens * numerator
         token_diverged = beyond and (direction == "under" or policy.flag_over_reporting)
 
-    aliases = _aliases(policy.finish_aliases)
-    comparisons, aligned = _compare_finish(ledger, responses, aliases)
+    comparisons, aligned = _compare_finish(ledger, responses, _aliases(policy.finish_aliases), no_truth is None)
     # the reasons shown for the unit: of the first invocation whose reasons differ, else the last
     shown = next((c for c in comparisons if c.diverged), None)
     finish_diverged = shown is not None
 
-    no_truth = _no_truth_reason(len(turns), bare, ledger, record.ledger_derived)
     if no_truth is not None:
         verdict = Verdict.NO_TRUTH
-        token_diverged = finish_diverged = False
     elif token_diverged and finish_diverged:
         verdict = Verdict.BOTH
     elif token_diverged:
@@ -246,14 +254,18 @@ def _last_reason(responses: Sequence[ChatTurn]) -> str | None:
 
 
 def _compare_finish(
-    ledger: Sequence[LedgerEntry], responses: Sequence[ChatTurn], aliases: dict[str, str]
+    ledger: Sequence[LedgerEntry], responses: Sequence[ChatTurn], aliases: dict[str, str], compared: bool
 ) -> tuple[list[FinishComparison], bool]:
     """Per-invocation comparison where both sides carry invocation keys, else the fallback rule: the
     framework reason of the *last* ledger entry (null included: a suppressed final finish is not
     masked by an earlier step) against the last non-null response reason.
 
-    A truth side without any finish reason cannot disprove the framework, so it is not compared.
+    A truth side without any finish reason cannot disprove the framework, so it is not compared;
+    nor is a unit with nothing honest to compare (``compared`` false): its pairs are shown, none
+    diverged; a unit without a ledger has none.
     """
+    if not ledger:
+        return [], False
     aligned = bool(ledger) and all(e.invocation is not None for e in ledger) and all(
         t.invocation is not None for t in responses
     )
@@ -272,7 +284,8 @@ def _compare_finish(
                 truth[t.invocation] = t.finish_reason
         pairs = [(key, fw, truth.get(key)) for key, fw in framework.items()]
     comparisons = [
-        FinishComparison(key, fw, reason, reason is not None and _normalize(fw, aliases) != _normalize(reason, aliases))
+        FinishComparison(key, fw, reason,
+                         compared and reason is not None and _normalize(fw, aliases) != _normalize(reason, aliases))
         for key, fw, reason in pairs
     ]
     return comparisons, aligned

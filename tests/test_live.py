@@ -41,6 +41,24 @@ def test_maf_python_shaped_workflow_gets_its_verdict_over_grpc(collector, captur
         eid = cattrs["fidelity.executor.id"].string_value
         assert cattrs["fidelity.verdict"].string_value == expected[eid]
         assert child.links and child.links[0].span_id in executor_span_ids
+        evidence = next(e["evidence"] for e in run["executors"] if e["executor_id"] == eid)
+        for attr, key in (("fidelity.framework.tokens", "framework_tokens"), ("fidelity.truth.tokens", "truth_tokens"),
+                          ("fidelity.delta", "delta")):
+            assert (cattrs[attr].int_value if attr in cattrs else None) == evidence[key], (eid, attr)
+
+
+def test_a_unit_never_compared_has_no_difference_on_its_verdict_span(collector, capture):
+    """MAF Python without the instrumentation: the unit's span said framework tokens 0 and delta -600
+    "under", which a backend counting under-reports by direction counted."""
+    spans, (trace_id,) = record([Scenario({"writer": [Invocation([ok(420, 180)])]}, name="derived", ledger="invoke_agent")])
+    export_spans(collector, spans)
+    assert collector.run(trace_id)["status"] == "PENDING"
+    (child,) = capture.wait_spans(trace_id, "fidelity.executor", 1)
+    attrs = {kv.key: kv.value for kv in child.attributes}
+    assert attrs["fidelity.verdict"].string_value == "NoTruth" and attrs["fidelity.truth.tokens"].int_value == 600
+    assert attrs["fidelity.no_truth.reason"].string_value == "ledger_derived"
+    assert not {"fidelity.framework.tokens", "fidelity.delta", "fidelity.direction",
+                "fidelity.framework.finish_reason"} & set(attrs)
 
 
 def test_path2_reasons_are_counted_in_metrics(collector):

@@ -195,9 +195,35 @@ def test_finish_aliases_map_reasons_before_comparing():
     assert reconcile_executor(record, Policy(finish_aliases=(("end_turn", "stop"),))).verdict is Verdict.AGREE
 
 
-def test_ledger_missing_is_in_the_evidence():
-    v = reconcile_executor(ex([], [resp(100, 50)]))
-    assert v.evidence.ledger_missing and v.evidence.framework_tokens == 0 and v.evidence.framework_finish is None
+@pytest.mark.parametrize("derived", [False, True], ids=["missing", "derived"])
+def test_a_unit_without_a_ledger_claims_no_framework_numbers(derived):
+    """Its verdict span said framework tokens 0, delta -990 "under" and a diverged finish pair: a
+    backend counting under-reports by direction counted a unit that was never compared."""
+    v = reconcile_executor(ex([], [resp(900, 90)], derived=derived))
+    ev = v.evidence
+    assert v.verdict is Verdict.NO_TRUTH and ev.ledger_missing and ev.truth_tokens == 990
+    assert (ev.framework_tokens, ev.delta, ev.direction, ev.framework_finish) == (None, None, None, None)
+    assert ev.finish_comparisons == () and not v.token_diverged and not v.finish_diverged
+
+
+def test_a_unit_left_unchecked_compares_nothing():
+    """Partial truth (one call never answered): its sums and reasons are shown, not compared."""
+    v = reconcile_executor(ex([entry(100, 50, finish="stop")], [resp(40, 5, finish="tool_calls"), req(1)]))
+    ev = v.evidence
+    assert v.no_truth_reason is NoTruthReason.PARTIAL_RESPONSE
+    assert (ev.framework_tokens, ev.truth_tokens, ev.delta, ev.direction) == (150, 45, None, None)
+    assert (ev.framework_finish, ev.truth_finish) == ("stop", "tool_calls")
+    assert not any(c.diverged for c in ev.finish_comparisons)
+
+
+def test_the_coverage_note_says_what_an_unchecked_unit_lacked():
+    """A unit whose ledger is missing had chat-boundary truth: the note said it had none."""
+    run = reconcile(RunInput((ex([entry(100, 50)], [resp(100, 50)], "a"), ex([], [resp(100, 50)], "b"))))
+    assert run.coverage_note == "1 of 2 executor(s) had no framework ledger; a pass on the 1 verified is withheld"
+    run = reconcile(RunInput((ex([entry(100, 50)], [resp(100, 50)], "a"), ex([], [resp(100, 50)], "b"),
+                              ex([entry(100, 50)], [], "c"))))
+    assert run.coverage_note == ("1 of 3 executor(s) had no chat-boundary truth and 1 no framework ledger; "
+                                 "a pass on the 1 verified is withheld")
 
 
 @pytest.mark.parametrize(

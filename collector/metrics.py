@@ -265,7 +265,9 @@ class Metrics:
 
         def observe(name: str):
             def callback(_: CallbackOptions):
-                yield Observation(gauges()[name])
+                value = gauges().get(name)  # none before the pipeline exists (a start refused, metrics pushed on exit)
+                if value is not None:
+                    yield Observation(value)
             return callback
 
         for name, desc in [("traces_in_flight", "Traces being assembled"),

@@ -12,7 +12,8 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import AGENTEVAL, CollectorProcess, export_spans, post
+import yaml
+from conftest import AGENTEVAL, CollectorProcess, export_spans, free_port, post
 from mafshape import SCENARIOS, export_request, record, run_id
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
@@ -106,9 +107,14 @@ def test_one_journal_per_collector_and_it_can_be_turned_off(tmp_path):
     first = CollectorProcess(tmp_path)
     assert first.listening["journal"] == str(first.store_path.parent / "runs.db.journal")  # logged at start
     try:
-        second = subprocess.run([AGENTEVAL, "collector", "serve", "--config", str(first.config_path)],
+        config = yaml.safe_load(first.config_path.read_text())
+        config.setdefault("exporters", {})["otlp"] = {"endpoint": f"http://127.0.0.1:{free_port()}", "protocol": "http/protobuf"}
+        second_config = tmp_path / "second.yaml"
+        second_config.write_text(yaml.safe_dump(config))
+        second = subprocess.run([AGENTEVAL, "collector", "serve", "--config", str(second_config)],
                                 capture_output=True, text=True, timeout=60)
         assert second.returncode == 1 and "journal in use by another collector" in second.stderr
+        assert "Traceback" not in second.stderr, second.stderr  # metrics pushed on the way out found no pipeline
     finally:
         first.stop()
     off = CollectorProcess(tmp_path / "off", overrides={"journal": {"enabled": False}})

@@ -82,6 +82,9 @@ class _Trace:
     spans: int = 0  # accepted and not yet finalized
     held: int = 0  # accepted in all (what its compact state grows with)
     root_arrived: float | None = None
+    #: When a finalized trace was re-opened by new spans: where the verdict latency of a run first
+    #: seen in this revision counts from (a later turn of a human-in-the-loop session).
+    reopened: float | None = None
     revision: int = 0
     finalized_at: float = 0.0
 
@@ -169,6 +172,7 @@ class Assembler:
         trace = self._late.pop(tid, None)
         if trace is not None:
             self._late_spans -= trace.held
+            trace.reopened = now
         else:
             if tid in self._expired:
                 return None
@@ -259,7 +263,8 @@ class Assembler:
             self._remember_expired(tid)
         if not trace.state.waiting:
             self.settled.append(tid)
-        return [Finalized(run, revision, trace.root_arrived if revision == 1 else None) for run, revision in runs]
+        arrived = trace.root_arrived if trace.revision == 1 else trace.reopened
+        return [Finalized(run, revision, arrived if revision == 1 else None) for run, revision in runs]
 
     def revise(self, tid: bytes, run_id: str, revision: int) -> None:
         """See :meth:`TraceState.revise`."""

@@ -220,7 +220,8 @@ class Metrics:
                                "Absolute framework-vs-truth token delta per checked executor", DELTA_BUCKETS,
                                label="direction")
         self.latency = Histogram("fidelity.verdict.latency", "fidelity_verdict_latency_seconds", "s",
-                                 "Root span arrival to stored verdict", LATENCY_BUCKETS)
+                                 "A run's arrival (its trace's root span, or the spans re-opening a finalized "
+                                 "trace: a later human-in-the-loop turn) to its first stored verdict", LATENCY_BUCKETS)
         histograms = (self.score, self.delta, self.latency)
         prom = config.exporters.prometheus
         if prom.enabled:

@@ -44,7 +44,9 @@ def _sdk(readers: list) -> tuple[MeterProvider, dict]:
                                                       description="Absolute framework-vs-truth token delta per "
                                                                   "checked executor"),
                       "latency": meter.create_histogram("fidelity.verdict.latency", unit="s",
-                                                        description="Root span arrival to stored verdict")}
+                                                        description="A run's arrival (its trace's root span, or the "
+                                                                    "spans re-opening a finalized trace: a later "
+                                                                    "human-in-the-loop turn) to its first stored verdict")}
 
 
 def _record(ours: Metrics | None, sdk: dict | None, scale: int = 1) -> None:

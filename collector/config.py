@@ -184,6 +184,7 @@ class Prometheus(_Section):
 class Exporters(_Section):
     otlp: OtlpExporter = OtlpExporter()
     prometheus: Prometheus = Prometheus()
+    metric_subjects: int = Field(100, ge=0)
 
 
 class Stream(_Section):

@@ -196,7 +196,7 @@ def test_prometheus_and_grafana_configs_point_at_real_services_and_files():
 def test_alert_rules_cover_fail_pending_and_refused_spans():
     rules = [r for group in ALERTS["groups"] for r in group["rules"]]
     names = {r["alert"] for r in rules}
-    assert {"FidelityFailRateHigh", "FidelityPendingRateHigh", "CollectorRefusingSpans"} <= names
+    assert {"FidelityFailRateHigh", "FidelityWorkflowFailing", "FidelityPendingRateHigh", "CollectorRefusingSpans"} <= names
     for rule in rules:
         assert rule["for"] and rule["labels"]["severity"] and rule["annotations"]["summary"]
 
@@ -222,7 +222,8 @@ def _metric_names(expr: str) -> set[str]:
 def test_dashboard_has_the_panels_ops_asked_for():
     titles = " | ".join(p["title"].lower() for p in DASHBOARD["panels"])
     for wanted in ("runs by status", "pending rate", "notruth executors by reason", "score distribution",
-                   "executor verdicts over time", "spans received / refused / rejected", "in flight"):
+                   "executor verdicts over time", "spans received / refused / rejected", "in flight",
+                   "fail rate by workflow", "pending rate by workflow"):
         assert wanted in titles
     assert len({p["id"] for p in DASHBOARD["panels"]}) == len(DASHBOARD["panels"])
 

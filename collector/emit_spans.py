@@ -1,7 +1,7 @@
 """Verdict spans, exported with the OpenTelemetry SDK into the *source* trace (DESIGN §3 "Outputs").
 
 ``fidelity.run`` is a child of the workflow root span and each ``fidelity.executor {id}`` a child
-of it, linked to the executor's span, so a trace viewer shows the verdict beside the workflow.
+of it, linked to the executor's spans, so a trace viewer shows the verdict beside the workflow.
 Spans come from the :data:`~collector.decode.OWN_SCOPE` scope, which ingest ignores: pointing our
 OTLP output at ourselves creates no feedback loop.
 """
@@ -47,9 +47,10 @@ def run_attributes(run: RunVerdict, run_id: str) -> dict:
     return attrs
 
 
-def executor_attributes(e: ExecutorVerdict, run: RunVerdict) -> dict:
+def executor_attributes(e: ExecutorVerdict, run: RunVerdict, run_id: str) -> dict:
     ev = e.evidence
     attrs = {
+        "fidelity.run_id": run_id,
         "fidelity.executor.id": e.executor_id,
         "fidelity.verdict": e.verdict.value,
         "fidelity.evidence.ledger_source": ev.ledger_source,
@@ -69,6 +70,7 @@ def executor_attributes(e: ExecutorVerdict, run: RunVerdict) -> dict:
         "fidelity.framework.finish_reason": ev.framework_finish,
         "fidelity.truth.finish_reason": ev.truth_finish,
         "fidelity.no_truth.reason": e.no_truth_reason.value if e.no_truth_reason else None,
+        "fidelity.subject": run.subject,
     }
     attrs.update({k: v for k, v in optional.items() if v is not None})
     return attrs
@@ -88,10 +90,10 @@ class VerdictSpans:
                                                end_on_exit=True) as span:
             if run.status is Status.FAIL:
                 span.set_status(StatusCode.ERROR, f"FAIL score {fmt_score(run.score)}")
-            for e in run.executors:
-                links = [Link(_ctx(run.trace_id, sid)) for sid in e.evidence.executor_span_ids[:1]] if run.trace_id else []
+            for e in run.executors:  # linked to each of its executor spans (up to the SDK's link limit)
+                links = [Link(_ctx(run.trace_id, sid)) for sid in e.evidence.executor_span_ids] if run.trace_id else []
                 with self.tracer.start_as_current_span(f"fidelity.executor {e.executor_id}",
-                                                       attributes=executor_attributes(e, run), links=links):
+                                                       attributes=executor_attributes(e, run, run_id), links=links):
                     pass
 
     def shutdown(self) -> None:

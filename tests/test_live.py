@@ -40,8 +40,12 @@ def test_maf_python_shaped_workflow_gets_its_verdict_over_grpc(collector, captur
         cattrs = {kv.key: kv.value for kv in child.attributes}
         eid = cattrs["fidelity.executor.id"].string_value
         assert cattrs["fidelity.verdict"].string_value == expected[eid]
-        assert child.links and child.links[0].span_id in executor_span_ids
         evidence = next(e["evidence"] for e in run["executors"] if e["executor_id"] == eid)
+        # linked to every executor span of the unit (a looped one: each pass), named by its run
+        linked = {link.span_id for link in child.links}
+        assert linked and linked <= executor_span_ids and linked == {bytes.fromhex(s) for s in evidence["executor_span_ids"]}
+        assert cattrs["fidelity.run_id"].string_value == run["run_id"]
+        assert cattrs["fidelity.subject"].string_value == scenario.name
         for attr, key in (("fidelity.framework.tokens", "framework_tokens"), ("fidelity.truth.tokens", "truth_tokens"),
                           ("fidelity.delta", "delta")):
             assert (cattrs[attr].int_value if attr in cattrs else None) == evidence[key], (eid, attr)

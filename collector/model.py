@@ -46,7 +46,8 @@ NO_TRUTH_EXPLANATIONS: dict[NoTruthReason, str] = {
     NoTruthReason.RESPONSE_MISSING: (
         "chat calls were seen but none carried a response (usage or finish reason) and none failed: the "
         "Path-2 gap (live InProcessExecution does not route executor responses back through the "
-        "instrumented chat client, upstream request microsoft/agent-framework #6918)"
+        "instrumented chat client, upstream request microsoft/agent-framework #6918), or a chat client "
+        "that records no response (a streaming call without usage in its last chunk)"
     ),
     NoTruthReason.PARTIAL_RESPONSE: (
         "some chat calls carried a response and others were requests that never got one, so the token "
@@ -73,7 +74,9 @@ NO_TRUTH_FIXES: dict[NoTruthReason, str] = {
     NoTruthReason.RESPONSE_MISSING: (
         "an upstream hook in MAF's InProcessExecution that hands each executor's chat response back "
         "through the instrumented chat client, so the chat span records gen_ai.usage.* and "
-        "gen_ai.response.finish_reasons; until it exists, reconcile direct-agent or pre-wired runs"
+        "gen_ai.response.finish_reasons; until it exists, reconcile direct-agent or pre-wired runs. "
+        "If this agent's calls do not go through InProcessExecution, make its client report usage "
+        "(streaming: ask the provider for usage in the last chunk)"
     ),
     NoTruthReason.PARTIAL_RESPONSE: (
         "find the chat spans without gen_ai.usage.* among the chat span ids below (typically streamed "

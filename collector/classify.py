@@ -356,25 +356,21 @@ class TraceState:
         Workflow-run spans are always resolved (their parent may never be exported: .NET's streaming
         ``workflow.session``, a caller's span around several runs); with ``everything`` (the trace
         is complete or timed out) so is every other orphan, and finally anything caught in a parent
-        cycle. Those go to the trace's workflow run when it has just one (the parent lost in
-        transport was one of its spans), not to a run of their own: that was a second, phantom run.
+        cycle.
         """
         orphans = [p for p in self._pending if p not in self._pending_ids and p not in self._context]
-        for kinds in ((RUN,), None) if everything else ((RUN,),):
-            home = self._home() if kinds is None else _NO_CONTEXT
-            for parent_id in orphans:
-                children = self._pending.get(parent_id, [])
-                keep = [c for c in children if kinds is not None and c.facts[KIND] not in kinds]
-                for child in children:
-                    if child not in keep:
-                        self._pending_ids.discard(child.span_id)
-                        self.orphaned += child.facts[KIND] != RUN
-                        self._resolve(child, home)
-                if keep:
-                    self._pending[parent_id] = keep
-                else:
-                    self._pending.pop(parent_id, None)
-        home = self._home()
+        for parent_id in orphans:
+            children = self._pending.get(parent_id, [])
+            keep = [c for c in children if not (everything or c.facts[KIND] == RUN)]
+            for child in children:
+                if child not in keep:
+                    self._pending_ids.discard(child.span_id)
+                    self.orphaned += child.facts[KIND] != RUN
+                    self._resolve(child, _NO_CONTEXT)
+            if keep:
+                self._pending[parent_id] = keep
+            else:
+                self._pending.pop(parent_id, None)
         while everything and self._pending:
             # Parent cycles: nothing outside them will ever resolve them. Break each at one span,
             # classified as if parentless; the rest of the cycle resolves beneath it.
@@ -384,13 +380,7 @@ class TraceState:
                 del self._pending[parent_id]
             self._pending_ids.discard(child.span_id)
             self.orphaned += 1
-            self._resolve(child, home)
-
-    def _home(self) -> Context:
-        """Where a span that lost its parent is classified: in the trace's one workflow run, if it
-        has just one; else in none (several runs: which one it belonged to is unknown)."""
-        runs = [run for run in self._runs.values() if run.seen]
-        return (runs[0].span_id, None, None, None) if len(runs) == 1 else _NO_CONTEXT
+            self._resolve(child, _NO_CONTEXT)
 
     @property
     def waiting(self) -> bool:

@@ -184,26 +184,6 @@ def test_a_sub_workflow_run_span_belongs_to_its_outer_run():
         "intake": "Agree", "drafter": "Agree", "checker": "Agree"}
 
 
-def test_spans_whose_parent_was_lost_stay_in_the_one_run_of_their_trace():
-    """An agent's invoke_agent span lost in transport: its chat and ledger spans made a second,
-    phantom run of the trace (run id the trace id, PENDING, its unit "no chat trace"), counted in
-    fidelity_runs_total beside the real one."""
-    clock, rec = Clock(), Recorder()
-    assembler = Assembler(CONFIG.assembly, MATCHER, clock)
-    with rec.tracer.start_as_current_span("workflow.run", attributes={"workflow.name": "tools"}) as run_span:
-        rec.agent("researcher", "researcher", [(400, 100)], (400, 100))
-        rec.agent("calculator", "calculator", [(200, 50)], (200, 50))
-    offer(assembler, rec.take(drop={"invoke_agent calculator"}))
-    clock.now += CONFIG.assembly.quiet_period  # the trace is complete: what waits for a parent waits no more
-    (finalized,) = assembler.sweep()
-    trace_id = format(run_span.get_span_context().trace_id, "032x")
-    assert finalized.run.run_id == f"{trace_id}-{run_span.get_span_context().span_id:016x}"
-    final = reconcile(finalized.run)
-    assert final.incomplete and final.unattributed_chat_spans == 1  # the calculator's call: counted, not lost
-    assert {e.executor_id: e.verdict.value for e in final.executors}["researcher"] == "Agree"
-    assert final.status.value == "WARN"  # a span of it never got its parent: no pass
-
-
 def test_spans_in_a_parent_cycle_are_reconciled_not_dropped():
     from collector.classify import SpanRecord, TraceState, span_facts
 

@@ -30,6 +30,10 @@ from collector.model import (
 )
 
 
+#: The reasons that say a unit had chat-boundary truth but no framework ledger to compare with it.
+_NO_LEDGER = (NoTruthReason.LEDGER_MISSING, NoTruthReason.LEDGER_DERIVED)
+
+
 def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard", revision: int = 1) -> RunVerdict:
     """Reconcile every agent unit of one workflow run and derive the run's score and status."""
     verdicts = tuple(
@@ -51,7 +55,7 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
         workflow_errors=run.workflow_errors,
         notes=run.notes,
         coverage_note=coverage_note(score, len(verdicts), unchecked,
-                                    [v.evidence.ledger_missing for v in verdicts if not v.checked].count(True),
+                                    [v.no_truth_reason in _NO_LEDGER for v in verdicts].count(True),
                                     run.partial),
         revision=revision,
     )

@@ -224,6 +224,11 @@ def test_the_coverage_note_says_what_an_unchecked_unit_lacked():
                               ex([entry(100, 50)], [], "c"))))
     assert run.coverage_note == ("1 of 3 executor(s) had no chat-boundary truth and 1 no framework ledger; "
                                  "a pass on the 1 verified is withheld")
+    # MAF Python without the instrumentation, on the Path-2 gap: no ledger, and no truth either (the
+    # reason says what is missing first); it is counted as lacking truth, as AgentEval words it
+    run = reconcile(RunInput((ex([entry(100, 50)], [resp(100, 50)], "a"), ex([], [req()], "b", derived=True))))
+    assert run.executors[1].no_truth_reason is NoTruthReason.RESPONSE_MISSING
+    assert run.coverage_note == "1 of 2 executor(s) had no chat-boundary truth; a pass on the 1 verified is withheld"
 
 
 @pytest.mark.parametrize(

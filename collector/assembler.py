@@ -23,10 +23,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from collector.classify import SpanRecord, TraceState
+from collector.classify import KIND, SpanRecord, TraceState
 from collector.config import Assembly
 from collector.model import RunInput
-from collector.profiles import Matcher
+from collector.profiles import RUN, Matcher
 
 
 class Backpressure(Exception):
@@ -82,8 +82,9 @@ class _Trace:
     spans: int = 0  # accepted and not yet finalized
     held: int = 0  # accepted in all (what its compact state grows with)
     root_arrived: float | None = None
-    #: When a finalized trace was re-opened by new spans: where the verdict latency of a run first
-    #: seen in this revision counts from (a later turn of a human-in-the-loop session).
+    #: When a root or workflow-run span first arrived since the trace was re-opened: where the
+    #: verdict latency of a run first seen in this revision counts from (a later turn of a
+    #: human-in-the-loop session), as ``root_arrived`` is for the first.
     reopened: float | None = None
     revision: int = 0
     finalized_at: float = 0.0
@@ -153,6 +154,8 @@ class Assembler:
                 continue
             if trace.root_arrived is None and (not span.parent_id or trace.state.run_spans_seen):
                 trace.root_arrived = now
+            elif trace.revision and trace.reopened is None and (not span.parent_id or span.facts[KIND] == RUN):
+                trace.reopened = now
             trace.spans += 1
             trace.held += 1
             trace.last_seen = now
@@ -172,7 +175,7 @@ class Assembler:
         trace = self._late.pop(tid, None)
         if trace is not None:
             self._late_spans -= trace.held
-            trace.reopened = now
+            trace.reopened = None
         else:
             if tid in self._expired:
                 return None

@@ -97,13 +97,16 @@ def test_each_human_in_the_loop_turn_under_one_caller_span_is_its_own_run():
         clock.now += 40
         with rec.tracer.start_as_current_span("workflow.run", attributes={"workflow.name": "review"}) as turn2:
             rec.agent("drafter", "drafter", [(500, 50)], (100, 50))  # under-reported this time
+            offer(assembler, rec.take())  # the turn's agent spans, exported while it runs on
+            clock.now += CONFIG.assembly.quiet_period / 2
         with rec.tracer.start_as_current_span("workflow.run", attributes={"workflow.name": "review"}):
             pass  # a turn in which no agent ran: not a run
     offer(assembler, rec.take())
     turn2_arrived = clock.now
     clock.now += CONFIG.assembly.quiet_period
     later = assembler.sweep()
-    # each run's verdict latency counts from its own arrival: turn 2's counted the human's 40 s too
+    # each run's verdict latency counts from its workflow-run span's arrival, as the first run's
+    # does: turn 2's counted the human's 40 s too, then the turn's own run time
     assert [f.root_arrived for f in first + later] == [turn1_arrived, turn2_arrived]
     trace_id = format(session.get_span_context().trace_id, "032x")
     run1 = f"{trace_id}-{turn1.get_span_context().span_id:016x}"

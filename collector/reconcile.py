@@ -270,7 +270,7 @@ def _compare_finish(
     """
     if not ledger:
         return [], False
-    aligned = bool(ledger) and all(e.invocation is not None for e in ledger) and all(
+    aligned = all(e.invocation is not None for e in ledger) and all(
         t.invocation is not None for t in responses
     )
     if not aligned:

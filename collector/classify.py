@@ -18,14 +18,16 @@ executor's own agent and ``executor/agent`` for any other agent that ran there.
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from collector.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
+from collector.model import Announcement, ChatTurn, ExecutorRecord, LedgerEntry, RunInput, UnattributedChat, Usage
 from collector.profiles import (
     AGENT,
+    ANNOUNCEMENT_ATTRIBUTES,
     BRIDGE_EXECUTOR_ATTRIBUTE,
     EXECUTOR,
     RUN,
@@ -42,13 +44,16 @@ LEDGER_SOURCE_AGENT_SPAN = "invoke_agent"
 #: no attribute: its kind by name (:data:`RUN`, :data:`EXECUTOR`, :data:`AGENT` or :data:`OTHER`),
 #: whether it is an AgentResponseEvent, whether it is a chat call, the agent, executor and bridge
 #: executor names, whether its executor type hosts an agent, the subject, the error type, the input,
-#: output and total tokens, and the finish reason.
+#: output and total tokens, the finish reason, and the instrumentation's announcement (the MAF release,
+#: its version and status).
 Facts = tuple[int, bool, bool, str | None, str | None, str | None, bool, str | None, str | None,
-              int | None, int | None, int | None, str | None]
+              int | None, int | None, int | None, str | None, str | None, str | None, str | None]
 #: Positions in :data:`Facts` (the compiled decoder writes them in this order).
 (KIND, BRIDGE, CHAT, AGENT_ID, EXECUTOR_ID, BRIDGE_EXECUTOR, HOSTS_AGENT, SUBJECT, ERROR_TYPE, INPUT, OUTPUT, TOTAL,
- FINISH) = range(13)
-FACTS = 13  # values in Facts
+ FINISH, MAF_RELEASE, INSTRUMENTATION_VERSION, INSTRUMENTATION_STATUS) = range(16)
+FACTS = 16  # values in Facts
+#: Facts as journals before the announcement wrote them (replayed with no announcement).
+FACTS_BEFORE_ANNOUNCEMENT = 13
 
 
 @dataclass(slots=True)
@@ -89,6 +94,9 @@ class _Unit:
     agent_spans: list[LedgerEntry] = field(default_factory=list)
     #: Agent spans that only re-sum the chat spans (MAF Python): never a ledger, only counted.
     derived_agent_spans: int = 0
+    #: One of them carried usage or a finish reason (with no chat span below it, MAF puts the
+    #: AgentResponse's own there): the agent answered something, so it is no idle call.
+    derived_reported: bool = False
     #: Chat calls as plain tuples (:data:`_Turn`); they become ChatTurns when the run is built.
     turns: list[_Turn] = field(default_factory=list)
     #: The agent ran directly in its executor (no other agent between): a candidate for "own agent".
@@ -111,9 +119,25 @@ class _Run:
     executors: dict[str, _Executor] = field(default_factory=lambda: defaultdict(_Executor))
     units: dict[tuple[str | None, str | None], _Unit] = field(default_factory=lambda: defaultdict(_Unit))
     errors: list[str] = field(default_factory=list)
-    unattributed: int = 0
+    #: The instrumentation's announcement, from the first span of the run that carries one.
+    announcement: Announcement | None = None
+    #: The parent of its workflow-run span (callers' ledger spans join the run under the same parent).
+    parent_id: bytes = b""
+    #: Callers' ledger spans that joined no workflow run (this is the trace's run apart from them).
+    caller_ledgers_apart: int = 0
     dirty: bool = False
     revision: int = 0
+
+
+#: MAF's id of an agent without a name (``str(uuid4())``, also as 32 hex digits): a per-process id
+#: that never names a unit (DESIGN §1 r3).
+_PER_PROCESS_ID = re.compile(r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}", re.IGNORECASE)
+UNNAMED_AGENT = "unnamed-agent"
+
+
+def stable_name(name: str) -> str:
+    """An agent name as a unit may carry it: a per-process id becomes :data:`UNNAMED_AGENT`."""
+    return UNNAMED_AGENT if len(name) in (32, 36) and _PER_PROCESS_ID.fullmatch(name) else name
 
 
 @lru_cache(maxsize=256)
@@ -193,6 +217,7 @@ def span_facts(m: Matcher, name: str, attrs: dict[str, Any]) -> Facts:
         _int(_first(attrs, m.output_keys)),
         _int(_first(attrs, m.total_keys)),
         finish_reason(_first(attrs, m.finish_keys)),
+        *(_text(attrs.get(key)) for key in ANNOUNCEMENT_ATTRIBUTES),
     )
 
 
@@ -200,7 +225,7 @@ class TraceState:
     """Everything known about one trace, updated span batch by span batch."""
 
     __slots__ = ("matcher", "trace_id", "root_span_id", "subject", "_context", "_pending", "_pending_ids",
-                 "_runs", "_names", "_fallback_subject", "run_spans_seen", "unusable", "orphaned")
+                 "_runs", "_names", "_fallback_subject", "run_spans_seen", "unusable", "orphaned", "_callers")
 
     def __init__(self, matcher: Matcher, trace_id: bytes) -> None:
         self.matcher = matcher
@@ -220,6 +245,10 @@ class TraceState:
         #: Spans classified as if parentless because their parent never arrived (a workflow-run
         #: span's parent aside, which may never be exported): spans of the trace are missing.
         self.orphaned = 0
+        #: Ledger spans outside any workflow run that name their executor (a caller recording the
+        #: workflow's AgentResponseEvents under its own span): (parent id, executor key, entry),
+        #: until they join the run under the same parent that has that executor.
+        self._callers: list[tuple[bytes, str, LedgerEntry]] = []
 
     def add(self, span: SpanRecord) -> bool:
         """Classify one span now if its parent is known (or it has none), else park it.
@@ -275,7 +304,7 @@ class TraceState:
         return run
 
     def _classify(self, s: SpanRecord, parent: Context) -> Context:
-        kind, bridge, chat, agent_id, executor_id, _, hosts_agent, subject, _, i, o, t, finish = s.facts
+        kind, bridge, chat, agent_id, executor_id, _, hosts_agent, subject, _, i, o, t, finish = s.facts[:FINISH + 1]
         run_key, executor, agent, invocation = parent
         if bridge:
             self._ledger_span(s, parent)
@@ -285,6 +314,8 @@ class TraceState:
                 run = self._run(s.span_id.hex())
                 run.seen = True
                 run.subject = subject
+                run.parent_id = s.parent_id
+                self._announce(run, s)
                 if error := self._error(s):
                     run.errors.append(f"workflow: {error}")
                 return (run.span_id, None, None, None)
@@ -307,8 +338,10 @@ class TraceState:
             name = agent_id or _suffix(s.name, self.matcher.agent_prefixes)
             if not name:
                 return parent
-            key = self._key(name)
-            unit = self._run(run_key).units[(executor, key)]
+            key = self._key(stable_name(name))
+            run = self._run(run_key)
+            self._announce(run, s)
+            unit = run.units[(executor, key)]
             unit.top_level = unit.top_level or agent is None
             if self._error(s) is None:  # an agent that raised reported nothing
                 if self.matcher.agent_span_is_ledger(s.sdk_language):
@@ -316,30 +349,55 @@ class TraceState:
                     unit.agent_spans.append(LedgerEntry(Usage(i, o, t), finish, s.start_ns, sid, sid))
                 else:
                     unit.derived_agent_spans += 1
+                    unit.derived_reported = unit.derived_reported or bool(i or o or t) or finish is not None
             return (run_key, executor, key, s.span_id.hex())
-        if chat:
-            run = self._run(run_key)
-            if executor is None and agent is None:
-                run.unattributed += 1
-            else:
-                run.units[(executor, agent)].turns.append((i, o, t, finish, s.start_ns, invocation, s.span_id,
-                                                           self._error(s)))
+        if chat:  # with no agent above it, the unit (executor, None) is a run note, not a unit
+            self._run(run_key).units[(executor, agent)].turns.append((i, o, t, finish, s.start_ns, invocation,
+                                                                      s.span_id, self._error(s)))
         return parent
 
     def _ledger_span(self, s: SpanRecord, parent: Context) -> None:
         """An AgentResponseEvent: the response the agent's caller received, where that agent ran."""
         run_key, executor, agent, invocation = parent
-        _, _, _, name, _, bridge_executor, _, _, _, i, o, t, finish = s.facts
-        if name is None:  # written by the pre-instrumentation bridge: names its executor instead
+        _, _, _, name, _, bridge_executor, _, _, _, i, o, t, finish = s.facts[:FINISH + 1]
+        entry = LedgerEntry(Usage(i, o, t), finish, s.start_ns, None, s.span_id.hex())
+        if name is None:  # written by the caller (the seed's bridge): names its executor instead
             if bridge_executor is None:
                 return
-            executor, key, invocation = self._key(bridge_executor), None, None
+            if run_key is None:  # beside the workflow run, not in it: joins it once the run is known
+                self._callers.append((s.parent_id, self._key(bridge_executor), entry))
+                return
+            executor, key = self._key(bridge_executor), None
         else:
-            key = self._key(name)
-            if key != agent:  # emitted beside the agent span, not under it: not aligned to an invocation
-                invocation = None
-        entry = LedgerEntry(Usage(i, o, t), finish, s.start_ns, invocation, s.span_id.hex())
-        self._run(run_key).units[(executor, key)].ledger.append(entry)
+            key = self._key(stable_name(name))
+            if key == agent:  # under the agent span: aligned to that invocation
+                entry.invocation = invocation
+        run = self._run(run_key)
+        self._announce(run, s)
+        run.units[(executor, key)].ledger.append(entry)
+
+    @staticmethod
+    def _announce(run: _Run, s: SpanRecord) -> None:
+        if run.announcement is None and (s.facts[INSTRUMENTATION_VERSION] or s.facts[MAF_RELEASE]):
+            run.announcement = Announcement(*s.facts[MAF_RELEASE:])
+
+    def _join_callers(self, everything: bool) -> None:
+        """Callers' ledger spans join the run under their parent that has their executor, when exactly
+        one does (DESIGN §3 r3); once the trace is complete, the others stay apart, noted."""
+        waiting = []
+        for parent_id, executor, entry in self._callers:
+            runs = [r for r in self._runs.values()
+                    if r.span_id is not None and r.parent_id == parent_id and executor in r.executors]
+            if len(runs) == 1:
+                runs[0].units[(executor, None)].ledger.append(entry)
+                runs[0].dirty = True
+            elif everything:
+                apart = self._run(None)
+                apart.units[(executor, None)].ledger.append(entry)
+                apart.caller_ledgers_apart += 1
+            else:
+                waiting.append((parent_id, executor, entry))
+        self._callers = waiting
 
     @staticmethod
     def _error(s: SpanRecord) -> str | None:
@@ -399,6 +457,8 @@ class TraceState:
         """
         orphaned = self.orphaned
         self.resolve_orphans(everything)
+        if self._callers:
+            self._join_callers(everything)
         if self.orphaned > orphaned:  # spans are missing: runs already published cannot pass either
             for run in self._runs.values():
                 run.dirty = True
@@ -434,19 +494,33 @@ class TraceState:
     def _run_input(self, run: _Run, cut: str | None, partial: bool) -> RunInput:
         names = self._names
         records = []
-        units_by_executor: dict[str | None, list[str]] = defaultdict(list)
+        units_by_executor: dict[str | None, list[str | None]] = defaultdict(list)
         for executor, agent in run.units:
             units_by_executor[executor].append(agent)
+        idle: set[str] = set()
+        scored: set[str | None] = set()
+        unattributed: list[UnattributedChat] = []
         for (executor, agent), unit in run.units.items():
+            hosts_agent = executor in run.executors and run.executors[executor].hosts_agent
             if unit.ledger:
                 ledger, source, derived = tuple(unit.ledger), LEDGER_SOURCE_BRIDGE, False
             elif unit.agent_spans:
                 ledger, source, derived = tuple(unit.agent_spans), LEDGER_SOURCE_AGENT_SPAN, False
             else:
                 ledger, source, derived = (), "none", unit.derived_agent_spans > 0
+            if agent is None and not ledger and not hosts_agent:
+                # chat calls with no agent above them, by an executor that hosts none (a function
+                # executor calling a chat client itself) or by none: a run note, not a unit (DESIGN §1 r3)
+                unattributed.append(_unattributed(names[executor] if executor is not None else None, unit.turns))
+                continue
+            name = self._unit_name(run, executor, agent, unit, units_by_executor[executor])
+            if not unit.turns and not unit.derived_reported and not any(_reports(e) for e in ledger):
+                idle.add(name)  # an agent call that made no model call and reported nothing: not scored
+                continue
+            scored.add(executor)
             spans = run.executors[executor].spans if executor in run.executors else []
             records.append(ExecutorRecord(
-                executor_id=self._unit_name(run, executor, agent, unit, units_by_executor[executor]),
+                executor_id=name,
                 ledger=ledger,
                 turns=tuple([ChatTurn(Usage(i, o, t), finish, start, invocation, sid.hex(), error)
                              for i, o, t, finish, start, invocation, sid, error in unit.turns]),
@@ -454,7 +528,11 @@ class TraceState:
                 span_ids=tuple([sid for _, sid in sorted(spans)]),
                 ledger_derived=derived,
             ))
-        non_agent = tuple(sorted((names[k] for k in run.executors if k not in units_by_executor), key=str.casefold))
+        non_agent = tuple(sorted(idle | {names[k] for k in run.executors if k not in scored}, key=str.casefold))
+        notes = [f"Trace incomplete: {cut}; spans that had not arrived are not in this verdict."] if cut else []
+        if run.caller_ledgers_apart:
+            notes.append(f"{run.caller_ledgers_apart} ledger span(s) recorded beside a workflow run named an "
+                         "executor that no single workflow run under the same parent ran: reconciled apart.")
         trace_id = self.trace_id.hex()
         return RunInput(
             executors=tuple(records),
@@ -463,11 +541,12 @@ class TraceState:
             subject=run.subject or self.subject or self._fallback_subject,
             incomplete=cut is not None,
             partial=partial,
-            unattributed_chat_spans=run.unattributed,
+            unattributed_chat=tuple(unattributed),
             non_agent_executors=non_agent,
             workflow_errors=tuple(run.errors),
             run_id=self._run_id(run),
-            notes=(f"Trace incomplete: {cut}; spans that had not arrived are not in this verdict.",) if cut else (),
+            notes=tuple(notes),
+            announcement=run.announcement,
         )
 
     def _unit_name(self, run: _Run, executor: str | None, agent: str | None, unit: _Unit,
@@ -483,6 +562,17 @@ class TraceState:
         if hosts_agent and unit.top_level and len(own_candidates) == 1 and None not in siblings:
             return names[executor]
         return f"{names[executor]}/{names[agent]}"
+
+
+def _reports(entry: LedgerEntry) -> bool:
+    """The framework reported something for this response: tokens or a finish reason."""
+    return bool(entry.usage.total) or entry.finish_reason is not None
+
+
+def _unattributed(executor: str | None, turns: list[_Turn]) -> UnattributedChat:
+    totals = [Usage(i, o, t).total for i, o, t, *_ in turns]
+    known = [total for total in totals if total is not None]
+    return UnattributedChat(executor, len(turns), sum(known) if known else None)
 
 
 def _suffix(name: str, prefixes: tuple[str, ...]) -> str | None:

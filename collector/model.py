@@ -33,6 +33,7 @@ class NoTruthReason(str, enum.Enum):
     NO_CHAT_TRACE = "no_chat_trace"
     RESPONSE_MISSING = "response_missing"
     PARTIAL_RESPONSE = "partial_response"
+    USAGE_MISSING = "usage_missing"
     LEDGER_MISSING = "ledger_missing"
     LEDGER_DERIVED = "ledger_derived"
 
@@ -50,8 +51,12 @@ NO_TRUTH_EXPLANATIONS: dict[NoTruthReason, str] = {
         "that records no response (a streaming call without usage in its last chunk)"
     ),
     NoTruthReason.PARTIAL_RESPONSE: (
-        "some chat calls carried a response and others were requests that never got one, so the token "
-        "sum cannot be trusted"
+        "some chat calls carried a response and others were requests that never got one, or responses "
+        "without a token count, so the token sum cannot be trusted"
+    ),
+    NoTruthReason.USAGE_MISSING: (
+        "the chat calls answered (they carry finish reasons) but none reported a token count, so there is "
+        "no token total to compare"
     ),
     NoTruthReason.LEDGER_MISSING: (
         "the chat boundary saw this agent's calls but the framework reported no response for it (the "
@@ -82,6 +87,10 @@ NO_TRUTH_FIXES: dict[NoTruthReason, str] = {
         "find the chat spans without gen_ai.usage.* among the chat span ids below (typically streamed "
         "calls cut short, or a client layer that drops usage) and make them record the response"
     ),
+    NoTruthReason.USAGE_MISSING: (
+        "make the chat client report usage: a streamed call reports it only when asked for it in the "
+        "last chunk (OpenAI-compatible clients: stream_options include_usage)"
+    ),
     NoTruthReason.LEDGER_MISSING: (
         "if the agent failed, see the failed chat calls and the run's workflow errors; otherwise record "
         "its responses: MAF Python, install opentelemetry-instrumentation-maf-fidelity and call "
@@ -111,6 +120,7 @@ FILE_FIXES: dict[NoTruthReason, str] = {
     NoTruthReason.PARTIAL_RESPONSE: (
         "give every request of this executor its response turn (or a failed turn if the call raised)"
     ),
+    NoTruthReason.USAGE_MISSING: "give this executor's response turns their token counts",
 }
 
 
@@ -147,10 +157,11 @@ class Usage:
 
     @property
     def total(self) -> int | None:
-        """input + output where both are known, else the reported total."""
-        if self.input_tokens is not None and self.output_tokens is not None:
-            return self.input_tokens + self.output_tokens
-        return self.total_tokens
+        """input + output where either is known (the missing side counts 0: a model may report output
+        tokens only), else the reported total; None where no count at all is known."""
+        if self.input_tokens is None and self.output_tokens is None:
+            return self.total_tokens
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
 
 
 @dataclass(slots=True)
@@ -194,6 +205,28 @@ class ExecutorRecord:
     ledger_derived: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class UnattributedChat:
+    """Chat calls with no agent above them, by one executor (None: by none): a run note, never a unit."""
+
+    executor: str | None
+    calls: int
+    tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Announcement:
+    """What the MAF instrumentation said of itself on the run's spans (DESIGN §3b r3)."""
+
+    maf_release: str | None
+    version: str | None
+    status: str | None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.status) and self.status.startswith("active")
+
+
 @dataclass(slots=True)  # built once per run on the live path: not frozen, as above
 class RunInput:
     executors: tuple[ExecutorRecord, ...]
@@ -205,7 +238,7 @@ class RunInput:
     #: workflow-run span, or the parent of a span), so units may be missing: it cannot pass. A run
     #: cut short otherwise (a collector stopping mid quiet period) is incomplete only.
     partial: bool = False
-    unattributed_chat_spans: int = 0
+    unattributed_chat: tuple[UnattributedChat, ...] = ()
     #: Executors in which no agent ran (function executors, dispatchers, idle participants...).
     non_agent_executors: tuple[str, ...] = ()
     #: Errors the workflow itself raised (error status on workflow or executor spans): shown, not scored.
@@ -214,6 +247,8 @@ class RunInput:
     run_id: str | None = None
     #: What the reader noticed and the user should know (e.g. a trace key with no step), shown on the run.
     notes: tuple[str, ...] = ()
+    #: The MAF instrumentation's announcement on the run's spans (None: none carried one).
+    announcement: Announcement | None = None
 
     @property
     def is_workflow(self) -> bool:
@@ -287,13 +322,19 @@ class RunVerdict:
     preset: str = "standard"
     cost_tier: str = COST_TIER
     incomplete: bool = False
+    #: Chat calls with no agent above them (the sum of ``unattributed_chat``'s calls).
     unattributed_chat_spans: int = 0
+    unattributed_chat: tuple[UnattributedChat, ...] = ()
     revision: int = 1
     notes: tuple[str, ...] = field(default=())
     non_agent_executors: tuple[str, ...] = ()
     workflow_errors: tuple[str, ...] = ()
     #: AgentEval's coverage note when some units had no truth and others were checked, else None.
     coverage_note: str | None = None
+    #: The MAF release and instrumentation its spans came from (the instrumentation's announcement).
+    maf_release: str | None = None
+    instrumentation_version: str | None = None
+    instrumentation_status: str | None = None
 
     @property
     def checked(self) -> int:

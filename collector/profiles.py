@@ -26,12 +26,18 @@ class ProfileConfig(BaseModel):
     #: agent's unit is named by the executor id; any other agent in an executor is ``executor/agent``.
     agent_executor_types: list[str] = Field(default_factory=list)
     #: Executor-type attribute.
-    executor_type_attributes: list[str] = Field(default_factory=lambda: ["executor.type"])
+    #: Executor-type attributes, first present wins: the MAF instrumentation's ``fidelity.executor.type``
+    #: says ``AgentExecutor`` for any subclass running its own agent (MAF's ``executor.type`` is the
+    #: subclass's short name).
+    executor_type_attributes: list[str] = Field(default_factory=lambda: ["fidelity.executor.type", "executor.type"])
     executor_span_prefixes: list[str] = Field(default_factory=list)
     executor_id_attributes: list[str] = Field(default_factory=lambda: ["executor.id"])
     agent_span_prefixes: list[str] = Field(default_factory=lambda: ["invoke_agent"])
+    #: The agent's name, first present wins: the MAF instrumentation's stable ``fidelity.agent.name``
+    #: (the agent's name, else its class), then GenAI's (MAF Python names an unnamed agent by its
+    #: per-process id: such a name becomes ``unnamed-agent``).
     agent_id_attributes: list[str] = Field(
-        default_factory=lambda: ["gen_ai.agent.name", "gen_ai.agent.id"]
+        default_factory=lambda: ["fidelity.agent.name", "gen_ai.agent.name", "gen_ai.agent.id"]
     )
     chat_operation_names: list[str] = Field(default_factory=lambda: ["chat"])
     chat_span_prefixes: list[str] = Field(default_factory=lambda: ["chat "])
@@ -46,7 +52,9 @@ class ProfileConfig(BaseModel):
     finish_reasons_attributes: list[str] = Field(
         default_factory=lambda: ["gen_ai.response.finish_reasons"]
     )
-    subject_attributes: list[str] = Field(default_factory=lambda: ["workflow.name"])
+    #: The workflow's name (else the resource's ``service.name``); never a per-process id such as
+    #: MAF Python's ``workflow.id`` (a uuid).
+    subject_attributes: list[str] = Field(default_factory=lambda: ["gen_ai.workflow.name", "workflow.name"])
     #: Error attribute of a span (besides an error status).
     error_attributes: list[str] = Field(default_factory=lambda: ["error.type"])
 
@@ -63,8 +71,7 @@ def default_profiles() -> dict[str, ProfileConfig]:
                                     agent_executor_types=PYTHON_AGENT_EXECUTORS),
         "maf-dotnet": ProfileConfig(sdk_languages=["dotnet"], agent_span_ledger="independent",
                                     executor_span_prefixes=["executor.process"],
-                                    agent_executor_types=DOTNET_AGENT_EXECUTORS,
-                                    subject_attributes=["workflow.name", "workflow.id"]),
+                                    agent_executor_types=DOTNET_AGENT_EXECUTORS),
     }
 
 
@@ -74,6 +81,13 @@ def default_profiles() -> dict[str, ProfileConfig]:
 LEDGER_SOURCE_ATTRIBUTE = "fidelity.ledger.source"
 LEDGER_SOURCE_BRIDGE = "AgentResponseEvent"
 BRIDGE_EXECUTOR_ATTRIBUTE = "executor.id"
+#: The instrumentation's announcement (DESIGN §3b r3), on the spans it writes and the MAF spans it
+#: stamps: the MAF release it found, its own version, and whether it records ("active...") or not
+#: ("inactive: why").
+MAF_RELEASE_ATTRIBUTE = "fidelity.maf.version"
+INSTRUMENTATION_VERSION_ATTRIBUTE = "fidelity.instrumentation.version"
+INSTRUMENTATION_STATUS_ATTRIBUTE = "fidelity.instrumentation.status"
+ANNOUNCEMENT_ATTRIBUTES = (MAF_RELEASE_ATTRIBUTE, INSTRUMENTATION_VERSION_ATTRIBUTE, INSTRUMENTATION_STATUS_ATTRIBUTE)
 
 
 #: Span kinds by name (:meth:`Matcher.kind`).
@@ -121,6 +135,7 @@ class Matcher:
             + self.error_keys
             + self.executor_type_keys
             + (LEDGER_SOURCE_ATTRIBUTE, BRIDGE_EXECUTOR_ATTRIBUTE)
+            + ANNOUNCEMENT_ATTRIBUTES
         )
 
     def kind(self, name: str) -> int:

@@ -13,6 +13,7 @@ from operator import attrgetter
 
 from collector.model import (
     VERDICT_SCORES,
+    Announcement,
     WARN_THRESHOLD,
     PASS_THRESHOLD,
     ChatTurn,
@@ -50,7 +51,8 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
         subject=run.subject,
         preset=preset,
         incomplete=run.incomplete,
-        unattributed_chat_spans=run.unattributed_chat_spans,
+        unattributed_chat_spans=sum(u.calls for u in run.unattributed_chat),
+        unattributed_chat=run.unattributed_chat,
         non_agent_executors=run.non_agent_executors,
         workflow_errors=run.workflow_errors,
         notes=run.notes,
@@ -58,7 +60,15 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
                                     [v.no_truth_reason in _NO_LEDGER for v in verdicts].count(True),
                                     run.partial),
         revision=revision,
+        **_announcement(run.announcement),
     )
+
+
+def _announcement(said: Announcement | None) -> dict[str, str | None]:
+    if said is None:
+        return {}
+    return {"maf_release": said.maf_release, "instrumentation_version": said.version,
+            "instrumentation_status": said.status}
 
 
 def merge_units(records: Iterable[ExecutorRecord]) -> list[ExecutorRecord]:
@@ -134,7 +144,7 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
     ledger = sorted(record.ledger, key=_SEQ)
     turns = sorted(record.turns, key=_SEQ)
     responses: list[ChatTurn] = []
-    failed = bare = 0
+    failed = bare = countless = 0
     summed: int | None = None  # over the responses that carry usage
     for t in turns:  # a response: usage, or a finish reason and no error; failed: an error and no usage
         total = t.usage.total
@@ -143,6 +153,7 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
             summed = total if summed is None else summed + total
         elif t.finish_reason is not None and t.error is None:
             responses.append(t)
+            countless += 1  # answered, but with no token count to sum
         elif t.error is not None:
             failed += 1
         else:
@@ -151,7 +162,7 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
     framework_tokens = sum([e.usage.total or 0 for e in ledger]) if ledger else None
     # Failed calls add 0: a unit whose every answered call failed has a truth of 0 tokens.
     truth_tokens = summed if summed is not None else 0 if failed and not responses else None
-    no_truth = _no_truth_reason(len(turns), bare, ledger, record.ledger_derived)
+    no_truth = _no_truth_reason(len(turns), bare, countless, len(responses), ledger, record.ledger_derived)
 
     # A unit with nothing honest to compare shows what each side said, never a difference
     delta = direction = None
@@ -222,18 +233,22 @@ def _aliases(pairs: tuple[tuple[str, str], ...]) -> dict[str, str]:
     return {k.lower(): v.lower() for k, v in pairs}
 
 
-def _no_truth_reason(turns: int, bare: int, ledger: Sequence[LedgerEntry], derived: bool) -> NoTruthReason | None:
+def _no_truth_reason(turns: int, bare: int, countless: int, responses: int, ledger: Sequence[LedgerEntry],
+                     derived: bool) -> NoTruthReason | None:
     """Why there is nothing honest to compare, first what the chat boundary lacks, then the ledger.
 
     ``bare``: turns with neither a response nor a failure. A failed call is accounted for (it adds 0
     tokens), never a missing response: a failure is never explained as the Path-2 gap.
+    ``countless``: responses with a finish reason and no token count: the truth total is unknown.
     """
     if not turns:
         return NoTruthReason.NO_CHAT_TRACE
     if bare == turns:
         return NoTruthReason.RESPONSE_MISSING
-    if bare:
+    if bare or 0 < countless < responses:
         return NoTruthReason.PARTIAL_RESPONSE
+    if countless:
+        return NoTruthReason.USAGE_MISSING
     if not ledger:
         return NoTruthReason.LEDGER_DERIVED if derived else NoTruthReason.LEDGER_MISSING
     return None
@@ -270,9 +285,11 @@ def _compare_finish(
     """
     if not ledger:
         return [], False
-    aligned = all(e.invocation is not None for e in ledger) and all(
-        t.invocation is not None for t in responses
-    )
+    # Per invocation only where each ledger entry is exactly one invocation: an entry covering several
+    # (a loop or approval middleware re-running the agent inside one call) is one response for all.
+    invocations = {e.invocation for e in ledger}
+    aligned = (None not in invocations and len(invocations) == len(ledger)
+               and all(t.invocation in invocations for t in responses))
     if not aligned:
         pairs = [(None, _last_entry_reason(ledger), _last_reason(responses))]
     else:

@@ -117,8 +117,15 @@ def print_run(console: Console, run: dict[str, Any]) -> None:
         console.print("  no agent ran in this run")
     if run.get("non_agent_executors"):
         console.print(f"  not reconciled (no agent ran): {', '.join(map(shown, run['non_agent_executors']))}")
-    if run.get("unattributed_chat_spans"):
-        console.print(f"  {run['unattributed_chat_spans']} chat span(s) had no executor or agent")
+    for chat in run.get("unattributed_chat") or ():
+        where = (f"made by {shown(chat['executor'])}, which hosts no agent" if chat["executor"]
+                 else "with no executor or agent above them")
+        tokens = f", {chat['tokens']:,} tokens," if chat["tokens"] is not None else ""
+        console.print(f"  note: {chat['calls']} chat call(s){tokens} {where} (not a unit)")
+    if run.get("maf_release") or run.get("instrumentation_version"):
+        console.print(f"  agent-framework-core {run.get('maf_release') or '-'}, opentelemetry-instrumentation-maf-fidelity "
+                      f"{run.get('instrumentation_version') or '-'} ({run.get('instrumentation_status') or '-'})",
+                      markup=False)
     for error in run.get("workflow_errors") or ():
         console.print(f"  [red]workflow error[/] (not scored): {shown(error)}")
     for note in run.get("notes") or ():

@@ -16,7 +16,7 @@ import structlog
 from aiohttp import web
 
 from collector.assembler import Failure
-from collector.model import NO_TRUTH_FIXES, Status
+from collector.model import Status
 from collector.security import BearerAuth
 from collector.store import RETRY_READ_AFTER, UNREADABLE, RunStore, StoreError
 
@@ -30,7 +30,6 @@ _env = jinja2.Environment(loader=jinja2.PackageLoader("collector", "templates"),
 _env.filters["score"] = lambda v: "–" if v is None else f"{v:.3f}"
 _env.filters["num"] = lambda v: "–" if v is None else f"{v:,}"
 _env.filters["when"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t else "–"
-_env.globals["fixes"] = {r.value: text for r, text in NO_TRUTH_FIXES.items()}
 _env.globals["statuses"] = [s.value for s in Status]
 
 

@@ -17,6 +17,7 @@ from collector.model import (
     NO_TRUTH_EXPLANATIONS,
     NO_TRUTH_FIXES,
     ExecutorVerdict,
+    NoTruthReason,
     RunVerdict,
 )
 
@@ -43,12 +44,34 @@ def _plain(value: Any) -> Any:
             for name in names for v in (getattr(value, name),)}
 
 
-def _unit_extras(verdict: ExecutorVerdict) -> dict[str, Any]:
+def no_truth_fix(verdict: ExecutorVerdict, run: RunVerdict) -> str | None:
+    """What would give the unit its truth back, true of this run: where the MAF instrumentation
+    announced itself on the run's spans, a missing ledger is not fixed by installing it."""
     reason = verdict.no_truth_reason
-    fixes = _FILE_FIXES if verdict.evidence.ledger_source in _FILE_SOURCES else NO_TRUTH_FIXES
+    if reason is None:
+        return None
+    if verdict.evidence.ledger_source in _FILE_SOURCES:
+        return _FILE_FIXES[reason]
+    if reason in (NoTruthReason.LEDGER_DERIVED, NoTruthReason.LEDGER_MISSING) and run.instrumentation_status:
+        found = (f"opentelemetry-instrumentation-maf-fidelity {run.instrumentation_version} is installed "
+                 f"(agent-framework-core {run.maf_release})")
+        if not run.instrumentation_status.startswith("active"):
+            return (f"{found} but records nothing: {run.instrumentation_status.removeprefix('inactive: ')}; "
+                    "upgrade it to a release that supports this MAF, or run a MAF release it supports")
+        recorded = (f"{found} and active, but no agent_response span of this agent reached the collector: "
+                    "check that the agent runs through a MAF agent class's run() and that every span of the "
+                    "process is exported to this collector")
+        if reason is NoTruthReason.LEDGER_MISSING:
+            return f"if the agent failed, see the failed chat calls and the run's workflow errors; otherwise {recorded}"
+        return recorded
+    return NO_TRUTH_FIXES[reason]
+
+
+def _unit_extras(verdict: ExecutorVerdict, run: RunVerdict) -> dict[str, Any]:
+    reason = verdict.no_truth_reason
     return {"checked": verdict.checked,
             "no_truth_explanation": NO_TRUTH_EXPLANATIONS[reason] if reason is not None else None,
-            "no_truth_fix": fixes[reason] if reason is not None else None}
+            "no_truth_fix": no_truth_fix(verdict, run)}
 
 
 _RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunVerdict) if f.name != "executors")
@@ -69,10 +92,10 @@ def run_to_json(run: RunVerdict, **extra: Any) -> bytes:
     (:func:`_plain`) cost ~18 µs a unit in the store writer, holding the GIL the receivers need.
     """
     try:
-        units = b",".join(orjson.dumps(e)[:-1] + b"," + orjson.dumps(_unit_extras(e))[1:] for e in run.executors)
+        units = b",".join(orjson.dumps(e)[:-1] + b"," + orjson.dumps(_unit_extras(e, run))[1:] for e in run.executors)
         return orjson.dumps(_run_head(run, orjson.Fragment(b"[" + units + b"]"), _same, extra))
     except TypeError:  # what orjson refuses (an integer beyond 64 bits, a lone surrogate): the slow way
-        executors = [_plain(e) | _unit_extras(e) for e in run.executors]
+        executors = [_plain(e) | _unit_extras(e, run) for e in run.executors]
         return to_json(_run_head(run, executors, _plain, extra))
 
 

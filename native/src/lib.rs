@@ -468,9 +468,12 @@ enum Role {
     Output,
     Total,
     Finish,
+    MafRelease,
+    InstrumentationVersion,
+    InstrumentationStatus,
 }
 
-const ROLES: usize = 12;
+const ROLES: usize = 15;
 
 /// Finish-reason strings whose answers a decoder remembers.
 const FINISH_REASONS: usize = 4096;
@@ -831,7 +834,7 @@ impl Decoder {
             parent_id = &[];
         }
         let mut facts = Facts {
-            items: Vec::with_capacity(13),
+            items: Vec::with_capacity(16),
             json: Vec::with_capacity(96),
         };
         facts.json.push(b'[');
@@ -1061,6 +1064,9 @@ impl Decoder {
             facts.text(py, self.first_reason(items)?);
         } else {
             facts.text(py, None);
+        }
+        for role in [Role::MafRelease, Role::InstrumentationVersion, Role::InstrumentationStatus] {
+            facts.text(py, self.text(self.first(role, values)));
         }
         Ok(())
     }

@@ -23,23 +23,41 @@ structurally, also for agents called as tools or nested in sub-workflows), else 
 span. Plain runs record on return; streams when fully consumed, or, when the consumer stops early,
 what it had received (``fidelity.stream.closed_early``). A run that raises records nothing.
 ``WorkflowAgent`` (``workflow.as_agent()``) is not recorded itself: its inner agents are.
+
+One agent call may invoke the agent several times (a loop or approval middleware calling
+``call_next()`` again): the one response covers them all. Where such a re-run starts with no span
+current (a direct ``agent.run`` has none around it), MAF would start a new trace for it; it is
+joined to the call's first ``invoke_agent`` span instead, so the collector sees the whole call.
+
+Releases: the instrumentor checks for the MAF hooks it needs, not a version. Where one is missing it
+records nothing and says which; on a release outside those tested it instruments and warns once.
+It announces itself (``fidelity.instrumentation.version``, ``fidelity.maf.version``,
+``fidelity.instrumentation.status``) on the spans it writes and on MAF's agent spans, so a collector
+tells "not installed" from "installed, inactive on MAF X"; when inactive, on MAF's agent and workflow
+spans through a span processor where the tracer provider takes one. Agents are named stably
+(``fidelity.agent.name``: the agent's name, else its class, never MAF's per-process id), and the
+executor span of an ``AgentExecutor`` (or subclass) running its own agent says so
+(``fidelity.executor.type``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import time
+import weakref
 from collections.abc import Callable, Collection, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
-from opentelemetry.instrumentation.maf_fidelity.package import _instruments
+from opentelemetry.instrumentation.maf_fidelity.package import TESTED_NEWEST, TESTED_OLDEST, _instruments
 from opentelemetry.instrumentation.maf_fidelity.version import __version__
 
 LEDGER_SOURCE_ATTRIBUTE = "fidelity.ledger.source"
@@ -47,6 +65,17 @@ LEDGER_SOURCE = "AgentResponseEvent"
 SPAN_PREFIX = "agent_response"
 #: Agent classes that only wrap other agents (their inner agents are recorded instead).
 COMPOSITE_AGENTS = frozenset({"WorkflowAgent"})
+#: The agent's stable name (its name, else its class), on MAF's agent span and ours.
+AGENT_NAME_ATTRIBUTE = "fidelity.agent.name"
+#: On the executor span of an ``AgentExecutor`` (any subclass) whose own agent runs in it.
+EXECUTOR_TYPE_ATTRIBUTE = "fidelity.executor.type"
+AGENT_EXECUTOR = "AgentExecutor"
+MAF_DISTRIBUTION = "agent-framework-core"
+ANNOUNCEMENT_KEYS = ("fidelity.maf.version", "fidelity.instrumentation.version", "fidelity.instrumentation.status")
+#: MAF spans stamped with the announcement while inactive (agent and workflow-run spans).
+_ANNOUNCED_SPANS = ("invoke_agent", "workflow.run", "invoke_workflow")
+
+_logger = logging.getLogger(__name__)
 
 _USAGE_KEYS = (("input_token_count", "gen_ai.usage.input_tokens"),
                ("output_token_count", "gen_ai.usage.output_tokens"),
@@ -81,7 +110,13 @@ def response_attributes(response: Any) -> dict[str, Any]:
     return attrs
 
 
-def _agent_name(agent: Any) -> str:
+def stable_agent_name(agent: Any) -> str:
+    """The agent's name, else its class: never MAF's per-process id (a uuid), which would name a
+    different unit in every process."""
+    return str(getattr(agent, "name", None) or type(agent).__name__)
+
+
+def _maf_agent_name(agent: Any) -> str:
     """The name MAF's own telemetry gives the agent (``gen_ai.agent.name``)."""
     return str(getattr(agent, "name", None) or getattr(agent, "id", None) or type(agent).__name__)
 
@@ -90,49 +125,132 @@ def _outermost_run_owner(cls: type) -> type | None:
     return next((klass for klass in cls.__mro__ if "run" in vars(klass)), None)
 
 
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".")[:3] if part.isdigit())
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """What of MAF the instrumentation hooks, found in the installed release (None where missing)."""
+
+    base_agent: type | None
+    telemetry: type | None
+    response_stream: type | None
+    agent_response: type | None
+    agent_executor: type | None
+
+    @classmethod
+    def find(cls) -> Hooks:
+        def get(module: str, name: str) -> Any:
+            try:
+                return getattr(__import__(module, fromlist=[name]), name, None)
+            except ImportError:
+                return None
+
+        return cls(get("agent_framework", "BaseAgent"), get("agent_framework.observability", "AgentTelemetryLayer"),
+                   get("agent_framework", "ResponseStream"), get("agent_framework", "AgentResponse"),
+                   get("agent_framework", "AgentExecutor"))
+
+    def missing(self) -> list[str]:
+        """The hooks a ledger needs that this release lacks, by name."""
+        wanted = [("BaseAgent", self.base_agent, ("__subclasses__",)),
+                  ("AgentTelemetryLayer", self.telemetry, ("_trace_agent_invocation",)),
+                  ("ResponseStream", self.response_stream,
+                   ("with_pull_context_manager", "with_result_hook", "with_cleanup_hook", "updates")),
+                  ("AgentResponse", self.agent_response, ("from_updates",))]
+        out: list[str] = []
+        for name, owner, attrs in wanted:
+            if owner is None:
+                out.append(name)
+            else:
+                out.extend(f"{name}.{attr}" for attr in attrs if not hasattr(owner, attr))
+        return out
+
+
+def maf_release() -> str | None:
+    try:
+        return metadata.version(MAF_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def status(release: str | None, missing: list[str]) -> str:
+    """``active``, ``active, untested: ...`` or ``inactive: ...``: what the announcement says."""
+    if release is None:
+        return f"inactive: {MAF_DISTRIBUTION} is not installed"
+    if missing:
+        return f"inactive: {MAF_DISTRIBUTION} {release} lacks {', '.join(missing)}"
+    if not _release(TESTED_OLDEST) <= _release(release) <= _release(TESTED_NEWEST):
+        return f"active, untested: {MAF_DISTRIBUTION} {release} is outside the tested {TESTED_OLDEST} to {TESTED_NEWEST}"
+    return "active"
+
+
 class MafFidelityInstrumentor(BaseInstrumentor):
     """OpenTelemetry instrumentor recording MAF agent responses as AgentResponseEvent spans."""
+
+    #: The announcement of the last ``instrument()`` (attributes), for the spans written and stamped.
+    announcement: dict[str, str] = {}
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
-        from agent_framework import BaseAgent
-        from agent_framework.observability import AgentTelemetryLayer
-
-        self._tracer = trace.get_tracer(__name__, __version__, tracer_provider=kwargs.get("tracer_provider"),
+        hooks = Hooks.find()
+        release = maf_release()
+        missing = hooks.missing()
+        said = status(release, missing)
+        self.announcement = dict(zip(ANNOUNCEMENT_KEYS, (release or "none", __version__, said)))
+        self._active = not missing and release is not None
+        provider = kwargs.get("tracer_provider")
+        if not self._active:
+            _logger.warning("maf_fidelity %s: records nothing (%s)", __version__, said)
+            self._announcer = _stamp_maf_spans(provider, self.announcement)
+            return
+        if said != "active":
+            _logger.warning("maf_fidelity %s: %s", __version__, said)
+        self._tracer = trace.get_tracer(__name__, __version__, tracer_provider=provider,
                                         schema_url="https://opentelemetry.io/schemas/1.28.0")
         self._originals: dict[type, Callable[..., Any]] = {}
-        self._base = BaseAgent
-        for cls in _subclasses(BaseAgent):
+        self._hooks = hooks
+        for cls in _subclasses(hooks.base_agent):
             self._wrap_class(cls)
 
-        original_init_subclass = vars(BaseAgent).get("__init_subclass__")
+        base = hooks.base_agent
+        original_init_subclass = vars(base).get("__init_subclass__")
         instrumentor = self
 
         def __init_subclass__(cls: type, **kw: Any) -> None:  # noqa: N807 (the hook's own name)
             if original_init_subclass is not None:
                 original_init_subclass.__func__(cls, **kw)
             else:
-                super(BaseAgent, cls).__init_subclass__(**kw)
+                super(base, cls).__init_subclass__(**kw)
             instrumentor._wrap_class(cls)  # agent classes defined after instrument() are covered too
 
         self._original_init_subclass = original_init_subclass
-        BaseAgent.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
+        base.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
 
-        self._telemetry = AgentTelemetryLayer
-        self._original_trace = AgentTelemetryLayer._trace_agent_invocation
-        AgentTelemetryLayer._trace_agent_invocation = _capture_agent_span(self._original_trace)
+        self._original_trace = hooks.telemetry._trace_agent_invocation
+        hooks.telemetry._trace_agent_invocation = _capture_agent_span(self._original_trace, self.announcement)
+        self._original_executor_init = None
+        if hooks.agent_executor is not None:
+            self._original_executor_init = hooks.agent_executor.__init__
+            hooks.agent_executor.__init__ = _register_own_agent(self._original_executor_init)
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        if not self._active:
+            self._announcer.active = False
+            return
+        hooks = self._hooks
         for cls, original in self._originals.items():
             cls.run = original
         self._originals.clear()
         if self._original_init_subclass is None:
-            del self._base.__init_subclass__
+            del hooks.base_agent.__init_subclass__
         else:
-            self._base.__init_subclass__ = self._original_init_subclass
-        self._telemetry._trace_agent_invocation = self._original_trace
+            hooks.base_agent.__init_subclass__ = self._original_init_subclass
+        hooks.telemetry._trace_agent_invocation = self._original_trace
+        if self._original_executor_init is not None:
+            hooks.agent_executor.__init__ = self._original_executor_init
 
     def _wrap_class(self, cls: type) -> None:
         original = vars(cls).get("run")
@@ -148,6 +266,7 @@ class MafFidelityInstrumentor(BaseInstrumentor):
         def run(agent: Any, *args: Any, **kwargs: Any) -> Any:
             if _outermost_run_owner(type(agent)) is not owner or type(agent).__name__ in COMPOSITE_AGENTS:
                 return original(agent, *args, **kwargs)  # a layer's super().run: the outer call records
+            _mark_agent_executor(agent)
             invocation = _Invocation(agent, otel_context.get_current())
             token = _CURRENT.set(invocation)
             try:
@@ -159,9 +278,8 @@ class MafFidelityInstrumentor(BaseInstrumentor):
         return run
 
     def _observe(self, invocation: _Invocation, result: Any, stream: bool) -> Any:
-        from agent_framework import AgentResponse, ResponseStream
-
-        if isinstance(result, ResponseStream):
+        hooks = self._hooks
+        if isinstance(result, hooks.response_stream):
             exhausted = failed = False
 
             @contextlib.contextmanager
@@ -187,7 +305,7 @@ class MafFidelityInstrumentor(BaseInstrumentor):
 
             def on_cleanup() -> None:
                 if not exhausted and not failed and not invocation.recorded:  # the consumer stopped early
-                    self._record(invocation, AgentResponse.from_updates(list(result.updates)), stream=True,
+                    self._record(invocation, hooks.agent_response.from_updates(list(result.updates)), stream=True,
                                  closed_early=True)
 
             return result.with_pull_context_manager(pull).with_result_hook(on_result).with_cleanup_hook(on_cleanup)
@@ -208,10 +326,13 @@ class MafFidelityInstrumentor(BaseInstrumentor):
             return
         invocation.recorded = True
         agent = invocation.agent
+        name = stable_agent_name(agent)
         attrs: dict[str, Any] = {
             LEDGER_SOURCE_ATTRIBUTE: LEDGER_SOURCE,
-            "gen_ai.agent.name": _agent_name(agent),
+            "gen_ai.agent.name": _maf_agent_name(agent),
+            AGENT_NAME_ATTRIBUTE: name,
             "fidelity.stream": stream,
+            **self.announcement,
             **response_attributes(response),
         }
         if (agent_id := getattr(agent, "id", None)) is not None:
@@ -220,28 +341,117 @@ class MafFidelityInstrumentor(BaseInstrumentor):
             attrs["fidelity.stream.closed_early"] = True
         parent = (trace.set_span_in_context(invocation.agent_span) if invocation.agent_span is not None
                   else invocation.parent)
-        span = self._tracer.start_span(f"{SPAN_PREFIX} {attrs['gen_ai.agent.name']}", context=parent,
-                                       attributes=attrs, start_time=invocation.start_ns)
+        span = self._tracer.start_span(f"{SPAN_PREFIX} {name}", context=parent, attributes=attrs,
+                                       start_time=invocation.start_ns)
         span.end()
 
 
-def _capture_agent_span(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap MAF's agent telemetry so the invocation learns its ``invoke_agent`` span: MAF calls
-    ``execute`` with that span current."""
+def _capture_agent_span(original: Callable[..., Any], announcement: dict[str, str]) -> Callable[..., Any]:
+    """Wrap MAF's agent telemetry so the invocation learns its ``invoke_agent`` span (MAF calls
+    ``execute`` with that span current), names that span stably and announces the instrumentation on
+    it; and so a re-run of the agent inside one call that starts where no span is current joins the
+    call's first ``invoke_agent`` span instead of starting a trace of its own."""
 
     @functools.wraps(original)
     def trace_agent_invocation(agent: Any, *args: Any, execute: Callable[[], Any], **kwargs: Any) -> Any:
+        invocation = _CURRENT.get()
+        ours = invocation is not None and invocation.agent is agent
+
         def execute_in_span() -> Any:
-            invocation = _CURRENT.get()
-            if invocation is not None and invocation.agent is agent and invocation.agent_span is None:
-                span = trace.get_current_span()
-                if span.get_span_context().is_valid:
-                    invocation.agent_span = span
+            span = trace.get_current_span()
+            if ours and invocation.agent_span is None and span.get_span_context().is_valid:
+                invocation.agent_span = span
+            if span.is_recording():
+                span.set_attributes({AGENT_NAME_ATTRIBUTE: stable_agent_name(agent), **announcement})
             return execute()
 
-        return original(agent, *args, execute=execute_in_span, **kwargs)
+        rerun = ours and invocation.agent_span is not None and not trace.get_current_span().get_span_context().is_valid
+        if not rerun:
+            return original(agent, *args, execute=execute_in_span, **kwargs)
+        joined = trace.set_span_in_context(invocation.agent_span)
+        if kwargs.get("stream"):  # MAF starts a streamed invocation's span before returning the stream
+            token = otel_context.attach(joined)
+            try:
+                return original(agent, *args, execute=execute_in_span, **kwargs)
+            finally:
+                otel_context.detach(token)
+        pending = original(agent, *args, execute=execute_in_span, **kwargs)
+
+        async def in_call() -> Any:  # a plain invocation starts its span when awaited
+            token = otel_context.attach(joined)
+            try:
+                return await pending
+            finally:
+                otel_context.detach(token)
+
+        return in_call()
 
     return trace_agent_invocation
+
+
+#: Agents hosted by an ``AgentExecutor`` (any subclass), to the executor's id.
+_OWN_AGENTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def _register_own_agent(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def __init__(executor: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        original(executor, *args, **kwargs)
+        agent = getattr(executor, "_agent", None) or getattr(executor, "agent", None)
+        with contextlib.suppress(TypeError):  # an agent that cannot be weakly referenced keeps MAF's naming
+            if agent is not None:
+                _OWN_AGENTS[agent] = str(getattr(executor, "id", ""))
+
+    return __init__
+
+
+def _mark_agent_executor(agent: Any) -> None:
+    """Say on the current executor span that it is an ``AgentExecutor`` running its own agent: MAF's
+    ``executor.type`` is the class's short name, which a subclass changes."""
+    try:
+        executor_id = _OWN_AGENTS.get(agent)
+    except TypeError:
+        return
+    span = trace.get_current_span()
+    if executor_id and span.is_recording() and getattr(span, "name", None) == f"executor.process {executor_id}":
+        span.set_attribute(EXECUTOR_TYPE_ATTRIBUTE, AGENT_EXECUTOR)
+
+
+@dataclass(slots=True)
+class _Announcer:
+    """A span processor stamping MAF's agent and workflow spans with the announcement, so a collector
+    sees an inactive instrumentation (duck-typed: the SDK is not a dependency of this package)."""
+
+    announcement: dict[str, str]
+    active: bool = True
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.active and span.name.startswith(_ANNOUNCED_SPANS):
+            span.set_attributes(self.announcement)
+
+    def _on_ending(self, span: Any) -> None:
+        pass
+
+    def on_end(self, span: Any) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def _stamp_maf_spans(provider: Any, announcement: dict[str, str]) -> _Announcer:
+    announcer = _Announcer(announcement)
+    provider = provider or trace.get_tracer_provider()
+    add = getattr(provider, "add_span_processor", None)
+    if add is not None:
+        add(announcer)
+    else:
+        _logger.warning("maf_fidelity: the tracer provider takes no span processor; the collector will "
+                        "not see that this instrumentation is inactive")
+    return announcer
 
 
 def _subclasses(cls: type) -> list[type]:

@@ -217,6 +217,8 @@ def bench_workflow_trace_fidelity(
 def runs_list(
     status: Annotated[Optional[list[str]], typer.Option("--status", help="Only this status: PASS, WARN, FAIL or PENDING (repeatable).")] = None,
     subject: Annotated[Optional[str], typer.Option("--subject", help="Only runs of this subject.")] = None,
+    maf_release: Annotated[Optional[str], typer.Option(
+        "--maf-release", help="Only runs whose spans came from this agent-framework-core release (e.g. 1.26.0).")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1)] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array of runs (schema: collector/schemas/run.schema.json).")] = False,
     store: StoreOpt = None,
@@ -226,7 +228,7 @@ def runs_list(
     statuses, subject = _statuses(status), _subject_filter(subject)
     db = _open_store(store, _config(config) if config else None, existing=True)
     try:
-        rows = db.list_runs(statuses, subject, limit, with_docs=True)
+        rows = db.list_runs(statuses, subject, limit, with_docs=True, maf_release=maf_release)
     finally:
         db.close()
     if as_json:
@@ -234,7 +236,8 @@ def runs_list(
     elif rows:
         out.print(runs_table(rows))
     else:
-        out.print("no stored run matches --status / --subject" if statuses or subject else "no runs stored")
+        out.print("no stored run matches --status / --subject / --maf-release" if statuses or subject or maf_release
+                  else "no runs stored")
 
 
 @runs_app.command("show")

@@ -44,6 +44,8 @@ def run_attributes(run: RunVerdict, run_id: str) -> dict:
         attrs["fidelity.workflow_errors"] = list(run.workflow_errors)
     if run.subject:
         attrs["fidelity.subject"] = run.subject
+    if run.maf_release:
+        attrs["fidelity.maf.version"] = run.maf_release
     return attrs
 
 

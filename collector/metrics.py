@@ -10,7 +10,7 @@ import time
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -45,8 +45,32 @@ from collector.security import BearerAuth
 SCORE_BUCKETS = (0.0, 0.25, 0.5, 0.75, 0.8, 0.9, 0.95, 0.99, 1.0)
 DELTA_BUCKETS = (0, 1, 10, 50, 100, 500, 1_000, 5_000, 10_000, 50_000)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-#: The ``subject`` label of runs past the ``exporters.metric_subjects`` distinct subjects.
+#: The ``subject`` label of runs past the ``exporters.metric_subjects`` distinct subjects (and the
+#: ``maf_release`` label past :data:`MAX_RELEASES` releases).
 OTHER_SUBJECT = "_other"
+#: Distinct ``maf_release`` label values (MAF ships every few weeks: a process sees a handful).
+MAX_RELEASES = 20
+#: The ``maf_release`` label of runs whose spans named no release (no MAF instrumentation).
+UNKNOWN_RELEASE = "unknown"
+
+
+@dataclass(slots=True)
+class _BoundedLabel:
+    """A label's value as seen for the first ``limit`` distinct values, :data:`OTHER_SUBJECT` past
+    them, so senders cannot grow the series; none when ``limit`` is 0 or there is no value."""
+
+    limit: int
+    seen: set[str] = field(default_factory=set)
+
+    def __call__(self, value: str | None) -> str | None:
+        if value is None or not self.limit:
+            return None
+        if value in self.seen:
+            return value
+        if len(self.seen) < self.limit:
+            self.seen.add(value)
+            return value
+        return OTHER_SUBJECT
 
 
 SCOPE = InstrumentationScope("agenteval.collector")
@@ -239,8 +263,8 @@ class Metrics:
                                 resource),
                 export_interval_millis=otlp.metrics_interval * 1000,
             ))
-        self._subject_limit = config.exporters.metric_subjects
-        self._subjects: set[str] = set()
+        self._subject = _BoundedLabel(config.exporters.metric_subjects)
+        self._release = _BoundedLabel(MAX_RELEASES)
         self.provider = MeterProvider(metric_readers=readers, resource=resource)
         meter = self.provider.get_meter(SCOPE.name)
         self.runs = meter.create_counter("fidelity.runs", description="Run verdicts by status (revisions included)")
@@ -288,36 +312,28 @@ class Metrics:
         """A sweep's verdicts: counted locally, then one ``add`` per attribute set (the SDK hashes a
         record's attributes on every call, which per run and per unit was a tenth of the main thread);
         scores and deltas go to our own histograms."""
-        statuses: Counter[tuple[str, str | None]] = Counter()
-        verdicts: Counter[tuple[str, str | None]] = Counter()
-        reasons: Counter[tuple[str, str | None]] = Counter()
+        Labels = tuple[str, str | None, str | None]
+        statuses: Counter[Labels] = Counter()
+        verdicts: Counter[Labels] = Counter()
+        reasons: Counter[Labels] = Counter()
         for run in runs:
-            subject = self._subject(run.subject)
-            statuses[run.status.value, subject] += 1
+            subject, release = self._subject(run.subject), self._release(run.maf_release or UNKNOWN_RELEASE)
+            statuses[run.status.value, subject, release] += 1
             if run.score is not None:
                 self.score.record(run.score)
             for e in run.executors:
-                verdicts[e.verdict.value, subject] += 1
+                verdicts[e.verdict.value, subject, release] += 1
                 if e.no_truth_reason is not None:
-                    reasons[e.no_truth_reason.value, subject] += 1
+                    reasons[e.no_truth_reason.value, subject, release] += 1
                 elif e.evidence.delta is not None:
                     self.delta.record(abs(e.evidence.delta), e.evidence.direction or "equal")
         for counter, counts, key in ((self.runs, statuses, "status"), (self.verdicts, verdicts, "verdict"),
                                      (self.no_truth, reasons, "reason")):
-            for (value, subject), n in counts.items():
-                counter.add(n, {key: value} if subject is None else {key: value, "subject": subject})
-
-    def _subject(self, subject: str | None) -> str | None:
-        """The run's ``subject`` label: its own for the first ``exporters.metric_subjects`` subjects
-        seen, :data:`OTHER_SUBJECT` past them; none when the label is off or the run has no subject."""
-        if subject is None or not self._subject_limit:
-            return None
-        if subject in self._subjects:
-            return subject
-        if len(self._subjects) < self._subject_limit:
-            self._subjects.add(subject)
-            return subject
-        return OTHER_SUBJECT
+            for (value, subject, release), n in counts.items():
+                labels = {key: value, "maf_release": release}
+                if subject is not None:
+                    labels["subject"] = subject
+                counter.add(n, labels)
 
     def shutdown(self) -> None:
         self.provider.shutdown()

@@ -143,6 +143,7 @@ def runs_table(rows: list[dict[str, Any]]) -> Table:
     for col in ("status", "score", "checked"):
         table.add_column(col, no_wrap=True)
     table.add_column("source", overflow="fold")
+    table.add_column("MAF", no_wrap=True)
     table.add_column("rev", no_wrap=True)
     for r in rows:
         run_id = r["run_id"]
@@ -153,7 +154,7 @@ def runs_table(rows: list[dict[str, Any]]) -> Table:
             run_id, updated, shown(r["subject"] or "-"),
             f"[{STATUS_STYLE[r['status']]}]{r['status']}[/]" + ("\n[dim]incomplete[/]" if r["incomplete"] else ""),
             fmt_score(r["score"]), f"{r['checked']}/{r['checked'] + r['unchecked']}", shown(r["source"]),
-            str(r["revision"]),
+            shown(r.get("maf_release") or "-"), str(r["revision"]),
         )
     return table
 

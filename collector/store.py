@@ -65,6 +65,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # 3: one write per run: the run document already holds every unit's verdict and evidence
         "DROP TABLE IF EXISTS executor_verdicts",
     ),
+    (  # 4: the MAF release the run's spans came from (fidelity by release)
+        "ALTER TABLE runs ADD COLUMN maf_release TEXT",
+        "CREATE INDEX IF NOT EXISTS runs_by_release ON runs (maf_release, updated_at DESC)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -72,23 +76,23 @@ SCHEMA_VERSION = len(MIGRATIONS)
 #: then passes the stored revision's number). :func:`_plan` mirrors this rule to know what it wrote.
 _UPSERT = """
 INSERT INTO runs (run_id, trace_id, subject, status, score, preset, source, revision, incomplete,
-                  checked, unchecked, created_at, updated_at, doc, finalized_by)
+                  checked, unchecked, created_at, updated_at, doc, finalized_by, maf_release)
 VALUES {rows}
 ON CONFLICT (run_id) DO UPDATE SET
     subject = excluded.subject, status = excluded.status, score = excluded.score,
     preset = excluded.preset, incomplete = excluded.incomplete,
     revision = CASE WHEN excluded.revision > runs.revision THEN excluded.revision ELSE runs.revision + 1 END,
     checked = excluded.checked, unchecked = excluded.unchecked, updated_at = excluded.updated_at,
-    doc = excluded.doc, finalized_by = excluded.finalized_by
+    doc = excluded.doc, finalized_by = excluded.finalized_by, maf_release = excluded.maf_release
 WHERE excluded.revision > runs.revision OR (runs.incomplete = 1 AND excluded.incomplete = 0)
 """
 #: A workflow run's verdict supersedes the incomplete verdict its trace got when it was cut short
 #: before its workflow-run span arrived (e.g. by a restart): that one was stored under the trace id.
 _SUPERSEDE = "DELETE FROM runs WHERE incomplete = 1 AND run_id IN ({ids})"
 _CURRENT = "SELECT run_id, revision, incomplete FROM runs WHERE run_id IN ({ids})"
-#: Rows per upsert at most; fewer where the database allows fewer parameters (a row has 15).
+#: Rows per upsert at most; fewer where the database allows fewer parameters (a row has 16).
 _ROWS_PER_STATEMENT = 256
-_COLUMNS = 15
+_COLUMNS = 16
 
 
 @lru_cache(maxsize=128)
@@ -109,7 +113,7 @@ def _chunks(items: list, size: int) -> Iterator[list]:
 
 
 _SUMMARY = ("run_id, trace_id, subject, status, score, preset, source, revision, incomplete, checked, "
-            "unchecked, created_at, updated_at, finalized_by")
+            "unchecked, created_at, updated_at, finalized_by, maf_release")
 _DOC = "doc, revision, created_at, updated_at, finalized_by"
 
 
@@ -307,7 +311,7 @@ class RunStore(ABC):
             now = start + index * 1e-6  # distinct times keep a batch's order in "newest first"
             rows.append((item.run_id, run.trace_id, run.subject, run.status.value, run.score, run.preset, item.source,
                          run.revision, int(run.incomplete), run.checked, run.unchecked, now, now,
-                         doc.decode(), item.finalized_by))
+                         doc.decode(), item.finalized_by, run.maf_release))
         if not rows:
             return []
         limit = self._max_params()
@@ -332,17 +336,19 @@ class RunStore(ABC):
         return [rows[i][0] for i in written]
 
     def list_runs(self, statuses: Iterable[str] = (), subject: str | None = None, limit: int = 50,
-                  with_docs: bool = False) -> list[dict[str, Any]]:
+                  with_docs: bool = False, maf_release: str | None = None) -> list[dict[str, Any]]:
         """Newest first; summary rows, or whole run documents with ``with_docs``. Several statuses
         are read as one index walk each, merged (``status IN`` read every run of those statuses and
         sorted them all, for the newest few)."""
         wanted = sorted({s.upper() for s in statuses})
-        params: dict[str, Any] = {"limit": limit, "subject": subject, **{f"s{i}": s for i, s in enumerate(wanted)}}
+        params: dict[str, Any] = {"limit": limit, "subject": subject, "release": maf_release,
+                                  **{f"s{i}": s for i, s in enumerate(wanted)}}
         columns = f"{_DOC}, run_id" if with_docs else _SUMMARY
         newest = "ORDER BY updated_at DESC, run_id DESC LIMIT :limit"
 
         def walk(status: str | None) -> str:
-            clauses = [c for c in (status and f"status = :{status}", subject and "subject = :subject") if c]
+            clauses = [c for c in (status and f"status = :{status}", subject and "subject = :subject",
+                                   maf_release and "maf_release = :release") if c]
             return f"SELECT {columns} FROM runs {'WHERE ' + ' AND '.join(clauses) if clauses else ''} {newest}"
 
         if len(wanted) > 1:

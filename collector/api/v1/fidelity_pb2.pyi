@@ -35,6 +35,7 @@ class NoTruthReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NO_TRUTH_REASON_PARTIAL_RESPONSE: _ClassVar[NoTruthReason]
     NO_TRUTH_REASON_LEDGER_MISSING: _ClassVar[NoTruthReason]
     NO_TRUTH_REASON_LEDGER_DERIVED: _ClassVar[NoTruthReason]
+    NO_TRUTH_REASON_USAGE_MISSING: _ClassVar[NoTruthReason]
 STATUS_UNSPECIFIED: Status
 STATUS_PASS: Status
 STATUS_WARN: Status
@@ -52,6 +53,17 @@ NO_TRUTH_REASON_RESPONSE_MISSING: NoTruthReason
 NO_TRUTH_REASON_PARTIAL_RESPONSE: NoTruthReason
 NO_TRUTH_REASON_LEDGER_MISSING: NoTruthReason
 NO_TRUTH_REASON_LEDGER_DERIVED: NoTruthReason
+NO_TRUTH_REASON_USAGE_MISSING: NoTruthReason
+
+class UnattributedChat(_message.Message):
+    __slots__ = ("executor", "calls", "tokens")
+    EXECUTOR_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    executor: str
+    calls: int
+    tokens: int
+    def __init__(self, executor: _Optional[str] = ..., calls: _Optional[int] = ..., tokens: _Optional[int] = ...) -> None: ...
 
 class FinishComparison(_message.Message):
     __slots__ = ("invocation", "framework", "truth", "diverged")
@@ -130,7 +142,7 @@ class ExecutorVerdict(_message.Message):
     def __init__(self, executor_id: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., score: _Optional[float] = ..., token_diverged: _Optional[bool] = ..., finish_diverged: _Optional[bool] = ..., no_truth_reason: _Optional[_Union[NoTruthReason, str]] = ..., no_truth_explanation: _Optional[str] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., checked: _Optional[bool] = ..., no_truth_fix: _Optional[str] = ...) -> None: ...
 
 class RunVerdict(_message.Message):
-    __slots__ = ("run_id", "trace_id", "subject", "status", "score", "preset", "source", "revision", "incomplete", "checked", "unchecked", "unattributed_chat_spans", "notes", "exit_code", "root_span_id", "updated_at", "executors", "cost_tier", "created_at", "finalized_by", "non_agent_executors", "workflow_errors", "coverage_note", "replayed")
+    __slots__ = ("run_id", "trace_id", "subject", "status", "score", "preset", "source", "revision", "incomplete", "checked", "unchecked", "unattributed_chat_spans", "notes", "exit_code", "root_span_id", "updated_at", "executors", "cost_tier", "created_at", "finalized_by", "non_agent_executors", "workflow_errors", "coverage_note", "replayed", "maf_release", "instrumentation_version", "instrumentation_status", "unattributed_chat")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +167,10 @@ class RunVerdict(_message.Message):
     WORKFLOW_ERRORS_FIELD_NUMBER: _ClassVar[int]
     COVERAGE_NOTE_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    MAF_RELEASE_FIELD_NUMBER: _ClassVar[int]
+    INSTRUMENTATION_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INSTRUMENTATION_STATUS_FIELD_NUMBER: _ClassVar[int]
+    UNATTRIBUTED_CHAT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     trace_id: str
     subject: str
@@ -179,7 +195,11 @@ class RunVerdict(_message.Message):
     workflow_errors: _containers.RepeatedScalarFieldContainer[str]
     coverage_note: str
     replayed: bool
-    def __init__(self, run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., subject: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., score: _Optional[float] = ..., preset: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[int] = ..., incomplete: _Optional[bool] = ..., checked: _Optional[int] = ..., unchecked: _Optional[int] = ..., unattributed_chat_spans: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., root_span_id: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., executors: _Optional[_Iterable[_Union[ExecutorVerdict, _Mapping]]] = ..., cost_tier: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finalized_by: _Optional[str] = ..., non_agent_executors: _Optional[_Iterable[str]] = ..., workflow_errors: _Optional[_Iterable[str]] = ..., coverage_note: _Optional[str] = ..., replayed: _Optional[bool] = ...) -> None: ...
+    maf_release: str
+    instrumentation_version: str
+    instrumentation_status: str
+    unattributed_chat: _containers.RepeatedCompositeFieldContainer[UnattributedChat]
+    def __init__(self, run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., subject: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., score: _Optional[float] = ..., preset: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[int] = ..., incomplete: _Optional[bool] = ..., checked: _Optional[int] = ..., unchecked: _Optional[int] = ..., unattributed_chat_spans: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., root_span_id: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., executors: _Optional[_Iterable[_Union[ExecutorVerdict, _Mapping]]] = ..., cost_tier: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finalized_by: _Optional[str] = ..., non_agent_executors: _Optional[_Iterable[str]] = ..., workflow_errors: _Optional[_Iterable[str]] = ..., coverage_note: _Optional[str] = ..., replayed: _Optional[bool] = ..., maf_release: _Optional[str] = ..., instrumentation_version: _Optional[str] = ..., instrumentation_status: _Optional[str] = ..., unattributed_chat: _Optional[_Iterable[_Union[UnattributedChat, _Mapping]]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("subject", "statuses", "replay")

@@ -1,0 +1,315 @@
+"""Real-world MAF Python shapes (agent-framework-core 1.23, orchestrations 1.4) that the builder
+patterns do not cover, exported over real OTLP to a running collector: what a user sees per unit
+and per run (DESIGN r3 §1, §3)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+
+import maf_real_world as rw
+from collector.maf_fakes import under_report
+from conftest import export_spans
+
+STREAM = pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+UUID_LIKE = re.compile(r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}", re.IGNORECASE)
+
+
+# --- driving and reading back -------------------------------------------------------------------
+
+async def _run(target: Any, stream: bool, task: str = rw.TASK) -> Any:
+    """``target.run(task)`` (a workflow or an agent) to completion, plain or streamed."""
+    if stream:
+        response_stream = target.run(task, stream=True)
+        async for _ in response_stream:
+            pass
+        return await response_stream.get_final_response()
+    return await target.run(task)
+
+
+def drive(maf_spans, target: Any, stream: bool) -> list[Any]:
+    """Run ``target`` on cleared MAF telemetry; the finished SDK spans."""
+    maf_spans.clear()
+    asyncio.run(_run(target, stream))
+    return list(maf_spans.get_finished_spans())
+
+
+def trace_ids(spans: list[Any], prefix: str = "invoke_agent") -> list[str]:
+    return list(dict.fromkeys(format(s.context.trace_id, "032x") for s in spans if s.name.startswith(prefix)))
+
+
+def runs_of(collector, traces: list[str], settle: float = 3.0, timeout: float = 20.0) -> list[dict]:
+    """Every run stored for these traces, once at least one is stored and none has been added for
+    ``settle`` seconds (longer than the collector's quiet period and max trace wait)."""
+    wanted = set(traces)
+    deadline = time.monotonic() + timeout
+    found: list[dict] = []
+    stable_since = time.monotonic()
+    while time.monotonic() < deadline:
+        docs = [d for d in collector.store().list_runs(limit=1000, with_docs=True) if d["trace_id"] in wanted]
+        if len(docs) != len(found):
+            found, stable_since = docs, time.monotonic()
+        elif found and time.monotonic() - stable_since >= settle:
+            return sorted(found, key=lambda d: d["run_id"])
+        time.sleep(0.1)
+    if not found:
+        raise AssertionError(f"no stored run for traces {sorted(wanted)}")
+    return sorted(found, key=lambda d: d["run_id"])
+
+
+def one_run(maf_spans, collector, target: Any, stream: bool) -> dict:
+    """Drive ``target``, export its spans over OTLP, and return THE run of its traces (exactly one)."""
+    spans = drive(maf_spans, target, stream)
+    export_spans(collector, spans)
+    runs = runs_of(collector, trace_ids(spans))
+    assert len(runs) == 1, [(r["run_id"], verdicts(r)) for r in runs]
+    return runs[0]
+
+
+def verdicts(run: dict) -> dict[str, str]:
+    return {e["executor_id"]: e["verdict"] for e in run["executors"]}
+
+
+def unit(run: dict, name: str) -> dict:
+    return next(e for e in run["executors"] if e["executor_id"] == name)
+
+
+def numbers(run: dict, name: str) -> tuple:
+    ev = unit(run, name)["evidence"]
+    return ev["framework_tokens"], ev["truth_tokens"]
+
+
+# --- 1a. one AgentResponse, several invocations: AgentLoopMiddleware -----------------------------
+
+@pytest.mark.parametrize("return_final_only", [False, True], ids=["aggregated", "final_only"])
+@STREAM
+def test_a_loop_middleware_that_keeps_only_the_last_usage_is_a_token_mismatch(
+        maf_spans, collector, stream, return_final_only):
+    # Three iterations (length, length, stop) inside ONE agent call: the ledger is the one response
+    # the caller received, its truth every iteration's chat call. MAF returns the aggregated usage
+    # only for a plain run without return_final_only; a streamed loop's final response is always the
+    # last iteration's.
+    run = one_run(maf_spans, collector, rw.loop_workflow(return_final_only=return_final_only), stream)
+    aggregated = not stream and not return_final_only
+    framework = rw.LOOP_TOKENS if aggregated else rw.LOOP_LAST_TOKENS  # 2000, or 530 of 2000
+    drafter = unit(run, "drafter")
+    ev = drafter["evidence"]
+    assert (drafter["verdict"], ev["framework_tokens"], ev["truth_tokens"]) == (
+        "Agree" if aggregated else "TokenMismatch", framework, rw.LOOP_TOKENS)
+    assert (ev["ledger_entries"], ev["response_turns"]) == (1, 3)
+    assert not drafter["finish_diverged"]  # never `stop` against iteration 1's `length`
+    assert (ev["framework_finish"], ev["truth_finish"]) == ("stop", "stop")
+    if aggregated:
+        assert run["status"] == "PASS" and run["score"] == 1.0
+    else:
+        assert ev["direction"] == "under"
+        assert run["status"] == "FAIL" and run["score"] == 0.5
+    assert run["non_agent_executors"] == []
+
+
+@STREAM
+def test_a_direct_agent_loop_whose_iterations_start_new_traces_is_one_run(maf_spans, collector, stream):
+    # agent.run with no span around it: MAF 1.23 starts a new trace for each loop iteration (each
+    # call_next() is a root invoke_agent span); the caller still received ONE response.
+    spans = drive(maf_spans, rw.looping_drafter(), stream)
+    traces = trace_ids(spans)
+    assert len(traces) == 3  # MAF's shape, not the collector's
+    export_spans(collector, spans)
+    runs = runs_of(collector, traces)
+    assert [verdicts(r) for r in runs] == [{"drafter": "Agree" if not stream else "TokenMismatch"}]
+    (run,) = runs
+    ev = unit(run, "drafter")["evidence"]
+    assert (ev["response_turns"], ev["truth_tokens"]) == (3, rw.LOOP_TOKENS)
+    assert ev["framework_tokens"] == (rw.LOOP_LAST_TOKENS if stream else rw.LOOP_TOKENS)
+    assert (ev["framework_finish"], ev["truth_finish"]) == ("stop", "stop")
+
+
+# --- 1b. a tool approval that re-runs the agent inside one agent call --------------------------
+
+APPROVERS = pytest.mark.parametrize("approver,stream", [
+    (lambda: rw.ApproveAndRerun(), False),  # a custom agent middleware calling call_next() twice
+    (rw.auto_approval, True),  # MAF's ToolApprovalMiddleware (its streamed response sums both runs)
+], ids=["call_next_twice-plain", "ToolApprovalMiddleware-stream"])
+
+
+@APPROVERS
+def test_an_approval_rerun_is_checked_against_every_model_call_of_the_agent_call(
+        maf_spans, collector, approver, stream):
+    run = one_run(maf_spans, collector, rw.approval_workflow([approver()]), stream)
+    mailer = unit(run, "mailer")
+    ev = mailer["evidence"]
+    assert mailer["verdict"] == "Agree", (mailer["verdict"], ev["finish_comparisons"])
+    assert (ev["framework_tokens"], ev["truth_tokens"], ev["response_turns"]) == (1000, rw.APPROVAL_TOKENS, 2)
+    assert (ev["framework_finish"], ev["truth_finish"]) == ("stop", "stop")  # not the first run's tool_calls
+    assert run["status"] == "PASS"
+
+    # The same agent call under-reporting 40%: caught on that unit.
+    run = one_run(maf_spans, collector, rw.approval_workflow([under_report(0.6), approver()]), stream)
+    mailer = unit(run, "mailer")
+    assert mailer["verdict"] == "TokenMismatch"
+    assert numbers(run, "mailer") == (600, 1000) and mailer["evidence"]["direction"] == "under"
+    assert run["status"] == "FAIL" and run["score"] == 0.5
+
+
+def test_tool_approval_middlewares_plain_response_losing_the_first_run_is_a_token_mismatch(maf_spans, collector):
+    # MAF's ToolApprovalMiddleware, non-streaming: the caller's response is the re-run's own (660),
+    # the first run's chat call (340) is in nobody's usage. A real under-report, and only that.
+    run = one_run(maf_spans, collector, rw.approval_workflow([rw.auto_approval()]), False)
+    mailer = unit(run, "mailer")
+    assert mailer["verdict"] == "TokenMismatch" and not mailer["finish_diverged"]
+    assert numbers(run, "mailer") == (rw.APPROVAL_RERUN_TOKENS, rw.APPROVAL_TOKENS)  # (660, 1000)
+    assert (mailer["evidence"]["framework_finish"], mailer["evidence"]["truth_finish"]) == ("stop", "stop")
+
+
+# --- 2. partial usage ----------------------------------------------------------------------------
+
+@STREAM
+def test_output_only_usage_is_summed_and_an_under_report_of_it_is_caught(maf_spans, collector, stream):
+    run = one_run(maf_spans, collector, rw.output_only_workflow(), stream)
+    assert verdicts(run) == {"researcher": "Agree", "writer": "Agree"}
+    assert numbers(run, "researcher") == (rw.RESEARCHER_TOKENS, rw.RESEARCHER_TOKENS)  # 430: 340 + 90 output-only
+    assert numbers(run, "writer") == (rw.WRITER_TOKENS, rw.WRITER_TOKENS)  # 250, input unknown counts 0
+    assert run["status"] == "PASS" and run["score"] == 1.0
+
+    run = one_run(maf_spans, collector, rw.output_only_workflow([under_report(0.6)]), stream)
+    assert verdicts(run) == {"researcher": "Agree", "writer": "TokenMismatch"}
+    assert numbers(run, "writer") == (150, 250)
+    assert run["status"] == "FAIL" and run["score"] == 0.75  # never a PASS with the writer's truth unknown
+
+
+@STREAM
+def test_responses_without_token_counts_are_usage_missing_or_partial_never_agree(maf_spans, collector, stream):
+    run = one_run(maf_spans, collector, rw.missing_usage_workflow(), stream)
+    assert verdicts(run) == {"planner": "Agree", "narrator": "NoTruth", "fact_checker": "NoTruth"}
+    assert unit(run, "narrator")["no_truth_reason"] == "usage_missing"  # no call of it counted tokens
+    assert unit(run, "fact_checker")["no_truth_reason"] == "partial_response"  # one of its two did
+    assert unit(run, "narrator")["evidence"]["truth_finish"] == "stop"
+    assert run["status"] == "WARN" and run["score"] == 1.0
+
+
+# --- 3. an executor that calls a chat client itself ----------------------------------------------
+
+@STREAM
+def test_an_aggregator_calling_a_chat_client_itself_is_noted_and_not_a_unit(maf_spans, collector, stream):
+    run = one_run(maf_spans, collector, rw.summarizing_concurrent_workflow(), stream)
+    assert verdicts(run) == {"analyst": "Agree", "critic": "Agree"}
+    assert run["unattributed_chat"] == [{"executor": "summarize", "calls": 1, "tokens": rw.SUMMARY_TOKENS}]
+    assert run["status"] == "PASS" and run["score"] == 1.0
+    assert run["non_agent_executors"] == ["dispatcher", "summarize"]
+
+
+# --- 4. an agent its middleware answered without a model call ------------------------------------
+
+@pytest.mark.parametrize("terminate", [False, True], ids=["answers", "answers_and_terminates"])
+@STREAM
+def test_an_agent_its_middleware_answered_is_not_scored_and_listed_with_idle_participants(
+        maf_spans, collector, stream, terminate):
+    run = one_run(maf_spans, collector, rw.guarded_workflow(terminate=terminate), stream)
+    assert verdicts(run) == {"writer": "Agree"}
+    assert run["non_agent_executors"] == ["guard", "input-conversation"]
+    assert run["status"] == "PASS" and run["score"] == 1.0
+
+    # The same canned answer claiming tokens no model call produced: a unit without chat truth.
+    run = one_run(maf_spans, collector, rw.guarded_workflow(terminate=terminate, usage=rw.GUARD_REPORTED), stream)
+    assert verdicts(run) == {"guard": "NoTruth", "writer": "Agree"}
+    assert unit(run, "guard")["no_truth_reason"] == "no_chat_trace"
+    assert unit(run, "guard")["evidence"]["framework_tokens"] == 57
+    assert run["non_agent_executors"] == ["input-conversation"] and run["status"] == "WARN"
+
+
+# --- 5, 6. unit names ----------------------------------------------------------------------------
+
+@STREAM
+def test_unnamed_agents_are_named_by_their_executor_and_the_same_in_every_run(maf_spans, collector, stream):
+    seen = []
+    for _ in range(2):  # fresh workflow, agents and clients each time: new MAF agent ids
+        run = one_run(maf_spans, collector, rw.unnamed_agents_workflow(), stream)
+        names = sorted(verdicts(run))
+        assert not [n for n in names if UUID_LIKE.search(n)], names
+        assert run["subject"] and not UUID_LIKE.search(run["subject"]), run["subject"]
+        assert set(verdicts(run).values()) == {"Agree"} and run["status"] == "PASS"
+        seen.append(names)
+    assert seen[0] == seen[1] == ["assistant", "assistant/Agent", "draft"]
+
+
+def test_an_agent_executor_subclass_hosting_its_agent_is_named_by_its_executor_id(maf_spans, collector):
+    run = one_run(maf_spans, collector, rw.review_step_workflow(), False)
+    assert verdicts(run) == {"writer": "Agree", "step-2": "Agree"}
+    assert numbers(run, "step-2") == (790, 790)
+    assert run["status"] == "PASS"
+
+
+# --- 7. caller-side ledger spans (the seed's shape) ----------------------------------------------
+
+async def _run_with_caller_ledger(workflow: Any, tracer: Any, under: dict[str, float]) -> None:
+    """A caller that records each AgentResponse the workflow yields under its own span (the seed's
+    shape): ``agent_response {executor}`` spans naming ``executor.id``, no ``gen_ai.agent.name``."""
+    from agent_framework import AgentResponse
+
+    with tracer.start_as_current_span("handle_request"):
+        result = await workflow.run(rw.TASK)
+        for event in result:
+            if getattr(event, "type", None) != "output" or not isinstance(event.data, AgentResponse):
+                continue
+            usage = event.data.usage_details or {}
+            fraction = under.get(event.executor_id, 1.0)
+            attrs = {"fidelity.ledger.source": "AgentResponseEvent", "executor.id": event.executor_id,
+                     "gen_ai.usage.input_tokens": int(usage["input_token_count"] * fraction),
+                     "gen_ai.usage.output_tokens": int(usage["output_token_count"] * fraction)}
+            if event.data.finish_reason is not None:
+                attrs["gen_ai.response.finish_reasons"] = [str(getattr(event.data.finish_reason, "value",
+                                                                       event.data.finish_reason))]
+            tracer.start_span(f"agent_response {event.executor_id}", attributes=attrs).end()
+
+
+@pytest.mark.parametrize("under", [{}, {"writer": 0.5}], ids=["agreeing", "writer_under_reports"])
+def test_caller_side_ledger_spans_beside_the_workflow_join_its_one_run(maf_spans, collector, under):
+    from opentelemetry.instrumentation.maf_fidelity import MafFidelityInstrumentor
+
+    instrumentor = MafFidelityInstrumentor()
+    instrumentor.uninstrument()  # the caller's spans are the only ledger
+    try:
+        maf_spans.clear()
+        asyncio.run(_run_with_caller_ledger(rw.two_step_workflow("caller_ledger"), trace.get_tracer("caller"), under))
+    finally:
+        instrumentor.instrument()
+    spans = list(maf_spans.get_finished_spans())
+    ledgers = [s for s in spans if s.name.startswith("agent_response")]
+    (caller,) = [s for s in spans if s.name == "handle_request"]
+    (workflow_run,) = [s for s in spans if s.name == "workflow.run"]
+    assert len(ledgers) == 2 and all(s.parent.span_id == caller.context.span_id for s in ledgers)
+    assert workflow_run.parent.span_id == caller.context.span_id  # siblings, not under the workflow
+    export_spans(collector, spans)
+    runs = runs_of(collector, trace_ids(spans))
+    assert len(runs) == 1, [(r["run_id"], verdicts(r)) for r in runs]
+    (run,) = runs
+    assert run["run_id"].endswith(format(workflow_run.context.span_id, "016x"))
+    assert all(e["evidence"]["ledger_source"] == "AgentResponseEvent" for e in run["executors"])
+    assert numbers(run, "researcher") == (600, 600)
+    if under:
+        assert verdicts(run) == {"researcher": "Agree", "writer": "TokenMismatch"}
+        assert numbers(run, "writer") == (480, 960)
+        assert run["status"] == "FAIL" and run["score"] == 0.75
+    else:
+        assert verdicts(run) == {"researcher": "Agree", "writer": "Agree"}
+        assert numbers(run, "writer") == (960, 960)
+        assert run["status"] == "PASS" and run["score"] == 1.0
+
+
+# --- 8. subjects ---------------------------------------------------------------------------------
+
+def test_the_run_subject_is_the_workflow_name_else_the_service_name(maf_spans, collector):
+    named = one_run(maf_spans, collector, rw.two_step_workflow("report_pipeline"), False)
+    assert named["subject"] == "report_pipeline"
+    spans = drive(maf_spans, rw.two_step_workflow(None), False)
+    service_name = spans[0].resource.attributes["service.name"]
+    export_spans(collector, spans)
+    (unnamed,) = runs_of(collector, trace_ids(spans))
+    assert unnamed["subject"] == service_name, (unnamed["subject"], service_name)
+    assert not UUID_LIKE.search(unnamed["subject"])
+    assert verdicts(unnamed) == {"researcher": "Agree", "writer": "Agree"}

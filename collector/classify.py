@@ -137,7 +137,17 @@ UNNAMED_AGENT = "unnamed-agent"
 
 def stable_name(name: str) -> str:
     """An agent name as a unit may carry it: a per-process id becomes :data:`UNNAMED_AGENT`."""
-    return UNNAMED_AGENT if len(name) in (32, 36) and _PER_PROCESS_ID.fullmatch(name) else name
+    return UNNAMED_AGENT if is_per_process_id(name) else name
+
+
+def is_per_process_id(name: str) -> bool:
+    return len(name) in (32, 36) and _PER_PROCESS_ID.fullmatch(name) is not None
+
+
+def workflow_name(name: str | None) -> str | None:
+    """A subject, unless it holds a per-process id (MAF 1.23 names an unnamed workflow
+    ``WorkflowBuilder-{uuid}``): the run is then named by what comes next (DESIGN §1 r3)."""
+    return None if name is None or _PER_PROCESS_ID.search(name) else name
 
 
 @lru_cache(maxsize=256)
@@ -265,7 +275,7 @@ class TraceState:
         if not span.parent_id:
             if self.root_span_id is None:
                 self.root_span_id = sid
-                self.subject = span.facts[SUBJECT]
+                self.subject = workflow_name(span.facts[SUBJECT])
             self._resolve(span, _NO_CONTEXT)
         elif span.parent_id in self._context:
             self._resolve(span, self._context[span.parent_id])
@@ -313,7 +323,7 @@ class TraceState:
             if run_key is None:  # an outermost workflow run; a nested one (sub-workflow) is its outer run's
                 run = self._run(s.span_id.hex())
                 run.seen = True
-                run.subject = subject
+                run.subject = workflow_name(subject)
                 run.parent_id = s.parent_id
                 self._announce(run, s)
                 if error := self._error(s):
@@ -492,7 +502,7 @@ class TraceState:
                 run.revision = max(run.revision, revision)
 
     def _run_input(self, run: _Run, cut: str | None, partial: bool) -> RunInput:
-        names = self._names
+        names = self._display_names(run)
         records = []
         units_by_executor: dict[str | None, list[str | None]] = defaultdict(list)
         for executor, agent in run.units:
@@ -513,7 +523,7 @@ class TraceState:
                 # executor calling a chat client itself) or by none: a run note, not a unit (DESIGN §1 r3)
                 unattributed.append(_unattributed(names[executor] if executor is not None else None, unit.turns))
                 continue
-            name = self._unit_name(run, executor, agent, unit, units_by_executor[executor])
+            name = self._unit_name(names, run, executor, agent, unit, units_by_executor[executor])
             if not unit.turns and not unit.derived_reported and not any(_reports(e) for e in ledger):
                 idle.add(name)  # an agent call that made no model call and reported nothing: not scored
                 continue
@@ -549,10 +559,23 @@ class TraceState:
             announcement=run.announcement,
         )
 
-    def _unit_name(self, run: _Run, executor: str | None, agent: str | None, unit: _Unit,
+    def _display_names(self, run: _Run) -> dict[str, str]:
+        """First spellings, but an executor whose id is a per-process id (MAF names the executor of
+        an unnamed agent by the agent's uuid) is ``unnamed-agent-{n}`` (``unnamed-executor-{n}``
+        where it hosts no agent), numbered in the order the run first ran them: the same in every
+        process for the same workflow."""
+        renamed = [key for key in run.executors if is_per_process_id(key)]
+        if not renamed:
+            return self._names
+        names = dict(self._names)
+        renamed.sort(key=lambda key: min(run.executors[key].spans, default=(0, ""))[0])
+        for n, key in enumerate(renamed, 1):
+            names[key] = f"unnamed-{'agent' if run.executors[key].hosts_agent else 'executor'}-{n}"
+        return names
+
+    def _unit_name(self, names: dict[str, str], run: _Run, executor: str | None, agent: str | None, unit: _Unit,
                    siblings: list[str | None]) -> str:
         """The executor id for the executor's own agent, ``executor/agent`` for any other agent."""
-        names = self._names
         if executor is None:
             return names[agent] if agent else "(no executor)"
         if agent is None or agent == executor:

@@ -88,6 +88,8 @@ class _Invocation:
 
     agent: Any
     parent: otel_context.Context
+    #: The agent's stable name (:func:`stable_agent_name`, numbered where nested in a namesake).
+    name: str
     start_ns: int = field(default_factory=time.time_ns)
     agent_span: trace.Span | None = None
     recorded: bool = False
@@ -114,6 +116,21 @@ def stable_agent_name(agent: Any) -> str:
     """The agent's name, else its class: never MAF's per-process id (a uuid), which would name a
     different unit in every process."""
     return str(getattr(agent, "name", None) or type(agent).__name__)
+
+
+def _invocation_name(agent: Any, outer: _Invocation | None) -> str:
+    """The stable name, but an unnamed agent called inside another agent's call of the same name (an
+    unnamed agent used as a tool by an unnamed agent of its class) is numbered (``Agent-2``): one
+    agent re-run inside its own call keeps its name, so the collector can tell the two apart."""
+    name = stable_agent_name(agent)
+    if outer is None or outer.agent is agent or getattr(agent, "name", None):
+        return name
+    base, _, n = outer.name.rpartition("-")
+    if outer.name == name:
+        return f"{name}-2"
+    if base == name and n.isdigit():
+        return f"{name}-{int(n) + 1}"
+    return name
 
 
 def _maf_agent_name(agent: Any) -> str:
@@ -267,7 +284,7 @@ class MafFidelityInstrumentor(BaseInstrumentor):
             if _outermost_run_owner(type(agent)) is not owner or type(agent).__name__ in COMPOSITE_AGENTS:
                 return original(agent, *args, **kwargs)  # a layer's super().run: the outer call records
             _mark_agent_executor(agent)
-            invocation = _Invocation(agent, otel_context.get_current())
+            invocation = _Invocation(agent, otel_context.get_current(), _invocation_name(agent, _CURRENT.get()))
             token = _CURRENT.set(invocation)
             try:
                 result = original(agent, *args, **kwargs)
@@ -326,7 +343,7 @@ class MafFidelityInstrumentor(BaseInstrumentor):
             return
         invocation.recorded = True
         agent = invocation.agent
-        name = stable_agent_name(agent)
+        name = invocation.name
         attrs: dict[str, Any] = {
             LEDGER_SOURCE_ATTRIBUTE: LEDGER_SOURCE,
             "gen_ai.agent.name": _maf_agent_name(agent),
@@ -362,7 +379,8 @@ def _capture_agent_span(original: Callable[..., Any], announcement: dict[str, st
             if ours and invocation.agent_span is None and span.get_span_context().is_valid:
                 invocation.agent_span = span
             if span.is_recording():
-                span.set_attributes({AGENT_NAME_ATTRIBUTE: stable_agent_name(agent), **announcement})
+                name = invocation.name if ours else stable_agent_name(agent)
+                span.set_attributes({AGENT_NAME_ATTRIBUTE: name, **announcement})
             return execute()
 
         rerun = ours and invocation.agent_span is not None and not trace.get_current_span().get_span_context().is_valid

@@ -1,16 +1,19 @@
 """structlog configuration, applied once at the edge (the CLI). Events are snake_case names with
-key-value context; no prompt or response text ever reaches a log line (none is decoded)."""
+key-value context; no prompt or response text ever reaches a log line (none is decoded), nor raw
+request bytes (header lines, tokens, bodies: :func:`redact`), nor a traceback's local variables."""
 
 from __future__ import annotations
 
 import atexit
 import logging
+import re
 import sys
 import threading
 import time
 from typing import Any, BinaryIO
 
 import structlog
+from structlog.tracebacks import ExceptionDictTransformer
 
 from collector.serialize import to_json
 
@@ -49,6 +52,40 @@ class _Output:
             self.file.flush()
 
 
+#: A Python bytes literal as ``repr`` writes one (closed, or cut short by a length cap; its quote
+#: escaped when the literal is inside another repr): how HTTP parsers (llhttp, aiohttp's own, the
+#: standard library's) quote the raw request bytes where they stopped.
+_BYTES_LITERAL = re.compile(r"""\bb\\?(?:'(?:[^'\\]|\\.)*(?:'|$)|"(?:[^"\\]|\\.)*(?:"|$))""", re.S)
+REDACTED = "b'<redacted>'"
+
+
+def redact(text: str) -> str:
+    """``text`` with every bytes literal it quotes replaced by :data:`REDACTED`: raw request bytes
+    (a header line with its value, a token, a request line, body bytes) are never logged."""
+    return _BYTES_LITERAL.sub(REDACTED, text) if "b'" in text or 'b"' in text or "b\\" in text else text
+
+
+def _redacted(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {key: _redacted(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_redacted(item) for item in value]
+    return value
+
+
+def _redact_event(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    """structlog processor: :func:`redact` every string of the line, its traceback's included."""
+    return _redacted(event)
+
+
+def _repr(value: Any) -> str:
+    """The JSON renderers' fallback for a value JSON has no type for (bytes, an exception...): its
+    ``repr``, redacted."""
+    return redact(repr(value))
+
+
 _OUT = _Output()
 atexit.register(_OUT.flush)
 
@@ -84,7 +121,7 @@ def info(logger: Any, event: str, **fields: Any) -> None:
         logger.info(event, **fields)
     elif _level <= logging.INFO:
         fields.update(event=event, level="info", timestamp=timestamp(time.time_ns() // 1000))
-        _OUT.write(to_json(fields, default=repr), False)  # repr: structlog's fallback too
+        _OUT.write(to_json(fields, default=_repr), False)  # the chain's fallback too
 
 
 _second: tuple[int, str] = (-1, "")
@@ -111,8 +148,10 @@ def configure(level: str = "info") -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.dict_tracebacks,
-            structlog.processors.JSONRenderer(serializer=to_json),
+            # no locals: they hold request bodies, headers and tokens
+            structlog.processors.ExceptionRenderer(ExceptionDictTransformer(show_locals=False)),
+            _redact_event,
+            structlog.processors.JSONRenderer(serializer=to_json, default=_repr),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_level),
         # bytes to stderr's buffer: no str round trip (a line per run is on the hot path)

@@ -29,7 +29,18 @@ from typing import Any
 import grpc
 import structlog
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_exceptions import (
+    BadHttpMessage,
+    BadHttpMethod,
+    BadStatusLine,
+    ContentEncodingError,
+    ContentLengthError,
+    HttpProcessingError,
+    InvalidHeader,
+    InvalidURLError,
+    LineTooLong,
+    TransferEncodingError,
+)
 from google.protobuf import json_format
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError as ProtoDecodeError
@@ -203,10 +214,40 @@ class _ServerLog(logging.Handler):
             return
         if self.pipeline.metrics:
             self.pipeline.metrics.requests_rejected.add(1, {"transport": "http", "reason": "malformed_http"})
-        error = " ".join(str(exc.message or exc).split())
-        if error.startswith("Pause on PRI"):  # HTTP/2's connection preface; aiohttp adds the frames' bytes
+        error = parse_error(exc)
+        if error.startswith("Pause on PRI"):  # HTTP/2's connection preface
             error = "an HTTP/2 connection preface: a gRPC client? OTLP/gRPC has a port of its own (receivers.grpc)"
         log.warning("request_invalid", transport="http", error=clip(error, 300))
+
+
+#: What each of aiohttp's parse errors whose message is (or quotes) part of the request says, most
+#: specific class first.
+_PARSE_ERRORS: tuple[tuple[type[HttpProcessingError], str], ...] = (
+    (InvalidHeader, "invalid header"),
+    (BadHttpMethod, "invalid request method"),
+    (BadStatusLine, "invalid request line"),
+    (InvalidURLError, "invalid request target"),
+    (ContentLengthError, "body shorter than its Content-Length"),
+    (TransferEncodingError, "invalid chunked body"),
+    (ContentEncodingError, "undecodable Content-Encoding"),
+)
+
+
+def parse_error(exc: HttpProcessingError) -> str:
+    """Why aiohttp refused a request, never with the request bytes its message quotes (a header line
+    with its value, the request line, body bytes). llhttp's messages are ``<reason>:\\n\\n  b'<bytes>'``
+    with a fixed reason, which is kept; aiohttp's own parser puts the bytes in messages of the
+    classes in :data:`_PARSE_ERRORS`, which get a fixed text; plain :class:`BadHttpMessage` messages
+    are aiohttp's fixed sentences (at most a header's name)."""
+    message = str(exc.message)
+    reason, quoted, _ = message.partition(":\n\n  b")
+    if quoted:
+        return " ".join(reason.split())
+    if isinstance(exc, LineTooLong):
+        return f"request line or header line over the {exc.args[1]}-byte limit"
+    if type(exc) is BadHttpMessage:
+        return " ".join(message.split())
+    return next((text for cls, text in _PARSE_ERRORS if isinstance(exc, cls)), type(exc).__name__)
 
 
 class HttpTraceReceiver:

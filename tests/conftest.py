@@ -154,9 +154,11 @@ class CollectorProcess:
         self.config_path.write_text(yaml.safe_dump(cfg))
         self.stderr_path = tmp / "collector.log"
         self.stderr = self.stderr_path.open("w+")
-        self.proc = subprocess.Popen([AGENTEVAL, "collector", "serve", "--config", str(self.config_path)],
-                                     stdout=subprocess.DEVNULL, stderr=self.stderr, text=True,
-                                     env={**os.environ, **(env or {})})
+        self.stdout_path = tmp / "collector.out"
+        with self.stdout_path.open("w") as stdout:
+            self.proc = subprocess.Popen([AGENTEVAL, "collector", "serve", "--config", str(self.config_path)],
+                                         stdout=stdout, stderr=self.stderr, text=True,
+                                         env={**os.environ, **(env or {})})
         self.listening = self._wait_listening()
         self.grpc = self.listening["grpc"]
         self.http = self.listening["http"]

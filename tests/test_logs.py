@@ -76,6 +76,35 @@ def test_a_value_json_has_no_type_for_is_written_as_the_chain_writes_it(output: 
     assert [line["odd"] for line in _lines(output)] == ["PurePosixPath('/no/json/type')"] * 2
 
 
+def test_the_bytes_a_line_quotes_are_redacted(output: io.BytesIO) -> None:
+    """Parsers quote the raw request (a header line with its token) as a bytes literal, closed or cut short."""
+    log = structlog.get_logger("agenteval.collector")
+    log.warning("request_invalid", error="Invalid header value char: b'Authorization: Bearer s3cr3t\\x00' ^",
+                cut="Got more than 8190 bytes when reading: b'Bearer s3cr3txxxxx", raw=b"Bearer s3cr3t",
+                nested={"lines": ["b\"Cookie: s3cr3t'\""]})
+    logs.info(log, "run_verdict", raw=b"Bearer s3cr3t")
+    line, fast = _lines(output)
+    assert "s3cr3t" not in output.getvalue().decode()
+    assert line["error"] == "Invalid header value char: b'<redacted>' ^"
+    assert line["cut"] == "Got more than 8190 bytes when reading: b'<redacted>'"
+    assert line["raw"] == fast["raw"] == line["nested"]["lines"][0] == "b'<redacted>'"
+
+
+def test_a_traceback_carries_neither_locals_nor_the_bytes_its_exception_quotes(output: io.BytesIO) -> None:
+    def handle(body: bytes, token: str) -> None:
+        raise ValueError(f"cannot parse {body!r}")
+
+    try:
+        handle(b"body-s3cr3t", "token-s3cr3t")
+    except ValueError:
+        structlog.get_logger("agenteval.collector").exception("http_server_error")
+    (line,) = _lines(output)
+    assert "s3cr3t" not in output.getvalue().decode()
+    (exc,) = line["exception"]
+    assert exc["exc_type"] == "ValueError" and exc["exc_value"] == "cannot parse b'<redacted>'"
+    assert exc["frames"][-1]["name"] == "handle" and "locals" not in exc["frames"][-1]
+
+
 @pytest.mark.parametrize("micros", [0, 1_764_806_400_000_000, 1_764_806_400_000_001, 1_764_806_400_500_000,
                                     1_764_806_459_999_999, 1_764_806_460_000_000, 1_764_806_460_123_456,
                                     4_102_444_800_250_000])

@@ -376,3 +376,117 @@ def test_a_request_that_can_never_fit_is_not_retryable(small, make, limit):
     body, trace_id = valid_request()  # what fits is still accepted
     assert grpc_raw(small.grpc, body)[0] is grpc.StatusCode.OK
     assert small.run(trace_id)["status"] == "PASS"
+
+
+# --- no secret in the log (issue 32 item 2) ----------------------------------------------------------
+
+COOKIE, API_KEY, IN_URL, IN_BODY = "cookie-secret-4711", "apikey-secret-0815", "url-secret-2342", "body-secret-1337"
+SECRETS = (TOKEN, COOKIE, API_KEY, IN_URL, IN_BODY)
+_HEAD = b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+_AUTH = f"Authorization: Bearer {TOKEN}".encode()
+#: Requests no HTTP parser accepts, each quoting a secret where the parser stops (by the report's
+#: three line endings, a line too long, a line without a colon, a bad request line, a bad chunk).
+MALFORMED = {
+    "authorization_ends_in_cr": _HEAD + _AUTH + b"\rContent-Length: 0\r\n\r\n",
+    "authorization_ends_in_nul": _HEAD + _AUTH + b"\x00\r\nContent-Length: 0\r\n\r\n",
+    "authorization_ends_in_del": _HEAD + _AUTH + b"\x7f\r\nContent-Length: 0\r\n\r\n",
+    "cookie_ends_in_cr": _HEAD + f"Cookie: session={COOKIE}".encode() + b"\rContent-Length: 0\r\n\r\n",
+    "api_key_ends_in_nul": _HEAD + f"X-Api-Key: {API_KEY}".encode() + b"\x00\r\n\r\n",
+    "authorization_too_long": _HEAD + _AUTH + b"x" * 20_000 + b"\r\n\r\n",
+    "api_key_without_colon": _HEAD + f"X-Api-Key {API_KEY}".encode() + b"\r\n\r\n",
+    "token_without_colon": _HEAD + f"Bearer-{TOKEN}".encode() + b"\r\n\r\n",
+    "bad_request_line": f"POST /v1/traces?access_token={IN_URL} HTTP/1.1 junk\r\nHost: x\r\n\r\n".encode(),
+    "nul_in_url": f"GET /{IN_URL}".encode() + b"\x00 HTTP/1.1\r\nHost: x\r\n\r\n",
+    "bad_chunk": _HEAD + _AUTH + b"\r\nTransfer-Encoding: chunked\r\n\r\n" + f"zz{IN_BODY}\r\n".encode(),
+}
+
+
+def exchange(address: tuple[str, int], raw: bytes) -> bytes:
+    """Send ``raw`` on a new connection; what the server answered before it closed, or fell silent
+    for half a second once it had answered (gRPC keeps the connection open)."""
+    received = b""
+    with socket.create_connection(address, timeout=HANG) as sock:
+        try:
+            sock.sendall(raw)
+            while chunk := sock.recv(65536):
+                received += chunk
+                sock.settimeout(0.5)
+        except (TimeoutError, ConnectionResetError, BrokenPipeError):
+            pass
+    return received
+
+
+def _hpack_int(value: int, prefix_bits: int) -> bytes:
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes([value])
+    out, value = bytearray([limit]), value - limit
+    while value >= 128:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes([*out, value])
+
+
+def _h2_frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def grpc_export_with(name: bytes, value: bytes) -> bytes:
+    """An HTTP/2 connection's bytes for one (empty) Export call carrying the metadata ``name: value``
+    as given: written by hand (HPACK literals), since grpc clients refuse to send malformed metadata."""
+    headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", EXPORT.encode()), (b":authority", b"x"),
+               (b"content-type", b"application/grpc"), (b"te", b"trailers"), (name, value)]
+    block = b"".join(b"\x00" + _hpack_int(len(n), 7) + n + _hpack_int(len(v), 7) + v for n, v in headers)
+    return (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _h2_frame(4, 0, 0, b"")  # preface, SETTINGS
+            + _h2_frame(1, 0x4, 1, block) + _h2_frame(0, 0x1, 1, b"\x00" * 5))  # HEADERS, DATA (END_STREAM)
+
+
+GRPC_MALFORMED = [(b"authorization", f"Bearer {TOKEN}".encode() + end) for end in (b"\r", b"\x00", b"\x7f")] + [
+    (b"authorization", f"Bearer {TOKEN}".encode() + b"x" * 20_000),
+    (b"x-api-key", API_KEY.encode() + b"\x00"),
+    (b"authorization-bin", f"!{TOKEN}!".encode()),
+    (f"x-{API_KEY}\x00".encode(), b"1"),
+]
+
+
+LLHTTP_REASONS = ("Missing expected LF after header value", "Invalid header value char", "Invalid header token",
+                  "over the 8190-byte limit", "Expected CRLF after version", "Invalid char in url path",
+                  "Invalid character in chunk size")
+#: aiohttp's own parser (no C extension) quotes the request in other messages, the URL unquoted.
+PYTHON_PARSER_REASONS = ("invalid header", "over the 8190-byte limit", "invalid request line", "invalid request target",
+                         "invalid chunked body")
+
+
+@pytest.mark.parametrize("auth,env,reasons", [(True, {}, LLHTTP_REASONS), (False, {}, LLHTTP_REASONS),
+                                              (True, {"AIOHTTP_NO_EXTENSIONS": "1"}, PYTHON_PARSER_REASONS)],
+                         ids=["auth", "no_auth", "python_parser"])
+def test_malformed_requests_never_put_a_secret_in_the_log(tmp_path, auth, env, reasons):
+    """Header lines aiohttp cannot parse (CR, NUL or DEL ending, too long, no colon), a bad request line
+    and a bad chunk, each quoting a secret, on the OTLP/HTTP port (also the run page's) and /metrics;
+    malformed gRPC metadata: each refused with a request_invalid line saying why, and no secret
+    anywhere in the collector's output."""
+    overrides = {"receivers": {"http": {"run_page": True}}}
+    if auth:
+        overrides["receivers"]["auth"] = {"bearer_token_env": "AGENTEVAL_TOKEN"}
+        overrides["exporters"] = {"prometheus": {"require_auth": True}}
+    proc = CollectorProcess(tmp_path, overrides=overrides, env={"AGENTEVAL_TOKEN": TOKEN, **env})
+    url = urlsplit(proc.prometheus)
+    try:
+        for name, raw in MALFORMED.items():
+            answer = exchange(http_address(proc), raw)
+            assert answer.split(b" ", 2)[1:2] == [b"400"], (name, answer)
+            exchange((url.hostname, url.port), raw.replace(b"/v1/traces", b"/metrics"))
+        host, port = proc.grpc.rsplit(":", 1)
+        for name, value in GRPC_MALFORMED:
+            exchange((host, int(port)), grpc_export_with(name, value))
+        assert post(proc.http, valid_request()[0], headers={"Authorization": f"Bearer {TOKEN}"})[0] == 200
+    finally:
+        proc.stop()
+    output = proc.stderr_path.read_text() + proc.stdout_path.read_text()
+    leaked = [line.replace(s, "***") for line in output.splitlines() for s in SECRETS if s in line]
+    assert not leaked, "\n".join(leaked)
+    errors = [e["error"] for e in proc.log_events() if e.get("event") == "request_invalid"]
+    assert len(errors) == len(MALFORMED), errors
+    assert all(errors) and "Traceback" not in output
+    for reason in reasons:
+        assert any(reason in error for error in errors), (reason, errors)

@@ -50,6 +50,23 @@ def test_table_shows_per_executor_verdicts(tmp_path):
     assert "FAIL" in proc.stdout and "score 0.750" in proc.stdout
 
 
+def test_a_maf_1_26_otlp_export_names_the_diverging_agents_and_its_release(tmp_path):
+    # examples/fail_maf_1_26_*.json: a real agent-framework-core 1.26 run (invoke_workflow spans,
+    # gen_ai.workflow.name) as the OpenTelemetry Collector's file exporter writes it
+    (example,) = (ROOT / "examples").glob("fail_maf_1_26_*.json")
+    proc = bench(example, tmp_path / "runs.db", "--json")
+    assert proc.returncode == 9, proc.stderr
+    (run,) = json.loads(proc.stdout)["runs"]
+    units = {e["executor_id"]: e for e in run["executors"]}
+    assert {name: e["verdict"] for name, e in units.items()} == {
+        "researcher": "Agree", "writer": "TokenMismatch", "reviewer": "FinishMismatch"}
+    writer, reviewer = units["writer"]["evidence"], units["reviewer"]["evidence"]
+    assert (writer["framework_tokens"], writer["truth_tokens"], writer["response_turns"]) == (960, 1300, 2)
+    assert (reviewer["framework_finish"], reviewer["truth_finish"]) == (None, "length")
+    assert (run["status"], run["maf_release"], run["instrumentation_status"]) == ("FAIL", "1.26.0", "active")
+    assert run["non_agent_executors"] == ["input-conversation"]
+
+
 def test_pending_says_nothing_was_checked_and_why_never_a_score(tmp_path):
     proc = bench(ROOT / "examples/pending_path2_response_missing.json", tmp_path / "runs.db")
     assert proc.returncode == 11

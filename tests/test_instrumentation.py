@@ -163,3 +163,86 @@ def test_opentelemetry_instrument_activates_it_with_no_code_change(collector, tm
     writer = next(e for e in run_doc["executors"] if e["executor_id"] == "writer")
     assert (writer["evidence"]["framework_tokens"], writer["evidence"]["truth_tokens"]) == (600, 940)
     assert writer["evidence"]["ledger_source"] == "AgentResponseEvent" and run_doc["status"] == "FAIL"
+
+
+# --- releases: hooks, not a pin; the announcement (DESIGN §3b r3) ------------------------------------
+
+def test_the_installed_release_is_instrumented_and_announced_on_the_spans_it_writes(maf_spans):
+    from importlib.metadata import version
+
+    from opentelemetry.instrumentation.maf_fidelity.version import __version__
+
+    spans = run(maf_spans, make_agent(AgentSpec("solo", [Turn(50, 5)])).run(TASK))
+    (ledger,) = ledger_spans(spans)
+    (agent_span,) = [s for s in spans if s.name == "invoke_agent solo"]
+    for span in (ledger, agent_span):
+        assert (span.attributes["fidelity.maf.version"], span.attributes["fidelity.instrumentation.version"],
+                span.attributes["fidelity.instrumentation.status"]) == (version("agent-framework-core"), __version__,
+                                                                       "active")
+
+
+def test_a_release_outside_the_tested_range_is_instrumented_with_a_warning_and_a_missing_hook_is_named():
+    from opentelemetry.instrumentation.maf_fidelity import status
+    from opentelemetry.instrumentation.maf_fidelity.package import TESTED_NEWEST, TESTED_OLDEST
+
+    assert status(TESTED_OLDEST, []) == status(TESTED_NEWEST, []) == "active"
+    assert status("9.0.0", []) == (f"active, untested: agent-framework-core 9.0.0 is outside the tested "
+                                   f"{TESTED_OLDEST} to {TESTED_NEWEST}")
+    assert status("9.0.0", ["AgentTelemetryLayer._trace_agent_invocation"]) == (
+        "inactive: agent-framework-core 9.0.0 lacks AgentTelemetryLayer._trace_agent_invocation")
+    assert status(None, []) == "inactive: agent-framework-core is not installed"
+
+
+INACTIVE_APP = '''
+import asyncio, sys
+from agent_framework import AgentResponse
+from agent_framework.observability import enable_instrumentation
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from collector.maf_fakes import AgentSpec, Turn, chain
+
+# what a MAF release without this hook looks like (a plain run does not use it: MAF still works)
+del AgentResponse.from_updates
+provider = TracerProvider(resource=Resource.create({"service.name": "inactive-app"}))
+provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=sys.argv[1], insecure=True)))
+trace.set_tracer_provider(provider)
+enable_instrumentation()
+from opentelemetry.instrumentation.maf_fidelity import MafFidelityInstrumentor
+MafFidelityInstrumentor().instrument(tracer_provider=provider)
+
+async def main():
+    with trace.get_tracer("app").start_as_current_span("request") as span:
+        await chain("inactive", [AgentSpec("writer", [Turn(420, 180)])]).run("Write a short report.")
+    print(format(span.get_span_context().trace_id, "032x"))
+asyncio.run(main())
+provider.shutdown()
+'''
+
+
+def test_on_a_release_lacking_a_hook_it_records_nothing_says_which_and_the_fix_says_so(collector, tmp_path):
+    app = tmp_path / "app.py"
+    app.write_text(INACTIVE_APP)
+    proc = subprocess.run([sys.executable, str(app), collector.grpc], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert proc.returncode == 0, proc.stderr
+    assert "records nothing" in proc.stderr and "lacks AgentResponse.from_updates" in proc.stderr
+    run_doc = collector.run(proc.stdout.split()[-1])
+    assert run_doc["subject"] == "inactive" and run_doc["status"] == "PENDING" and run_doc["instrumentation_status"].startswith("inactive: ")
+    (writer,) = run_doc["executors"]
+    assert (writer["executor_id"], writer["no_truth_reason"]) == ("writer", "ledger_derived")
+    assert "is installed" in writer["no_truth_fix"] and "records nothing" in writer["no_truth_fix"]
+    assert "install opentelemetry-instrumentation-maf-fidelity" not in writer["no_truth_fix"]
+
+
+def test_an_active_instrumentation_whose_span_was_lost_is_not_told_to_install_itself(maf_spans, collector):
+    from conftest import export_spans
+
+    spans = run(maf_spans, make_agent(AgentSpec("solo", [Turn(50, 5)])).run(TASK))
+    export_spans(collector, [s for s in spans if not s.name.startswith("agent_response")])
+    (solo,) = collector.run(format(spans[0].context.trace_id, "032x"))["executors"]
+    assert solo["no_truth_reason"] == "ledger_derived"
+    assert "and active, but no agent_response span of this agent reached the collector" in solo["no_truth_fix"]
+    assert "install opentelemetry-instrumentation-maf-fidelity" not in solo["no_truth_fix"]

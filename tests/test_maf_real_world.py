@@ -283,7 +283,8 @@ def test_caller_side_ledger_spans_beside_the_workflow_join_its_one_run(maf_spans
     spans = list(maf_spans.get_finished_spans())
     ledgers = [s for s in spans if s.name.startswith("agent_response")]
     (caller,) = [s for s in spans if s.name == "handle_request"]
-    (workflow_run,) = [s for s in spans if s.name == "workflow.run"]
+    # MAF up to 1.23: workflow.run; from 1.26: invoke_workflow {name}
+    (workflow_run,) = [s for s in spans if s.name.partition(" ")[0] in ("workflow.run", "invoke_workflow")]
     assert len(ledgers) == 2 and all(s.parent.span_id == caller.context.span_id for s in ledgers)
     assert workflow_run.parent.span_id == caller.context.span_id  # siblings, not under the workflow
     export_spans(collector, spans)

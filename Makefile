@@ -11,15 +11,22 @@ INSTRUMENTATION := instrumentation/opentelemetry-instrumentation-maf-fidelity
 # print setuptools' warning box), so it is reinstalled whenever one of its files changes. So is the
 # compiled decoder (native/, needs Rust), whose wheel native/build.sh caches per version of its sources.
 NATIVE := native/build.sh native/Cargo.toml native/Cargo.lock native/pyproject.toml $(shell find native/src -type f)
-$(BIN)/.installed: pyproject.toml $(shell find $(INSTRUMENTATION) -name '*.py' -o -name pyproject.toml | grep -v /build/) $(NATIVE)
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet ./$(INSTRUMENTATION) -e '.[test]'
-	if command -v cargo >/dev/null || [ -x "$$HOME/.cargo/bin/cargo" ]; then \
-	  wheel=$$(native/build.sh $(BIN)/python) && $(BIN)/pip install --quiet --force-reinstall --no-deps "$$wheel"; \
-	else \
-	  echo "note: no Rust (cargo): the collector decodes protobuf in Python, several times slower per span (native/README.md)"; \
-	fi
+# tools/maf-venv builds every environment (.venv and each .venv-maf/ release) the same way.
+INSTALL_INPUTS := pyproject.toml tools/maf-venv $(NATIVE) \
+  $(shell find $(INSTRUMENTATION) -name '*.py' -o -name pyproject.toml | grep -v /build/)
+
+# Microsoft Agent Framework releases tested, as core:orchestrations (README "Supported MAF releases").
+# .venv (make install, make test) has MAF_DEFAULT, the newest tested release; pyproject's `test` extra
+# pins the range they span. `make test-maf-matrix` runs MAF_TESTS on each MAF_MATRIX release in its
+# own environment, .venv-maf/CORE+ORCH/; `make test-maf-latest` on the newest published.
+MAF_DEFAULT := 1.26.0:1.4.0
+MAF_MATRIX  := 1.22.0:1.3.2 1.23.0:1.4.0
+# The tests that run real agent-framework code. test_maf_real_world.py is optional (run when present).
+MAF_TESTS := tests/test_maf_patterns.py tests/test_maf.py tests/test_instrumentation.py tests/test_demo.py \
+  $(wildcard tests/test_maf_real_world.py)
+
+$(BIN)/.installed: $(INSTALL_INPUTS)
+	PYTHON=$(PYTHON) tools/maf-venv $(VENV) $(subst :, ,$(MAF_DEFAULT))
 	touch $@
 
 install: $(BIN)/.installed
@@ -52,8 +59,34 @@ screenshots: install
 test: install
 	$(BIN)/pytest
 
+# One MAF release: make test-maf MAF=1.23.0 ORCH=1.4.0 (an environment per release, kept until its
+# inputs change). The pytest run fails on exit 5 too: these files always hold tests.
+.PHONY: test-maf test-maf-matrix test-maf-latest
+test-maf:
+	@[ -n "$(MAF)" ] && [ -n "$(ORCH)" ] || { echo "usage: make test-maf MAF=1.23.0 ORCH=1.4.0 (agent-framework-core, -orchestrations)"; exit 2; }
+	$(MAKE) --no-print-directory .venv-maf/$(MAF)+$(ORCH)/.installed
+	.venv-maf/$(MAF)+$(ORCH)/bin/pytest -p no:cacheprovider $(MAF_TESTS)
+
+.venv-maf/%/.installed: $(INSTALL_INPUTS)
+	PYTHON=$(PYTHON) tools/maf-venv $(@D) $(subst +, ,$*)
+	touch $@
+
+# Every MAF_MATRIX release, each whatever the others did; fails if any failed.
+test-maf-matrix:
+	@failed=""; for release in $(MAF_MATRIX); do \
+	  echo "== agent-framework-core:orchestrations $$release"; \
+	  $(MAKE) --no-print-directory test-maf MAF=$${release%%:*} ORCH=$${release##*:} || failed="$$failed $$release"; \
+	done; \
+	[ -z "$$failed" ] || { echo "MAF releases that failed:$$failed"; exit 1; }
+
+# The newest core and orchestrations published, upgraded on every call: try a new MAF the day it ships.
+test-maf-latest: .venv-maf/latest/.installed
+	.venv-maf/latest/bin/pip install --quiet --upgrade agent-framework-core agent-framework-orchestrations
+	@.venv-maf/latest/bin/pip show agent-framework-core agent-framework-orchestrations | grep -E '^(Name|Version):' | paste - -
+	.venv-maf/latest/bin/pytest -p no:cacheprovider $(MAF_TESTS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-maf .pytest_cache .hypothesis
 
 .PHONY: otelcol scaleout
 

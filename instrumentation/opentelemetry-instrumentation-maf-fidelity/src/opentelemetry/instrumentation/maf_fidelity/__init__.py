@@ -225,6 +225,8 @@ class MafFidelityInstrumentor(BaseInstrumentor):
             return
         if said != "active":
             _logger.warning("maf_fidelity %s: %s", __version__, said)
+        else:
+            _logger.info("maf_fidelity %s: active on %s %s", __version__, MAF_DISTRIBUTION, release)
         self._tracer = trace.get_tracer(__name__, __version__, tracer_provider=provider,
                                         schema_url="https://opentelemetry.io/schemas/1.28.0")
         self._originals: dict[type, Callable[..., Any]] = {}

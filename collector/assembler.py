@@ -255,7 +255,9 @@ class Assembler:
         trace.revision += 1
         late = self.config.late_window > 0 and self.config.max_late_traces > 0
         # Without a late window nothing will come for spans still waiting for a parent: now or never.
-        runs = trace.state.run_inputs(cut=cut, everything=everything or not late)
+        # With one, spans still waiting for a parent are reconciled as if parentless, provisionally:
+        # the parent may come within the late window, and is then attached where it belongs.
+        runs = trace.state.run_inputs(cut=cut, everything=everything or not late, final=not late)
         if trace.revision == 1:
             trace.finalized_at = now
             if not runs:  # no agent ran in it (e.g. MAF's separate workflow.build trace)
@@ -264,7 +266,7 @@ class Assembler:
             self._to_late(tid, trace)
         else:
             self._remember_expired(tid)
-        if not trace.state.waiting:
+        if not trace.state.waiting or trace.state.provisional:  # published whole, as far as it can be
             self.settled.append(tid)
         arrived = trace.root_arrived if trace.revision == 1 else trace.reopened
         return [Finalized(run, revision, arrived if revision == 1 else None) for run, revision in runs]
@@ -297,7 +299,7 @@ class Assembler:
             del self._late[tid]
             self._late_spans -= trace.held
             self._remember_expired(tid)
-            if trace.state.waiting:
+            if trace.state.waiting and not trace.state.provisional:
                 runs = trace.state.run_inputs(cut=_LATE_WINDOW_CLOSED, everything=True)
                 out.extend(Finalized(run, revision, None) for run, revision in runs)
                 self.settled.append(tid)

@@ -17,6 +17,7 @@ executor's own agent and ``executor/agent`` for any other agent that ran there.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections import defaultdict
@@ -235,7 +236,8 @@ class TraceState:
     """Everything known about one trace, updated span batch by span batch."""
 
     __slots__ = ("matcher", "trace_id", "root_span_id", "subject", "_context", "_pending", "_pending_ids",
-                 "_runs", "_names", "_fallback_subject", "run_spans_seen", "unusable", "orphaned", "_callers")
+                 "_runs", "_names", "_fallback_subject", "run_spans_seen", "unusable", "orphaned", "_callers",
+                 "_published", "_provisional")
 
     def __init__(self, matcher: Matcher, trace_id: bytes) -> None:
         self.matcher = matcher
@@ -259,6 +261,11 @@ class TraceState:
         #: workflow's AgentResponseEvents under its own span): (parent id, executor key, entry),
         #: until they join the run under the same parent that has that executor.
         self._callers: list[tuple[bytes, str, LedgerEntry]] = []
+        #: The revision last published of every run, including runs that only a provisional
+        #: finalization made (spans classified as if parentless): the next numbers on from it.
+        self._published: dict[str | None, int] = {}
+        #: Runs were last published provisionally: orphans were resolved on a copy and still wait.
+        self._provisional = False
 
     def add(self, span: SpanRecord) -> bool:
         """Classify one span now if its parent is known (or it has none), else park it.
@@ -297,7 +304,12 @@ class TraceState:
                 self.unusable += 1
                 context = parent
             self._context[s.span_id] = context
-            for child in self._pending.pop(s.span_id, ()):
+            children = self._pending.pop(s.span_id, ())
+            if children and self._provisional:  # spans published as parentless got their parent
+                self._provisional = False
+                for run in self._runs.values():
+                    run.dirty = True
+            for child in children:
                 self._pending_ids.discard(child.span_id)
                 stack.append((child, context))
 
@@ -309,7 +321,7 @@ class TraceState:
     def _run(self, key: str | None) -> _Run:
         run = self._runs.get(key)
         if run is None:
-            run = self._runs[key] = _Run(key)
+            run = self._runs[key] = _Run(key, revision=self._published.get(key, 0))
         run.dirty = True
         return run
 
@@ -423,9 +435,9 @@ class TraceState:
 
         Workflow-run spans are always resolved (their parent may never be exported: .NET's streaming
         ``workflow.session``, a caller's span around several runs); with ``everything`` (the trace
-        is complete or timed out) so is every other orphan, and finally anything caught in a parent
-        cycle.
+        is complete or timed out) so is every other orphan. Parent cycles are broken first, always.
         """
+        self._break_cycles()
         orphans = [p for p in self._pending if p not in self._pending_ids and p not in self._context]
         for parent_id in orphans:
             children = self._pending.get(parent_id, [])
@@ -439,23 +451,50 @@ class TraceState:
                 self._pending[parent_id] = keep
             else:
                 self._pending.pop(parent_id, None)
-        while everything and self._pending:
-            # Parent cycles: nothing outside them will ever resolve them. Break each at one span,
-            # classified as if parentless; the rest of the cycle resolves beneath it.
-            parent_id, children = next(iter(self._pending.items()))
-            child = children.pop()
-            if not children:
-                del self._pending[parent_id]
-            self._pending_ids.discard(child.span_id)
-            self.orphaned += 1
-            self._resolve(child, _NO_CONTEXT)
+
+    def _break_cycles(self) -> None:
+        """Parent cycles: nothing outside them can ever resolve them (a span's parent is fixed), so
+        each is broken at once, at one span classified as if parentless; the rest of the cycle
+        resolves beneath it. A span waiting on a parent that is not pending waits on."""
+        if not self._pending:
+            return
+        parent_of = {c.span_id: parent for parent, children in self._pending.items() for c in children}
+        acyclic: set[bytes] = set()
+        for start in parent_of:
+            walk: dict[bytes, None] = {}
+            sid = start
+            while sid in self._pending_ids and sid not in walk and sid not in acyclic:
+                walk[sid] = None
+                sid = parent_of[sid]
+            if sid in walk:  # back on this walk: a cycle, broken at its workflow-run span if it has one
+                cycle = list(walk)[list(walk).index(sid):]
+                sid = next((c for c in cycle if self._record(parent_of[c], c).facts[KIND] == RUN), sid)
+                siblings = self._pending[parent_of[sid]]
+                child = self._record(parent_of[sid], sid)
+                siblings.remove(child)
+                if not siblings:
+                    del self._pending[parent_of[sid]]
+                self._pending_ids.discard(sid)
+                self.orphaned += 1
+                self._resolve(child, _NO_CONTEXT)
+            acyclic.update(walk)
+
+    def _record(self, parent_id: bytes, span_id: bytes) -> SpanRecord:
+        return next(c for c in self._pending[parent_id] if c.span_id == span_id)
 
     @property
     def waiting(self) -> bool:
         """Spans still wait for a parent (a run not yet finalized may need them)."""
         return bool(self._pending)
 
-    def run_inputs(self, cut: str | None = None, everything: bool = True) -> list[tuple[RunInput, int]]:
+    @property
+    def provisional(self) -> bool:
+        """Runs were last published with the waiting spans resolved as if parentless: nothing new
+        would come of resolving them for good."""
+        return self._provisional
+
+    def run_inputs(self, cut: str | None = None, everything: bool = True,
+                   final: bool = True) -> list[tuple[RunInput, int]]:
         """Reconciler inputs for every run that changed since the last call, with its revision.
 
         ``cut``: why the caller finalizes the trace before it could be complete (the runs are then
@@ -464,7 +503,13 @@ class TraceState:
         arrived are finalized, the rest keep waiting. Runs in which no agent ran are not runs.
         Every run of a trace some of whose spans are known never to have arrived (its root, or the
         parent of a span) is :attr:`RunInput.partial`: which run a lost span belonged to is unknown.
+        ``final`` false (a late parent may still come): orphans are resolved on a copy and keep
+        waiting here, so a parent that arrives later is attached as if it had come in order, and the
+        next revision is what in-order delivery gives (DESIGN §3 r2: delivery order never decides).
         """
+        self._break_cycles()
+        if everything and not final and self._pending:
+            return self._provisional_inputs(cut)
         orphaned = self.orphaned
         self.resolve_orphans(everything)
         if self._callers:
@@ -487,7 +532,17 @@ class TraceState:
             built = self._run_input(run, cut_short, rootless or self.orphaned > 0)
             if built.is_workflow:
                 run.revision += 1
+                self._published[key] = run.revision
                 out.append((built, run.revision))
+        return out
+
+    def _provisional_inputs(self, cut: str | None) -> list[tuple[RunInput, int]]:
+        trial = copy.deepcopy(self, {id(self.matcher): self.matcher})
+        out = trial.run_inputs(cut, everything=True)
+        self._published = trial._published
+        for key, run in self._runs.items():
+            run.revision, run.dirty = trial._runs[key].revision, trial._runs[key].dirty
+        self._provisional = True
         return out
 
     def _run_id(self, run: _Run) -> str:
@@ -500,6 +555,7 @@ class TraceState:
         for run in self._runs.values():
             if self._run_id(run) == run_id:
                 run.revision = max(run.revision, revision)
+                self._published[run.span_id] = run.revision
 
     def _run_input(self, run: _Run, cut: str | None, partial: bool) -> RunInput:
         names = self._display_names(run)
@@ -548,7 +604,7 @@ class TraceState:
             executors=tuple(records),
             trace_id=trace_id,
             root_span_id=run.span_id or (self.root_span_id.hex() if self.root_span_id else None),
-            subject=run.subject or self.subject or self._fallback_subject,
+            subject=self._subject(run),
             incomplete=cut is not None,
             partial=partial,
             unattributed_chat=tuple(unattributed),
@@ -558,6 +614,14 @@ class TraceState:
             notes=tuple(notes),
             announcement=run.announcement,
         )
+
+    def _subject(self, run: _Run) -> str | None:
+        """The workflow's name, else the root's, else the service's; a builder's default name (every
+        unnamed Sequential workflow is "Sequential") qualified by the service."""
+        named = run.subject or self.subject
+        if named in self.matcher.default_workflow_names and self._fallback_subject:
+            return f"{self._fallback_subject}/{named}"
+        return named or self._fallback_subject
 
     def _display_names(self, run: _Run) -> dict[str, str]:
         """First spellings, but an executor whose id is a per-process id (MAF names the executor of

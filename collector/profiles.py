@@ -55,11 +55,16 @@ class ProfileConfig(BaseModel):
     #: The workflow's name (else the resource's ``service.name``); never a per-process id such as
     #: MAF Python's ``workflow.id`` (a uuid).
     subject_attributes: list[str] = Field(default_factory=lambda: ["gen_ai.workflow.name", "workflow.name"])
+    #: Names a builder gives every workflow it builds unnamed: such a run is named
+    #: ``{service.name}/{name}``, so two services' unnamed workflows stay apart.
+    default_workflow_names: list[str] = Field(default_factory=list)
     #: Error attribute of a span (besides an error status).
     error_attributes: list[str] = Field(default_factory=lambda: ["error.type"])
 
 
 PYTHON_AGENT_EXECUTORS = ["AgentExecutor", "HandoffAgentExecutor"]
+#: agent-framework-orchestrations' builders name an unnamed workflow after themselves.
+PYTHON_DEFAULT_WORKFLOW_NAMES = ["Sequential", "Concurrent", "GroupChat", "Handoff", "Magentic"]
 DOTNET_AGENT_EXECUTORS = ["AIAgentHostExecutor", "HandoffAgentExecutor"]
 
 
@@ -68,7 +73,8 @@ def default_profiles() -> dict[str, ProfileConfig]:
     return {
         "maf-python": ProfileConfig(sdk_languages=["python"], agent_span_ledger="derived",
                                     executor_span_prefixes=["executor.process"],
-                                    agent_executor_types=PYTHON_AGENT_EXECUTORS),
+                                    agent_executor_types=PYTHON_AGENT_EXECUTORS,
+                                    default_workflow_names=PYTHON_DEFAULT_WORKFLOW_NAMES),
         "maf-dotnet": ProfileConfig(sdk_languages=["dotnet"], agent_span_ledger="independent",
                                     executor_span_prefixes=["executor.process"],
                                     agent_executor_types=DOTNET_AGENT_EXECUTORS),
@@ -113,6 +119,7 @@ class Matcher:
         self.total_keys = union("total_tokens_attributes")
         self.finish_keys = union("finish_reasons_attributes")
         self.subject_keys = union("subject_attributes")
+        self.default_workflow_names = frozenset(union("default_workflow_names"))
         self.error_keys = union("error_attributes")
         self.executor_type_keys = union("executor_type_attributes")
         self.run_names = frozenset(union("workflow_run_span_names"))

@@ -316,3 +316,16 @@ def test_the_run_subject_is_the_workflow_name_else_the_service_name(maf_spans, c
     assert unnamed["subject"] == service_name, (unnamed["subject"], service_name)
     assert not UUID_LIKE.search(unnamed["subject"])
     assert verdicts(unnamed) == {"researcher": "Agree", "writer": "Agree"}
+
+
+def test_an_unnamed_orchestration_is_named_by_its_service_and_builder(maf_spans, collector):
+    # agent-framework-orchestrations names every unnamed Sequential workflow "Sequential": two
+    # services' unnamed pipelines would share one subject (and one metric label)
+    from agent_framework_orchestrations import SequentialBuilder
+
+    workflow = SequentialBuilder(participants=[rw.real_agent("researcher", [rw.Turn(420, 180)])]).build()
+    spans = drive(maf_spans, workflow, False)
+    export_spans(collector, spans)
+    (run,) = runs_of(collector, trace_ids(spans))
+    assert run["subject"] == f"{spans[0].resource.attributes['service.name']}/Sequential"
+    assert verdicts(run) == {"researcher": "Agree"}

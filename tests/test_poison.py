@@ -701,3 +701,67 @@ def test_sigterm_after_poison_exits_0_and_keeps_every_run(tmp_path):
                            capture_output=True, text=True, timeout=60)
     stored = {r["trace_id"] for r in json.loads(shown.stdout)}
     assert set(ids) <= stored
+
+
+# --- delivery order never decides the verdict (issue: a late parent made WARN for good) -----------
+
+def _late_parent_spans() -> tuple[list, str, object]:
+    """A pass scenario whose writer executor span will arrive last, after its children and the root."""
+    spans, (trace_id,) = record([Scenario({
+        "researcher": [Invocation([ok(420, 180)])],
+        "writer": [Invocation([ok(300, 120, "tool_calls"), ok(310, 230)])]}, name="late-parent")])
+    parent = next(s for s in spans if s.name == "executor.process writer")
+    return spans, trace_id, parent
+
+
+def _wait_revision(proc: CollectorProcess, run_id_: str, revision: int) -> dict:
+    deadline = time.monotonic() + 20
+    doc = None
+    while time.monotonic() < deadline:
+        doc = proc.store().get_run(run_id_)
+        if doc is not None and doc["revision"] >= revision:
+            return doc
+        time.sleep(0.1)
+    raise AssertionError(f"{run_id_} never reached revision {revision}: {doc}")
+
+
+def _assert_in_order_verdict(doc: dict) -> None:
+    assert (doc["status"], doc["incomplete"]) == ("PASS", False)
+    assert {e["executor_id"]: (e["verdict"], e["evidence"]["truth_tokens"]) for e in doc["executors"]} == {
+        "researcher": ("Agree", 600), "writer": ("Agree", 960)}
+
+
+def test_a_parent_sent_after_the_quiet_period_revises_the_run_to_the_in_order_verdict(tmp_path):
+    spans, trace_id, parent = _late_parent_spans()
+    proc = CollectorProcess(tmp_path)  # quiet_period 0.3 s in tests
+    try:
+        root = next(s for s in spans if s.name == "workflow.run")
+        post(proc.http, export_request([s for s in spans if s is not parent and s is not root]).SerializeToString())
+        post(proc.http, export_request([root]).SerializeToString())
+        first = _wait_revision(proc, run_id(trace_id), 1)
+        assert first["status"] != "PASS"  # the writer's spans are missing their parent: never a pass
+        time.sleep(1.0)  # well past the quiet period: the trace was finalized without the parent
+        post(proc.http, export_request([parent]).SerializeToString())
+        _assert_in_order_verdict(_wait_revision(proc, run_id(trace_id), first["revision"] + 1))
+        runs = [r["run_id"] for r in proc.store().list_runs(limit=50) if r["trace_id"] == trace_id]
+        assert runs == [run_id(trace_id)]  # no phantom run of the parentless spans beside it
+    finally:
+        proc.stop()
+
+
+def test_a_kill_9_recovery_that_replays_children_before_the_retried_parent_is_reconciled_in_order(tmp_path):
+    """Journaled requests replay at once after a kill -9; the one whose answer was lost comes back
+    later with the exporter's retry, after the quiet period."""
+    spans, trace_id, parent = _late_parent_spans()
+    first = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 60}})
+    post(first.http, export_request([s for s in spans if s is not parent]).SerializeToString())
+    first.stop(signal.SIGKILL)  # acknowledged and journaled; the parent's request never answered
+    second = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 60}})
+    try:
+        replayed = _wait_revision(second, run_id(trace_id), 1)
+        assert replayed["status"] != "PASS"
+        time.sleep(1.0)
+        post(second.http, export_request([parent]).SerializeToString())  # the exporter's retry
+        _assert_in_order_verdict(_wait_revision(second, run_id(trace_id), replayed["revision"] + 1))
+    finally:
+        second.stop()

@@ -324,3 +324,71 @@ def test_a_run_whose_spans_lost_their_parent_cannot_pass():
     assert run.partial and run.incomplete and "never got their parent span" in run.notes[0]
     assert (verdict.status, verdict.score) == (Status.WARN, 1.0)
     assert {e.executor_id: e.verdict.value for e in verdict.executors} == {"researcher": "Agree", "writer": "Agree"}
+
+
+# --- delivery order (DESIGN §3 Assembly): the verdict does not depend on it ------------------------
+
+def _pipeline_spans() -> tuple[list, str]:
+    """A workflow run of two agents, the second one's executor span exported late (its children
+    first): what an exporter in another process, or a kill -9 recovery, delivers."""
+    rec = Recorder()
+    with rec.tracer.start_as_current_span("workflow.run", attributes={"workflow.name": "ordered"}) as root:
+        rec.agent("researcher", "researcher", [(420, 180)], (420, 180))
+        rec.agent("writer", "writer", [(300, 40), (610, 350)], (910, 390))
+    spans = rec.take()
+    return spans, f"{root.get_span_context().trace_id:032x}-{root.get_span_context().span_id:016x}"
+
+
+def _in_order_verdict(spans: list) -> dict:
+    clock = Clock()
+    assembler = Assembler(CONFIG.assembly, MATCHER, clock)
+    offer(assembler, spans)
+    clock.now += CONFIG.assembly.quiet_period
+    (item,) = assembler.sweep()
+    return _summary(reconcile(item.run, revision=item.revision))
+
+
+def _summary(verdict) -> dict:
+    return {"status": verdict.status.value, "incomplete": verdict.incomplete,
+            "units": {e.executor_id: (e.verdict.value, e.evidence.framework_tokens, e.evidence.truth_tokens)
+                      for e in verdict.executors}}
+
+
+def test_a_parent_arriving_after_its_trace_was_finalized_gives_the_in_order_verdict():
+    spans, run_id = _pipeline_spans()
+    expected = _in_order_verdict(spans)
+    assert expected == {"status": "PASS", "incomplete": False,
+                        "units": {"researcher": ("Agree", 600, 600), "writer": ("Agree", 1300, 1300)}}
+    late = next(s for s in spans if s.name == "executor.process writer")
+    root = next(s for s in spans if s.name == "workflow.run")
+    children = [s for s in spans if s is not late and s is not root]
+    clock = Clock()
+    assembler = Assembler(CONFIG.assembly, MATCHER, clock)
+    offer(assembler, children)  # the writer's agent, chat and ledger spans wait for their executor span
+    offer(assembler, [root])
+    clock.now += CONFIG.assembly.quiet_period
+    (first,) = [i for i in assembler.sweep() if i.run.run_id == run_id]
+    assert _summary(reconcile(first.run))["status"] != "PASS"  # units are missing: never a pass
+    clock.now += CONFIG.assembly.quiet_period  # the parent comes later than the quiet period
+    offer(assembler, [late])
+    clock.now += CONFIG.assembly.quiet_period
+    (item,) = [i for i in assembler.sweep() if i.run.run_id == run_id]
+    assert item.revision == 2
+    assert _summary(reconcile(item.run, revision=item.revision)) == expected
+
+
+def test_a_parent_cycle_through_the_root_is_reconciled_at_the_quiet_period_not_the_late_window():
+    rec = Recorder()
+    with rec.tracer.start_as_current_span("workflow.run", attributes={"workflow.name": "cyclic"}):
+        rec.agent("writer", "writer", [(300, 40)], (300, 40))
+    spans = rec.take()
+    root = next(s for s in spans if s.name == "workflow.run")
+    executor = next(s for s in spans if s.name == "executor.process writer")
+    # the root names its own executor span as parent: a cycle through the root, no parentless span
+    root._parent = executor.get_span_context()
+    clock = Clock()
+    assembler = Assembler(CONFIG.assembly, MATCHER, clock)
+    offer(assembler, spans)
+    clock.now += CONFIG.assembly.quiet_period
+    (item,) = assembler.sweep()  # at once: nothing outside a cycle can ever resolve it
+    assert {e.executor_id: e.verdict.value for e in reconcile(item.run).executors} == {"writer": "Agree"}

@@ -167,10 +167,12 @@ def test_opentelemetry_instrument_activates_it_with_no_code_change(collector, tm
 
 # --- releases: hooks, not a pin; the announcement (DESIGN §3b r3) ------------------------------------
 
-def test_the_installed_release_is_instrumented_and_announced_on_the_spans_it_writes(maf_spans):
+def test_the_installed_release_is_instrumented_announced_and_counted_by_release(maf_spans, collector):
     from importlib.metadata import version
 
     from opentelemetry.instrumentation.maf_fidelity.version import __version__
+
+    from conftest import export_spans
 
     spans = run(maf_spans, make_agent(AgentSpec("solo", [Turn(50, 5)])).run(TASK))
     (ledger,) = ledger_spans(spans)
@@ -179,6 +181,13 @@ def test_the_installed_release_is_instrumented_and_announced_on_the_spans_it_wri
         assert (span.attributes["fidelity.maf.version"], span.attributes["fidelity.instrumentation.version"],
                 span.attributes["fidelity.instrumentation.status"]) == (version("agent-framework-core"), __version__,
                                                                        "active")
+    export_spans(collector, spans)
+    run_doc = collector.run(format(ledger.context.trace_id, "032x"))
+    assert (run_doc["maf_release"], run_doc["instrumentation_version"], run_doc["instrumentation_status"]) == (
+        version("agent-framework-core"), __version__, "active")
+    counted = {labels for (name, labels), _ in collector.metrics().items() if name == "fidelity_runs_total"}
+    assert (("maf_release", version("agent-framework-core")), ("status", "PASS"), ("subject", run_doc["subject"])) in counted
+    assert collector.store().list_runs(maf_release=version("agent-framework-core"))[0]["run_id"] == run_doc["run_id"]
 
 
 def test_a_release_outside_the_tested_range_is_instrumented_with_a_warning_and_a_missing_hook_is_named():

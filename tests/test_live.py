@@ -72,9 +72,9 @@ def test_path2_reasons_are_counted_in_metrics(collector):
     run = collector.run(trace_id)
     assert {e["no_truth_reason"] for e in run["executors"]} == {"response_missing"}
     after = collector.metrics()
-    key = ("fidelity_no_truth_executors_total", (("reason", "response_missing"), ("subject", "path2")))
+    key = ("fidelity_no_truth_executors_total", (("maf_release", "unknown"), ("reason", "response_missing"), ("subject", "path2")))
     assert after[key] - before.get(key, 0) == 2
-    runs_key = ("fidelity_runs_total", (("status", "PENDING"), ("subject", "path2")))
+    runs_key = ("fidelity_runs_total", (("maf_release", "unknown"), ("status", "PENDING"), ("subject", "path2")))
     assert after[runs_key] - before.get(runs_key, 0) == 1
 
 
@@ -88,7 +88,8 @@ def test_metrics_expose_verdicts_scores_and_self_metrics(collector):
                      "fidelity_token_delta_bucket", "collector_spans_received_total", "collector_traces_in_flight",
                      "collector_spans_in_flight", "fidelity_verdict_latency_seconds_bucket"):
         assert expected in names, expected
-    assert m[("fidelity_executor_verdicts_total", (("subject", "fail-under-report"), ("verdict", "TokenMismatch")))] >= 1
+    assert m[("fidelity_executor_verdicts_total", (("maf_release", "unknown"), ("subject", "fail-under-report"),
+                                                ("verdict", "TokenMismatch")))] >= 1
     assert m[("collector_spans_received_total", (("transport", "http"),))] >= len(spans)
 
 
@@ -102,12 +103,14 @@ def test_fidelity_counters_say_which_workflow_up_to_a_bound(tmp_path):
             export_spans(proc, spans)
             proc.run(trace_id)
         runs = {labels: v for (name, labels), v in proc.metrics().items() if name == "fidelity_runs_total"}
-        assert runs == {(("status", "FAIL"), ("subject", "fail-under-report")): 1,
-                        (("status", "PENDING"), ("subject", "path2")): 1,
-                        (("status", "PASS"), ("subject", "_other")): 1, (("status", "WARN"), ("subject", "_other")): 1}
+        unknown = ("maf_release", "unknown")  # no MAF instrumentation announced a release
+        assert runs == {(unknown, ("status", "FAIL"), ("subject", "fail-under-report")): 1,
+                        (unknown, ("status", "PENDING"), ("subject", "path2")): 1,
+                        (unknown, ("status", "PASS"), ("subject", "_other")): 1,
+                        (unknown, ("status", "WARN"), ("subject", "_other")): 1}
         verdicts = {labels: v for (name, labels), v in proc.metrics().items() if name == "fidelity_executor_verdicts_total"}
-        assert verdicts[(("subject", "fail-under-report"), ("verdict", "TokenMismatch"))] == 1
-        assert verdicts[(("subject", "_other"), ("verdict", "FinishMismatch"))] == 1
+        assert verdicts[(unknown, ("subject", "fail-under-report"), ("verdict", "TokenMismatch"))] == 1
+        assert verdicts[(unknown, ("subject", "_other"), ("verdict", "FinishMismatch"))] == 1
     finally:
         proc.stop()
 

@@ -218,7 +218,7 @@ def runs_list(
     status: Annotated[Optional[list[str]], typer.Option("--status", help="Only this status: PASS, WARN, FAIL or PENDING (repeatable).")] = None,
     subject: Annotated[Optional[str], typer.Option("--subject", help="Only runs of this subject.")] = None,
     maf_release: Annotated[Optional[str], typer.Option(
-        "--maf-release", help="Only runs whose spans came from this agent-framework-core release (e.g. 1.26.0).")] = None,
+        "--maf-release", help="Only runs whose spans came from this agent-framework-core release (1.26.0, or 1.26 for every 1.26.x).")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1)] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array of runs (schema: collector/schemas/run.schema.json).")] = False,
     store: StoreOpt = None,

@@ -341,14 +341,17 @@ class RunStore(ABC):
         are read as one index walk each, merged (``status IN`` read every run of those statuses and
         sorted them all, for the newest few)."""
         wanted = sorted({s.upper() for s in statuses})
+        # a release is matched whole or as a prefix of dotted parts: 1.26 matches 1.26.0 and 1.26.1
         params: dict[str, Any] = {"limit": limit, "subject": subject, "release": maf_release,
+                                  "releases": _like_prefix(f"{maf_release}.") if maf_release else None,
                                   **{f"s{i}": s for i, s in enumerate(wanted)}}
         columns = f"{_DOC}, run_id" if with_docs else _SUMMARY
         newest = "ORDER BY updated_at DESC, run_id DESC LIMIT :limit"
 
         def walk(status: str | None) -> str:
             clauses = [c for c in (status and f"status = :{status}", subject and "subject = :subject",
-                                   maf_release and "maf_release = :release") if c]
+                                   maf_release and "(maf_release = :release OR maf_release LIKE :releases ESCAPE '\\')")
+                       if c]
             return f"SELECT {columns} FROM runs {'WHERE ' + ' AND '.join(clauses) if clauses else ''} {newest}"
 
         if len(wanted) > 1:

@@ -236,8 +236,10 @@ def runs_list(
     elif rows:
         out.print(runs_table(rows))
     else:
-        out.print("no stored run matches --status / --subject / --maf-release" if statuses or subject or maf_release
-                  else "no runs stored")
+        given = [f"{flag} {value}" for flag, values in (("--status", statuses), ("--subject", [subject] if subject else []),
+                                                         ("--maf-release", [maf_release] if maf_release else []))
+                 for value in values]
+        out.print(f"no stored run matches {' '.join(given)}" if given else "no runs stored", markup=False)
 
 
 @runs_app.command("show")

@@ -186,7 +186,7 @@ def test_the_next_steps_printed_name_the_store_given_and_an_empty_filter_says_so
     assert proc.returncode == 0 and f"(`agenteval runs list --store {db}`)" in " ".join(proc.stderr.split())
     assert cli("runs", "list", "--store", str(db)).stdout.count("PASS") == 1  # the hint, as printed, works
     assert cli("runs", "list", "--subject", "other", "--store", str(db)).stdout.strip() == \
-        "no stored run matches --status / --subject"
+        "no stored run matches --subject other"  # the filters given, as given
 
 
 def test_reading_a_store_that_is_not_there_is_an_error_not_an_empty_store(tmp_path):

@@ -6,9 +6,11 @@ import asyncio
 import errno
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -459,6 +461,49 @@ def fill(disk) -> int:
             assert exc.errno == errno.ENOSPC
             chunk = chunk[: len(chunk) // 2]
     return fd
+
+
+WRITE_PAST_A_LIMIT = """
+import asyncio, os, pickle, resource, sys
+from pathlib import Path
+from collector.journal import Journal, JournalError
+
+directory = Path(sys.argv[1])
+a, b, c = pickle.loads(directory.joinpath("spans.pickle").read_bytes())
+
+async def main() -> None:
+    journal = Journal(directory, 1 << 20, 1 << 30)
+    await journal.append(a)
+    (segment,) = directory.glob("*.jsonl")
+    resource.setrlimit(resource.RLIMIT_FSIZE, (segment.stat().st_size + 100, resource.RLIM_INFINITY))
+    try:
+        await journal.append(b)  # 100 bytes of it written, then EFBIG
+        print("acknowledged")
+    except JournalError:
+        print("refused")
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    await journal.append(c)
+    os._exit(0)  # killed: no close
+
+asyncio.run(main())
+"""
+
+
+def test_a_write_that_fails_partway_is_refused_and_cut_off_so_the_next_record_replays(tmp_path):
+    """A write cut short (RLIMIT_FSIZE in a process of its own: EFBIG after part of the record, as on
+    a full disk, without root): that request is refused and the next one, acknowledged, replays.
+    Before, the next record was appended to the part written and was unreadable on replay."""
+    matcher = CollectorConfig().matcher()
+    a, b, c = (decode.decode_request(export_request(record([SCENARIOS["loop"][0]] * n)[0]), matcher).spans
+               for n in (1, 4, 1))  # b: over the 8 KiB a buffered file writes in one go
+    (tmp_path / "spans.pickle").write_bytes(pickle.dumps((a, b, c)))
+    done = subprocess.run([sys.executable, "-c", WRITE_PAST_A_LIMIT, str(tmp_path)], capture_output=True, text=True)
+    assert (done.returncode, done.stdout.splitlines()[-1:]) == (0, ["refused"]), done.stdout[-2000:] + done.stderr[-2000:]
+    journal = Journal(tmp_path, 1 << 20, 1 << 30)
+    try:
+        assert [s.span_id for batch in journal.replay(matcher) for s in batch] == [s.span_id for s in a + c]
+    finally:
+        journal.close()
 
 
 def test_a_full_disk_refuses_the_request_it_cuts_short_and_loses_no_acknowledged_trace(tmp_path, small_disk):

@@ -441,7 +441,8 @@ def small_disk(tmp_path):
     """A 2 MiB tmpfs: a disk that really fills up (ENOSPC mid-write, a page's slack taken first)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True, text=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs (needs root or CAP_SYS_ADMIN): {mounted.stderr.strip()}")
     try:
@@ -498,7 +499,7 @@ def test_a_write_that_fails_partway_is_refused_and_cut_off_so_the_next_record_re
                for n in (1, 4, 1))  # b: over the 8 KiB a buffered file writes in one go
     (tmp_path / "spans.pickle").write_bytes(pickle.dumps((a, b, c)))
     done = subprocess.run([sys.executable, "-c", WRITE_PAST_A_LIMIT, str(tmp_path)], capture_output=True, text=True)
-    assert (done.returncode, done.stdout.splitlines()[-1:]) == (0, ["refused"]), done.stdout[-2000:] + done.stderr[-2000:]
+    assert (done.returncode, done.stdout.splitlines()[-1:]) == (0, ["refused"]), done.stdout[-2000:] + done.stderr
     journal = Journal(tmp_path, 1 << 20, 1 << 30)
     try:
         assert [s.span_id for batch in journal.replay(matcher) for s in batch] == [s.span_id for s in a + c]

@@ -16,6 +16,11 @@ answers, and replayed on start, so a kill -9 loses no acknowledged span.
   ``keep_cut_for`` from its first cut, even while incomplete runs of it are stored, so the rest of
   it completes its run however many restarts come in between.
 - One collector per journal directory (an exclusive lock); replicas on one machine need their own.
+- Its own faults: a write that fails (a full disk) is cut back off the segment, so the next record
+  starts whole (failing that, the next record goes to a new segment), and the requests of that
+  group are refused, retryably. A segment deleted under the collector (its directory removed) is
+  noticed before any request is answered: the directory is made again, every segment still needed
+  copied back into it from the open file, and the journal goes on there.
 """
 
 from __future__ import annotations
@@ -82,10 +87,7 @@ class Journal:
         self.max_bytes = max_bytes
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            self._lock_file = open(directory / "LOCK", "w")  # noqa: SIM115 - held for the journal's life
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise JournalError(f"{directory}: journal in use by another collector (give each its own journal.path)") from None
+            self._lock_file = self._lock()
         except OSError as exc:
             raise JournalError(f"{directory}: {exc.strerror or exc}") from exc
         self._mutex = threading.Lock()
@@ -97,6 +99,10 @@ class Journal:
         #: segment number -> trace ids with spans in it that are not yet done
         self._open: dict[int, set[bytes]] = {}
         self._sizes: dict[int, int] = {}
+        #: segment number -> its file, open while the segment is (to copy it back if it is deleted)
+        self._handles: dict[int, IO[bytes]] = {}
+        #: The segment being written ends in a record cut short that could not be cut off.
+        self._torn = False
         #: trace id -> segment number -> the last request with spans of it there
         self._trace_segments: dict[bytes, dict[int, int]] = {}
         existing = self._segments()
@@ -110,7 +116,7 @@ class Journal:
         # Numbered past the manifest too: what this start writes is never read through it.
         self._number = max([*existing, -1 if self._kept_upto is None else self._kept_upto]) + 1
         self._drop_kept_if_spent()  # its segments may be gone (let go after the close, or deleted by hand)
-        self._file: IO[bytes] = self._start_segment(self._number)
+        self._file = self._start_segment(self._number)
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
         self._thread.start()
@@ -122,9 +128,21 @@ class Journal:
     def _segments(self) -> list[int]:
         return sorted(int(p.stem) for p in self.directory.glob("*.jsonl") if p.stem.isdigit())
 
+    def _lock(self) -> IO[str]:
+        """The directory's lock, taken (held for the journal's life)."""
+        handle = open(self.directory / "LOCK", "w")  # noqa: SIM115
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise JournalError(f"{self.directory}: journal in use by another collector "
+                               "(give each its own journal.path)") from None
+        return handle
+
     def _start_segment(self, number: int) -> IO[bytes]:
-        """Segment ``number``, open for appending and counted; nothing changes if it cannot be."""
-        handle = open(self._path(number), "ab")  # noqa: SIM115
+        """Segment ``number``, open for appending (unbuffered: what a failed write left is known)
+        and counted; nothing changes if it cannot be."""
+        handle = open(self._path(number), "a+b", buffering=0)  # noqa: SIM115
         try:
             _fsync_dir(self.directory)
         except OSError:
@@ -132,7 +150,48 @@ class Journal:
             raise
         self._open[number] = set()
         self._sizes[number] = 0
+        self._handles[number] = handle
         return handle
+
+    def _lost(self, number: int) -> bool:
+        """Whether the file of segment ``number`` is no longer at its path (deleted, or its
+        directory removed or moved)."""
+        try:
+            there = os.stat(self._path(number))
+        except FileNotFoundError:
+            return True
+        here = os.fstat(self._handles[number].fileno())
+        return (there.st_dev, there.st_ino) != (here.st_dev, here.st_ino)
+
+    def _restore(self) -> None:
+        """If the segment being written was deleted, make the directory again and copy back every
+        segment still needed (each from its open file) and the manifest; then write there (the mutex
+        is held). An acknowledged record is only ever in a file that is at its path."""
+        if not self._lost(self._number):
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        lock = self._lock()  # another collector may have taken the directory since
+        self._lock_file.close()
+        self._lock_file = lock
+        restored = [number for number in sorted(self._handles) if self._lost(number)]
+        for number in restored:
+            path = self._path(number)
+            tmp = path.with_suffix(".tmp")
+            source = self._handles[number]
+            with open(tmp, "wb") as out:
+                _copy(source.fileno(), out.fileno())
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+            handle = open(path, "a+b" if number == self._number else "rb", buffering=0)  # noqa: SIM115
+            source.close()
+            self._handles[number] = handle
+            if number == self._number:
+                self._file = handle
+        if self._kept_upto is not None:
+            self._write_manifest(self._kept_upto, sorted(self.kept), self.first_cut)  # also fsyncs the directory
+        else:
+            _fsync_dir(self.directory)
+        log.warning("journal_directory_recreated", directory=str(self.directory), segments=len(restored))
 
     def _read_kept(self) -> tuple[int | None, set[bytes], dict[bytes, float]]:
         """The manifest's ``upto``, traces and first cuts (a manifest of the previous version, or
@@ -205,10 +264,11 @@ class Journal:
             if number == self._number:
                 continue
             path = self._path(number)
+            handle = self._handles[number] = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by _collect
             self._open.setdefault(number, set())
-            self._sizes[number] = path.stat().st_size
+            self._sizes[number] = os.fstat(handle.fileno()).st_size
             named = kept_upto is not None and number <= kept_upto
-            with path.open("rb") as fh:
+            with open(handle.fileno(), "rb", closefd=False) as fh:
                 for line in fh:
                     try:
                         spans = _decode(line, matcher)
@@ -256,20 +316,28 @@ class Journal:
                 group, self._buffer = self._buffer, []
                 if not group and self._closing:
                     return
-                data: bytes | OSError
+                placed: tuple[int, int, bytes] | Exception
                 try:
+                    self._restore()
                     # Placed as the group leaves the buffer, under the same lock: a trace released
                     # in between would be tracked after its release, and stay needed for good.
-                    data = self._place(group)
-                except OSError as exc:  # a new segment could not be started
-                    data = exc
+                    placed = self._place(group)
+                except (OSError, JournalError) as exc:  # no directory, or no new segment
+                    placed = exc
             error: Exception | None = None
             try:
-                if isinstance(data, OSError):
-                    raise data
-                self._file.write(data)
-                self._file.flush()
-                os.fsync(self._file.fileno())
+                if isinstance(placed, Exception):
+                    raise placed
+                number, start, data = placed
+                handle = self._file
+                try:
+                    _write(handle, data)
+                    os.fsync(handle.fileno())
+                    with self._mutex:  # deleted meanwhile: copied back before any request is answered
+                        self._restore()
+                except Exception:
+                    self._cut(number, handle, start, len(data))
+                    raise
             except Exception as exc:  # noqa: BLE001 - the group fails; left unsettled, its requests would hang
                 error = JournalError(f"{self.directory}: journal write failed: "
                                      f"{getattr(exc, 'strerror', None) or exc}")
@@ -277,20 +345,33 @@ class Journal:
             for request in group:
                 request.loop.call_soon_threadsafe(_settle, request.future, error)
 
-    def _place(self, group: list[_Request]) -> bytes:
-        """The group's records, counted in the segment they go to (a new one when the current one
-        would outgrow ``segment_bytes``), their traces tracked there (the mutex is held)."""
+    def _place(self, group: list[_Request]) -> tuple[int, int, bytes]:
+        """The segment the group's records go to (a new one when the current one would outgrow
+        ``segment_bytes``, or ends in a torn record), where they start there, and the records,
+        counted there with their traces tracked (the mutex is held)."""
         data = b"".join(request.line for request in group)
         size = self._sizes[self._number]
-        if size and size + len(data) > self.segment_bytes:
+        if self._torn or (size and size + len(data) > self.segment_bytes):
             handle = self._start_segment(self._number + 1)  # first: a failure leaves the current one
-            self._file.close()
-            previous, self._number, self._file = self._number, self._number + 1, handle
+            previous, self._number, self._file, self._torn = self._number, self._number + 1, handle, False
             self._collect(previous)
         for request in group:
             self._track(self._number, request.traces, request.number)
+        start = self._sizes[self._number]
         self._sizes[self._number] += len(data)
-        return data
+        return self._number, start, data
+
+    def _cut(self, number: int, handle: IO[bytes], start: int, length: int) -> None:
+        """A write of ``length`` bytes at ``start`` failed: cut off whatever of it reached the
+        segment, so the next record starts whole; failing that, the next one starts a segment."""
+        with self._mutex:
+            if number in self._sizes:
+                self._sizes[number] -= length
+            try:
+                handle.truncate(start)
+            except OSError as exc:
+                self._torn = handle is self._file
+                log.warning("journal_tail_torn", segment=self._path(number).name, error=str(exc))
 
     def _track(self, number: int, traces: set[bytes], request: int) -> None:
         self._open[number].update(traces)
@@ -339,6 +420,8 @@ class Journal:
         if number != self._number and not self._open.get(number):
             self._open.pop(number, None)
             self._sizes.pop(number, None)
+            if (handle := self._handles.pop(number, None)) is not None:
+                handle.close()
             try:
                 self._path(number).unlink()
             except FileNotFoundError:
@@ -379,12 +462,20 @@ class Journal:
             self._wakeup.notify()
         self._thread.join(30)
         with self._mutex:
-            self._file.close()
-            if not self._open.get(self._number):  # nothing of the current segment is still needed
+            ours = True
+            try:
+                self._restore()  # the directory deleted since the last write: what it keeps is put back
+            except (OSError, JournalError) as exc:
+                ours = not isinstance(exc, JournalError)  # made again by another collector: left to it
+                log.warning("journal_restore_failed", error=str(exc))
+            for handle in self._handles.values():
+                handle.close()
+            if ours and not self._open.get(self._number):  # nothing of the current segment is still needed
                 self._path(self._number).unlink(missing_ok=True)
                 self._sizes.pop(self._number, None)
             try:
-                self._write_kept()
+                if ours:
+                    self._write_kept()
             except OSError as exc:  # an older manifest, if any, still names a superset of what is needed
                 log.warning("journal_manifest_failed", error=str(exc))
             kept = len(self._trace_segments)
@@ -410,6 +501,20 @@ def _settle(future: asyncio.Future, error: Exception | None) -> None:
         future.set_result(None)
     else:
         future.set_exception(error)
+
+
+def _write(handle: IO[bytes], data: bytes) -> None:
+    """All of ``data`` (an unbuffered file's write may take part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[handle.write(view):]
+
+
+def _copy(source: int, target: int) -> None:
+    """The whole file ``source`` into ``target`` (file descriptors)."""
+    offset = 0
+    while sent := os.sendfile(target, source, offset, 1 << 24):
+        offset += sent
 
 
 def _fsync_dir(directory: Path) -> None:

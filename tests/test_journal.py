@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
+import pickle
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -15,6 +19,9 @@ import pytest
 import yaml
 from conftest import AGENTEVAL, CollectorProcess, export_spans, free_port, post
 from mafshape import SCENARIOS, export_request, record, run_id
+from test_crash import NAMES as CRASH_SCENARIOS
+from test_crash import RETRYABLE_HTTP, problems, runs_by_trace
+from test_crash import Trace as CrashTrace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
@@ -386,3 +393,214 @@ def test_a_manifest_whose_segments_are_gone_hides_nothing_written_later(tmp_path
         assert [s.span_id for batch in journal.replay(matcher) for s in batch] == [s.span_id for s in c]
     finally:
         journal.close()
+
+
+# --- the journal's own faults: a full disk, its directory deleted ------------------------------------
+
+def whole_traces(n: int, per_request: int = 1) -> list[tuple[list[tuple[str, str]], bytes]]:
+    """``n`` traces of varied scenarios in requests of ``per_request`` whole traces, each request as
+    ([(trace id, scenario)], the OTLP request)."""
+    names = [sorted(CRASH_SCENARIOS)[i % len(CRASH_SCENARIOS)] for i in range(n)]
+    spans, ids = record([SCENARIOS[name][0] for name in names])
+    by_trace: dict[str, list] = {}
+    for span in spans:
+        by_trace.setdefault(format(span.context.trace_id, "032x"), []).append(span)
+    traces = list(zip(ids, names))
+    return [(traces[i:i + per_request],
+             export_request([s for tid, _ in traces[i:i + per_request] for s in by_trace[tid]]).SerializeToString())
+            for i in range(0, n, per_request)]
+
+
+def send(proc: CollectorProcess, body: bytes, on_refusal: Any = None, tries: int = 20) -> tuple[bool, int]:
+    """POST one request like an OTLP exporter, retrying retryable answers (``on_refusal`` is called
+    before each retry); returns whether it was acknowledged and how many times it was refused."""
+    for refused in range(tries):
+        status, answer, _ = post(proc.http, body)
+        if status == 200:
+            return True, refused
+        assert status in RETRYABLE_HTTP, f"HTTP {status}: {answer[:300]!r}"  # never a final answer
+        if on_refusal is not None:
+            on_refusal()
+        time.sleep(0.05)
+    return False, tries
+
+
+def stored_of(proc: CollectorProcess, acked: list[tuple[str, str]]) -> dict[str, str]:
+    """Of the acknowledged traces, what is wrong with each one not stored exactly once as expected
+    (waiting for the replayed ones to complete)."""
+    deadline = time.monotonic() + 30
+    while True:
+        rows = runs_by_trace(proc.store_path)
+        wrong = {tid: p for tid, name in acked if (p := problems(CrashTrace(tid, name, []), rows.get(tid, [])))}
+        if not wrong or time.monotonic() > deadline:
+            return wrong
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs: a disk that really fills up (ENOSPC mid-write, a page's slack taken first)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs root or CAP_SYS_ADMIN): {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def fill(disk) -> int:
+    """Fill the disk to the last byte; returns the filler's descriptor."""
+    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
+    chunk = b"x" * 65536
+    while chunk:
+        try:
+            os.write(fd, chunk)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+            chunk = chunk[: len(chunk) // 2]
+    return fd
+
+
+WRITE_PAST_A_LIMIT = """
+import asyncio, os, pickle, resource, sys
+from pathlib import Path
+from collector.journal import Journal, JournalError
+
+directory = Path(sys.argv[1])
+a, b, c = pickle.loads(directory.joinpath("spans.pickle").read_bytes())
+
+async def main() -> None:
+    journal = Journal(directory, 1 << 20, 1 << 30)
+    await journal.append(a)
+    (segment,) = directory.glob("*.jsonl")
+    resource.setrlimit(resource.RLIMIT_FSIZE, (segment.stat().st_size + 100, resource.RLIM_INFINITY))
+    try:
+        await journal.append(b)  # 100 bytes of it written, then EFBIG
+        print("acknowledged")
+    except JournalError:
+        print("refused")
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    await journal.append(c)
+    os._exit(0)  # killed: no close
+
+asyncio.run(main())
+"""
+
+
+def test_a_write_that_fails_partway_is_refused_and_cut_off_so_the_next_record_replays(tmp_path):
+    """A write cut short (RLIMIT_FSIZE in a process of its own: EFBIG after part of the record, as on
+    a full disk, without root): that request is refused and the next one, acknowledged, replays.
+    Before, the next record was appended to the part written and was unreadable on replay."""
+    matcher = CollectorConfig().matcher()
+    a, b, c = (decode.decode_request(export_request(record([SCENARIOS["loop"][0]] * n)[0]), matcher).spans
+               for n in (1, 4, 1))  # b: over the 8 KiB a buffered file writes in one go
+    (tmp_path / "spans.pickle").write_bytes(pickle.dumps((a, b, c)))
+    done = subprocess.run([sys.executable, "-c", WRITE_PAST_A_LIMIT, str(tmp_path)], capture_output=True, text=True)
+    assert (done.returncode, done.stdout.splitlines()[-1:]) == (0, ["refused"]), done.stdout[-2000:] + done.stderr
+    journal = Journal(tmp_path, 1 << 20, 1 << 30)
+    try:
+        assert [s.span_id for batch in journal.replay(matcher) for s in batch] == [s.span_id for s in a + c]
+    finally:
+        journal.close()
+
+
+def test_a_full_disk_refuses_the_request_it_cuts_short_and_loses_no_acknowledged_trace(tmp_path, small_disk):
+    """The journal's disk fills up mid-request: that request is refused (retryably) and whatever of it
+    reached the segment is cut off, so once there is room again the next record starts whole. Before,
+    the part written stayed and the next acknowledged record was appended to it, unreadable on replay
+    (journal_record_skipped): that trace was lost at the next kill -9."""
+    journal = {"journal": {"path": str(small_disk / "journal")}}
+    first = CollectorProcess(tmp_path, overrides={**LONG, **journal})
+    requests = whole_traces(200, per_request=4)  # over the 8 KiB a buffered file writes in one go
+    acked, refusals, filler = [], 0, None
+
+    def make_room() -> None:
+        nonlocal filler
+        if filler is not None:
+            os.close(filler)
+            (small_disk / "filler").unlink()
+            filler = None
+
+    try:
+        for i, (traces, body) in enumerate(requests):
+            if i == len(requests) // 2:
+                filler = fill(small_disk)
+            ok, refused = send(first, body, make_room)
+            assert ok, f"request {i} refused {refused} times with room on the disk"
+            acked += traces
+            refusals += refused
+        failed = [e for e in first.log_events() if e.get("event") == "journal_write_failed"]
+        assert refusals >= 1 and failed and "No space left" in failed[0]["error"]  # the disk did fill up
+    finally:
+        make_room()
+        first.stop(signal.SIGKILL)
+    second = CollectorProcess(tmp_path, overrides=journal)
+    try:
+        wrong = stored_of(second, acked)
+        skipped = [e for e in second.log_events() if e.get("event") == "journal_record_skipped"]
+        assert not wrong and not skipped, (f"{len(acked) - len(wrong)} of {len(acked)} acknowledged traces stored "
+                                           f"after a full disk and a kill -9; {len(skipped)} journal records skipped: "
+                                           f"{list(wrong.items())[:5]}")
+    finally:
+        assert second.stop() == 0
+
+
+def test_a_deleted_journal_directory_is_made_again_and_loses_no_acknowledged_trace(tmp_path):
+    """``rm -rf`` of the journal directory under a running collector: the next request finds its
+    segment gone, the directory is made again (one log line) with every segment still needed copied
+    back from its open file, and requests are journaled there, so a kill -9 loses none. Before, they
+    were written to the deleted file (all lost at the kill -9), and from the next segment on every
+    request was refused until a restart."""
+    directory = tmp_path / "runs.db.journal"
+    small = {**LONG, "journal": {"segment_bytes": 20000}}  # a new segment every few traces
+    first = CollectorProcess(tmp_path, overrides=small)
+    requests = whole_traces(70)
+    acked = []
+    try:
+        for i, (traces, body) in enumerate(requests):
+            if i == 20:
+                shutil.rmtree(directory)
+            ok, _ = send(first, body)
+            if not ok:
+                break
+            acked += traces
+        recreated = [e for e in first.log_events() if e.get("event") == "journal_directory_recreated"]
+    finally:
+        first.stop(signal.SIGKILL)
+    second = CollectorProcess(tmp_path)
+    try:
+        wrong = stored_of(second, acked)
+        assert not wrong and len(acked) == len(requests), (
+            f"{len(acked) - len(wrong)} of {len(acked)} acknowledged traces stored after rm -rf of the journal and "
+            f"a kill -9 ({len(requests) - len(acked)} of {len(requests)} refused for good): {list(wrong.items())[:5]}")
+        assert len(recreated) == 1 and recreated[0]["segments"] >= 2, recreated
+    finally:
+        assert second.stop() == 0
+
+
+def test_a_journal_directory_deleted_before_a_clean_stop_keeps_the_trace_it_cut(tmp_path):
+    """``rm -rf`` of the journal directory, then a rolling restart (SIGTERM) with a trace cut short:
+    the close makes the directory again with that trace's segment and its manifest, so the next
+    collector reconciles the trace whole when its workflow-run span comes. Before, the close wrote
+    into a directory that was gone: the next collector had the workflow-run span alone, and only the
+    first collector's incomplete run was stored."""
+    spans, (trace_id,) = record([SCENARIOS["fail_under_report"][0]])
+    _, status, units = SCENARIOS["fail_under_report"]
+    first = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 60}})
+    export_spans(first, [s for s in spans if s.parent is not None])  # acknowledged: journaled
+    shutil.rmtree(tmp_path / "runs.db.journal")
+    assert first.stop() == 0  # the trace is cut short, stored incomplete, kept for its rest
+    second = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 60}})
+    try:
+        export_spans(second, [s for s in spans if s.parent is None])
+        deadline = time.monotonic() + 15
+        while (doc := second.store().get_run(run_id(trace_id))) is None or doc["incomplete"]:
+            assert time.monotonic() < deadline, f"never stored complete: {doc}"
+            time.sleep(0.1)
+        assert (doc["status"], {e["executor_id"]: e["verdict"] for e in doc["executors"]}) == (status, units)
+    finally:
+        assert second.stop() == 0

@@ -119,8 +119,9 @@ def _unit(e: ExecutorVerdict, run: RunVerdict, limit: int) -> dict[str, Any]:
 
 def _plain_unit(e: ExecutorVerdict, run: RunVerdict, limit: int) -> dict[str, Any]:
     evidence, more = _bounded(e.evidence, BOUNDED_EVIDENCE, limit)
-    return {name: _plain(getattr(e, name)) for name in _UNIT_FIELDS} | {"evidence": _plain(evidence) | more} \
-        | _unit_extras(e, run)
+    unit = {name: _plain(getattr(e, name)) for name in _UNIT_FIELDS}
+    unit["evidence"] = _plain(evidence) | more
+    return unit | _unit_extras(e, run)
 
 
 def run_to_json(run: RunVerdict, max_items: int = MAX_ITEMS, **extra: Any) -> bytes:

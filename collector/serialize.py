@@ -92,7 +92,7 @@ _UNIT_FIELDS = tuple(f.name for f in dataclasses.fields(ExecutorVerdict) if f.na
 
 def _bounded(value: Any, names: tuple[str, ...], limit: int) -> tuple[Any, dict[str, int]]:
     """``value`` with each of its ``names`` lists cut to ``limit`` entries, and how many each lost."""
-    more = {f"{name}_more": max(len(getattr(value, name)) - limit, 0) for name in names}
+    more = {name + "_more": max(len(getattr(value, name)) - limit, 0) for name in names}
     if any(more.values()):
         value = dataclasses.replace(value, **{name: getattr(value, name)[:limit] for name in names})
     return value, more
@@ -109,12 +109,21 @@ def _run_head(run: RunVerdict, executors: Any, plain: Callable[[Any], Any], extr
     return out
 
 
-def _unit(e: ExecutorVerdict, run: RunVerdict, limit: int) -> dict[str, Any]:
-    """A unit's fields, its evidence as a JSON fragment (bounded, with its ``_more`` counts)."""
-    evidence, more = _bounded(e.evidence, BOUNDED_EVIDENCE, limit)
-    unit = {name: getattr(e, name) for name in _UNIT_FIELDS}
-    unit["evidence"] = orjson.Fragment(orjson.dumps(evidence)[:-1] + b"," + orjson.dumps(more)[1:])
-    return unit | _unit_extras(e, run)
+#: ``<list>_more`` of a unit none of whose evidence lists was cut (the usual case), as JSON members.
+_NOTHING_MORE = orjson.dumps({f"{name}_more": 0 for name in BOUNDED_EVIDENCE})[1:-1]
+
+
+def _unit(e: ExecutorVerdict, run: RunVerdict, limit: int) -> bytes:
+    """A unit as JSON: orjson writes the dataclass (evidence last), its ``_more`` counts and extras
+    appended; a unit with a list over ``limit`` is cut first."""
+    ev = e.evidence
+    if (len(ev.chat_span_ids) > limit or len(ev.finish_comparisons) > limit or len(ev.ledger_span_ids) > limit
+            or len(ev.executor_span_ids) > limit):  # (spelled out: this runs per unit of every run)
+        evidence, more = _bounded(ev, BOUNDED_EVIDENCE, limit)
+        e, tail = dataclasses.replace(e, evidence=evidence), orjson.dumps(more)[1:-1]
+    else:
+        tail = _NOTHING_MORE
+    return orjson.dumps(e)[:-2] + b"," + tail + b"}," + orjson.dumps(_unit_extras(e, run))[1:]
 
 
 def _plain_unit(e: ExecutorVerdict, run: RunVerdict, limit: int) -> dict[str, Any]:
@@ -132,8 +141,8 @@ def run_to_json(run: RunVerdict, max_items: int = MAX_ITEMS, **extra: Any) -> by
     (:func:`_plain`) cost ~18 µs a unit in the store writer, holding the GIL the receivers need.
     """
     try:
-        units = [_unit(e, run, max_items) for e in run.executors]
-        return orjson.dumps(_run_head(run, units, _same, extra, max_items))
+        units = b",".join([_unit(e, run, max_items) for e in run.executors])
+        return orjson.dumps(_run_head(run, orjson.Fragment(b"[" + units + b"]"), _same, extra, max_items))
     except TypeError:  # what orjson refuses (an integer beyond 64 bits, a lone surrogate): the slow way
         executors = [_plain_unit(e, run, max_items) for e in run.executors]
         return to_json(_run_head(run, executors, _plain, extra, max_items))

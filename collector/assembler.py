@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from collector.classify import KIND, SpanRecord, TraceState
 from collector.config import Assembly
@@ -43,6 +43,8 @@ class Offer:
     accepted: int = 0
     duplicates: int = 0
     expired: int = 0
+    #: The expired spans by why their traces no longer take spans (see :meth:`Assembler._let_go`).
+    expired_why: dict[str, int] = field(default_factory=dict)
     #: Traces of the request that nothing will settle: all their spans were duplicates of a
     #: finalized trace, or expired (the journal must not wait for them).
     idle: frozenset[bytes] = frozenset()
@@ -72,6 +74,10 @@ LATE_BYTES_PER_SPAN = 400
 #: Why a run is flagged incomplete when the assembler, not the trace, ended it (in the run's notes).
 _SHUTDOWN = "the collector stopped before the trace's quiet period ended"
 _LATE_WINDOW_CLOSED = "spans of it still waited for their parent span when the trace left the late window"
+#: Why spans of a trace that takes no more are rejected, besides leaving the late window (``_let_go``).
+_NO_LATE_WINDOW = ("already finalized, with no late window kept (assembly.late_window or "
+                   "assembly.max_late_traces is 0)")
+_FAILED = "that could not be finalized (run_failed in the collector's log says why)"
 
 
 @dataclass(slots=True)
@@ -99,7 +105,8 @@ class Assembler:
         self._open: OrderedDict[bytes, _Trace] = OrderedDict()
         self._late: OrderedDict[bytes, _Trace] = OrderedDict()  # by first finalization time
         self._late_spans = 0  # spans held by late traces (their estimated memory bounds the window)
-        self._expired: OrderedDict[bytes, None] = OrderedDict()  # bounded memory of closed trace ids
+        #: Bounded memory of closed trace ids, each with why it takes no more spans.
+        self._expired: OrderedDict[bytes, str] = OrderedDict()
         self._last_timeout_scan = 0.0
         self.spans_in_flight = 0
         #: Traces that could not be finalized since the last look (the pipeline drains and reports them).
@@ -146,6 +153,8 @@ class Assembler:
                 trace = self._trace_for(tid, now)
             if trace is None:
                 result.expired += 1
+                why = self._expired[tid]
+                result.expired_why[why] = result.expired_why.get(why, 0) + 1
                 skipped.add(tid)
                 continue
             if not trace.state.add(span):
@@ -242,7 +251,7 @@ class Assembler:
     def _drop(self, tid: bytes, trace: _Trace) -> None:
         self._open.pop(tid, None)
         self.spans_in_flight -= trace.spans
-        self._remember_expired(tid)
+        self._remember_expired(tid, _FAILED)
         self.settled.append(tid)
 
     def _finalize(self, tid: bytes, now: float, cut: str | None, everything: bool) -> list[Finalized]:
@@ -265,7 +274,7 @@ class Assembler:
         if late:
             self._to_late(tid, trace)
         else:
-            self._remember_expired(tid)
+            self._remember_expired(tid, _NO_LATE_WINDOW)
         if not trace.state.waiting or trace.state.provisional:  # published whole, as far as it can be
             self.settled.append(tid)
         arrived = trace.root_arrived if trace.revision == 1 else trace.reopened
@@ -289,24 +298,36 @@ class Assembler:
     def _expire(self, now: float) -> list[Finalized]:
         """Traces leaving the late window (by age, count or estimated bytes, oldest first); spans of
         theirs still waiting for a parent that never came are reconciled now (flagged incomplete)."""
-        cfg = self.config
         out: list[Finalized] = []
         while self._late:
             tid, trace = next(iter(self._late.items()))
-            if (now - trace.finalized_at < cfg.late_window and len(self._late) <= cfg.max_late_traces
-                    and self.late_bytes <= cfg.max_late_bytes):
+            why = self._let_go(trace, now)
+            if why is None:
                 break
             del self._late[tid]
             self._late_spans -= trace.held
-            self._remember_expired(tid)
+            self._remember_expired(tid, why)
             if trace.state.waiting and not trace.state.provisional:
                 runs = trace.state.run_inputs(cut=_LATE_WINDOW_CLOSED, everything=True)
                 out.extend(Finalized(run, revision, None) for run, revision in runs)
                 self.settled.append(tid)
         return out
 
-    def _remember_expired(self, tid: bytes) -> None:
-        self._expired[tid] = None
+    def _let_go(self, trace: _Trace, now: float) -> str | None:
+        """Why the oldest late trace leaves the late window now (what its late spans are told), or None."""
+        cfg = self.config
+        if now - trace.finalized_at >= cfg.late_window:
+            return f"finalized longer ago than assembly.late_window ({cfg.late_window:g} s)"
+        if len(self._late) > cfg.max_late_traces:
+            return ("evicted from the late window before assembly.late_window ran out, to keep it within "
+                    f"assembly.max_late_traces ({cfg.max_late_traces} traces)")
+        if self.late_bytes > cfg.max_late_bytes:
+            return ("evicted from the late window before assembly.late_window ran out, to keep its memory within "
+                    f"assembly.max_late_bytes ({cfg.max_late_bytes} bytes, ~{LATE_BYTES_PER_SPAN} a span)")
+        return None
+
+    def _remember_expired(self, tid: bytes, why: str) -> None:
+        self._expired[tid] = why
         while len(self._expired) > max(self.config.max_late_traces, 1_000):
             self._expired.popitem(last=False)
 

@@ -108,7 +108,8 @@ def _open_store(url: str | None, cfg: CollectorConfig | None = None, existing: b
     ``existing``: to read (see :func:`open_store`)."""
     cfg = cfg or CollectorConfig()
     try:
-        return open_store(url or cfg.store.url, cfg.store.password(), cfg.store.pool_size, existing)
+        return open_store(url or cfg.store.url, cfg.store.password(), cfg.store.pool_size, existing,
+                          cfg.store.max_span_ids_per_unit)
     except (StoreError, ConfigError) as exc:
         raise _Fatal(str(exc)) from exc
 

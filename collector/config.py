@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from collector.model import Policy, Preset
 from collector.profiles import Matcher, ProfileConfig, default_profiles
+from collector.serialize import MAX_ITEMS
 
 
 class ConfigError(Exception):
@@ -151,6 +152,7 @@ class Store(_Section):
     pool_size: int = Field(4, gt=0)
     max_queued_runs: int = Field(10_000, gt=0)
     max_queue_seconds: float = Field(2.0, gt=0)
+    max_span_ids_per_unit: int = Field(MAX_ITEMS, ge=0)
 
     @model_validator(mode="after")
     def _one_password(self) -> "Store":

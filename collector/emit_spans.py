@@ -17,6 +17,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, StatusCode,
 from collector.decode import OWN_SCOPE
 from collector.model import ExecutorVerdict, RunVerdict, Status
 from collector.render import fmt_score
+from collector.serialize import MAX_ITEMS
 
 
 def _ctx(trace_id: str, span_id: str) -> SpanContext:
@@ -24,7 +25,9 @@ def _ctx(trace_id: str, span_id: str) -> SpanContext:
                        trace_flags=TraceFlags(TraceFlags.SAMPLED))
 
 
-def run_attributes(run: RunVerdict, run_id: str) -> dict:
+def run_attributes(run: RunVerdict, run_id: str, max_items: int = MAX_ITEMS) -> dict:
+    """The run span's attributes; its lists keep their first ``max_items`` entries, as the run
+    document does (``fidelity.workflow_errors.more`` says how many more errors there were)."""
     attrs = {
         "fidelity.run_id": run_id,
         "fidelity.status": run.status.value,
@@ -39,9 +42,11 @@ def run_attributes(run: RunVerdict, run_id: str) -> dict:
     if run.score is not None:  # PENDING has no score, not a zero
         attrs["fidelity.score"] = run.score
     if run.non_agent_executors:
-        attrs["fidelity.non_agent_executors"] = list(run.non_agent_executors)
+        attrs["fidelity.non_agent_executors"] = list(run.non_agent_executors[:max_items])
     if run.workflow_errors:
-        attrs["fidelity.workflow_errors"] = list(run.workflow_errors)
+        attrs["fidelity.workflow_errors"] = list(run.workflow_errors[:max_items])
+        if len(run.workflow_errors) > max_items:
+            attrs["fidelity.workflow_errors.more"] = len(run.workflow_errors) - max_items
     if run.subject:
         attrs["fidelity.subject"] = run.subject
     if run.maf_release:
@@ -79,7 +84,9 @@ def executor_attributes(e: ExecutorVerdict, run: RunVerdict, run_id: str) -> dic
 
 
 class VerdictSpans:
-    def __init__(self, exporter: SpanExporter, resource: Resource) -> None:
+    def __init__(self, exporter: SpanExporter, resource: Resource, max_items: int = MAX_ITEMS) -> None:
+        #: Links per executor verdict span and entries per list attribute (``store.max_span_ids_per_unit``).
+        self.max_items = max_items
         self.provider = TracerProvider(resource=resource)
         self.provider.add_span_processor(BatchSpanProcessor(exporter))
         self.tracer = self.provider.get_tracer(OWN_SCOPE)
@@ -88,12 +95,15 @@ class VerdictSpans:
         parent = None
         if run.trace_id and anchor_span_id:
             parent = trace.set_span_in_context(NonRecordingSpan(_ctx(run.trace_id, anchor_span_id)))
-        with self.tracer.start_as_current_span("fidelity.run", context=parent, attributes=run_attributes(run, run_id),
+        trace_id = run.trace_id
+        with self.tracer.start_as_current_span("fidelity.run", context=parent,
+                                               attributes=run_attributes(run, run_id, self.max_items),
                                                end_on_exit=True) as span:
             if run.status is Status.FAIL:
                 span.set_status(StatusCode.ERROR, f"FAIL score {fmt_score(run.score)}")
-            for e in run.executors:  # linked to each of its executor spans (up to the SDK's link limit)
-                links = [Link(_ctx(run.trace_id, sid)) for sid in e.evidence.executor_span_ids] if run.trace_id else []
+            for e in run.executors:  # linked to its first executor spans (within the SDK's link limit)
+                links = ([Link(_ctx(trace_id, sid)) for sid in e.evidence.executor_span_ids[:self.max_items]]
+                         if trace_id else [])
                 with self.tracer.start_as_current_span(f"fidelity.executor {e.executor_id}",
                                                        attributes=executor_attributes(e, run, run_id), links=links):
                     pass

@@ -250,8 +250,7 @@ class Pipeline:
                    if self.journal is not None and (offer.accepted or offer.duplicates) else None)
         rejected = decoded.rejected + offer.expired
         messages = list(decoded.reasons)
-        if offer.expired:
-            messages.append(f"{offer.expired} span(s) belong to traces finalized longer ago than late_window")
+        messages.extend(f"{n} span(s) belong to traces {why}" for why, n in offer.expired_why.items())
         if self.metrics:
             m = self.metrics
             m.received.add(offer.accepted, {"transport": transport})

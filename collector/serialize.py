@@ -1,4 +1,9 @@
-"""Run verdicts as plain JSON-able dicts: the one shape used by ``--json``, the store and logs."""
+"""Run verdicts as plain JSON-able dicts: the one shape used by ``--json``, the store and logs.
+
+A document is bounded whatever the run's size: each list that grows with its spans (a unit's span
+ids and finish comparisons, the run's workflow errors) keeps its first ``max_items`` entries and
+says how many it left out (``<list>_more``); the unit's counts and totals are always whole.
+"""
 
 from __future__ import annotations
 
@@ -74,29 +79,73 @@ def _unit_extras(verdict: ExecutorVerdict, run: RunVerdict) -> dict[str, Any]:
             "no_truth_fix": no_truth_fix(verdict, run)}
 
 
+#: Entries each bounded list of a document keeps by default (``store.max_span_ids_per_unit``).
+MAX_ITEMS = 100
+#: A unit's evidence lists that grow with its spans, each followed in the document by ``<name>_more``.
+BOUNDED_EVIDENCE = ("finish_comparisons", "ledger_span_ids", "chat_span_ids", "executor_span_ids")
+#: The run's lists that grow with its spans (one workflow error per failed executor span).
+BOUNDED_RUN = ("workflow_errors",)
+
 _RUN_FIELDS = tuple(f.name for f in dataclasses.fields(RunVerdict) if f.name != "executors")
+_UNIT_FIELDS = tuple(f.name for f in dataclasses.fields(ExecutorVerdict) if f.name != "evidence")
 
 
-def _run_head(run: RunVerdict, executors: Any, plain: Callable[[Any], Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = {name: plain(getattr(run, name)) for name in _RUN_FIELDS}
+def _bounded(value: Any, names: tuple[str, ...], limit: int) -> tuple[Any, dict[str, int]]:
+    """``value`` with each of its ``names`` lists cut to ``limit`` entries, and how many each lost."""
+    more = {name + "_more": max(len(getattr(value, name)) - limit, 0) for name in names}
+    if any(more.values()):
+        value = dataclasses.replace(value, **{name: getattr(value, name)[:limit] for name in names})
+    return value, more
+
+
+def _run_head(run: RunVerdict, executors: Any, plain: Callable[[Any], Any], extra: dict[str, Any],
+              limit: int) -> dict[str, Any]:
+    bounded, more = _bounded(run, BOUNDED_RUN, limit)
+    out = {name: plain(getattr(bounded, name)) for name in _RUN_FIELDS}
     checked = run.checked
+    out.update(more)
     out.update(checked=checked, unchecked=len(run.executors) - checked, exit_code=run.exit_code, executors=executors)
     out.update(extra)
     return out
 
 
-def run_to_json(run: RunVerdict, **extra: Any) -> bytes:
-    """The run document (the one shape of ``--json``, the store and the stream) as JSON.
+#: ``<list>_more`` of a unit none of whose evidence lists was cut (the usual case), as JSON members.
+_NOTHING_MORE = orjson.dumps({f"{name}_more": 0 for name in BOUNDED_EVIDENCE})[1:-1]
+
+
+def _unit(e: ExecutorVerdict, run: RunVerdict, limit: int) -> bytes:
+    """A unit as JSON: orjson writes the dataclass (evidence last), its ``_more`` counts and extras
+    appended; a unit with a list over ``limit`` is cut first."""
+    ev = e.evidence
+    if (len(ev.chat_span_ids) > limit or len(ev.finish_comparisons) > limit or len(ev.ledger_span_ids) > limit
+            or len(ev.executor_span_ids) > limit):  # (spelled out: this runs per unit of every run)
+        evidence, more = _bounded(ev, BOUNDED_EVIDENCE, limit)
+        e, tail = dataclasses.replace(e, evidence=evidence), orjson.dumps(more)[1:-1]
+    else:
+        tail = _NOTHING_MORE
+    return orjson.dumps(e)[:-2] + b"," + tail + b"}," + orjson.dumps(_unit_extras(e, run))[1:]
+
+
+def _plain_unit(e: ExecutorVerdict, run: RunVerdict, limit: int) -> dict[str, Any]:
+    evidence, more = _bounded(e.evidence, BOUNDED_EVIDENCE, limit)
+    unit = {name: _plain(getattr(e, name)) for name in _UNIT_FIELDS}
+    unit["evidence"] = _plain(evidence) | more
+    return unit | _unit_extras(e, run)
+
+
+def run_to_json(run: RunVerdict, max_items: int = MAX_ITEMS, **extra: Any) -> bytes:
+    """The run document (the one shape of ``--json``, the store and the stream) as JSON, each list
+    that grows with the run's spans cut to ``max_items`` entries (see the module docstring).
 
     orjson writes the dataclasses itself, in their field order; walking them in Python instead
     (:func:`_plain`) cost ~18 µs a unit in the store writer, holding the GIL the receivers need.
     """
     try:
-        units = b",".join(orjson.dumps(e)[:-1] + b"," + orjson.dumps(_unit_extras(e, run))[1:] for e in run.executors)
-        return orjson.dumps(_run_head(run, orjson.Fragment(b"[" + units + b"]"), _same, extra))
+        units = b",".join([_unit(e, run, max_items) for e in run.executors])
+        return orjson.dumps(_run_head(run, orjson.Fragment(b"[" + units + b"]"), _same, extra, max_items))
     except TypeError:  # what orjson refuses (an integer beyond 64 bits, a lone surrogate): the slow way
-        executors = [_plain(e) | _unit_extras(e, run) for e in run.executors]
-        return to_json(_run_head(run, executors, _plain, extra))
+        executors = [_plain_unit(e, run, max_items) for e in run.executors]
+        return to_json(_run_head(run, executors, _plain, extra, max_items))
 
 
 def _same(value: Any) -> Any:

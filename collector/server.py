@@ -52,13 +52,14 @@ class Collector:
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
         self.resource = Resource.create({"service.name": "agenteval-collector"})
-        self.store = open_store(config.store.url, config.store.password(), config.store.pool_size)
+        self.store = open_store(config.store.url, config.store.password(), config.store.pool_size,
+                                max_items=config.store.max_span_ids_per_unit)
         otlp = config.exporters.otlp
         self.spans = None
         if otlp.endpoint:
             exporter = RetryingSpanExporter(otlp_span_exporter(otlp.endpoint, otlp.protocol, otlp.insecure),
                                             max_spans=otlp.max_backlog_spans, retry_interval=otlp.retry_interval)
-            self.spans = VerdictSpans(exporter, self.resource)
+            self.spans = VerdictSpans(exporter, self.resource, config.store.max_span_ids_per_unit)
         self.pipeline: Pipeline | None = None
         self.hub: VerdictHub | None = None
         self.metrics: Metrics | None = None

@@ -31,7 +31,7 @@ import platformdirs
 import structlog
 
 from collector.model import RunVerdict
-from collector.serialize import from_json, run_to_json
+from collector.serialize import BOUNDED_EVIDENCE, BOUNDED_RUN, MAX_ITEMS, from_json, run_to_json
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -205,10 +205,11 @@ def is_postgres(url: str) -> bool:
 
 
 def open_store(url: str | Path | None = None, password: str | None = None, pool_size: int = 4,
-               existing: bool = False) -> RunStore:
+               existing: bool = False, max_items: int = MAX_ITEMS) -> RunStore:
     """The store at ``url`` (default: :func:`default_store_url`), migrated to the current schema.
     ``existing``: for reading, a SQLite file named explicitly must be there (a typo must not read as
-    an empty store, nor leave one behind); the default store may not exist yet."""
+    an empty store, nor leave one behind); the default store may not exist yet. ``max_items``: what
+    each bounded list of the documents it writes keeps (``store.max_span_ids_per_unit``)."""
     url = str(url or default_store_url())
     path = Path(url.removeprefix("sqlite:///"))
     if existing and not is_postgres(url) and path != _data_dir_store() and not path.exists():
@@ -220,19 +221,27 @@ def open_store(url: str | Path | None = None, password: str | None = None, pool_
         except ImportError as exc:
             raise StoreError(f"a postgresql:// store needs psycopg: pip install 'agenteval-collector[postgres]' ({exc})") from exc
 
-        return PostgresRunStore(url, password, pool_size)
-    return SqliteRunStore(path)
+        store: RunStore = PostgresRunStore(url, password, pool_size)
+    else:
+        store = SqliteRunStore(path)
+    store.max_items = max_items
+    return store
 
 
+_EVIDENCE_MORE = tuple(f"{name}_more" for name in BOUNDED_EVIDENCE)
 #: Run keys added since the first stored documents -> the value an older document means.
 _ADDED_KEYS: dict[str, Callable[[], Any]] = {"non_agent_executors": list, "workflow_errors": list,
-                                             "coverage_note": lambda: None}
+                                             "coverage_note": lambda: None,
+                                             **{f"{name}_more": int for name in BOUNDED_RUN}}
 
 
 def _doc(row: dict[str, Any]) -> dict[str, Any]:
     doc = from_json(row["doc"])
     for key, empty in _ADDED_KEYS.items():
         doc.setdefault(key, empty())
+    for unit in doc["executors"]:  # written before evidence lists were bounded: nothing left out
+        if "chat_span_ids_more" not in unit["evidence"]:
+            unit["evidence"].update(dict.fromkeys(_EVIDENCE_MORE, 0))
     doc.update(created_at=row["created_at"], updated_at=row["updated_at"], finalized_by=row["finalized_by"],
                revision=row["revision"])  # the store may have raised it past the verdict's own
     return doc
@@ -249,6 +258,8 @@ class RunStore(ABC):
     display: str
     #: True when the database itself tells subscribers of every writer's runs (PostgreSQL).
     notifies_all_writers = False
+    #: Entries each bounded list of a written document keeps (see :mod:`collector.serialize`).
+    max_items = MAX_ITEMS
 
     def __init__(self) -> None:
         self._subscribers: list[tuple[Subscriber, Callable[[], bool]]] = []
@@ -307,7 +318,8 @@ class RunStore(ABC):
         rows = []
         for index, item in enumerate(runs):
             run = item.verdict
-            doc = run_to_json(run, run_id=item.run_id, source=item.source, finalized_by=item.finalized_by)
+            doc = run_to_json(run, self.max_items, run_id=item.run_id, source=item.source,
+                              finalized_by=item.finalized_by)
             now = start + index * 1e-6  # distinct times keep a batch's order in "newest first"
             rows.append((item.run_id, run.trace_id, run.subject, run.status.value, run.score, run.preset, item.source,
                          run.revision, int(run.incomplete), run.checked, run.unchecked, now, now,

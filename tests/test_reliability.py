@@ -173,6 +173,23 @@ def test_spans_of_a_trace_past_its_late_window_are_rejected_as_late(tmp_path):
         proc.stop()
 
 
+def test_spans_of_a_trace_evicted_by_the_late_byte_bound_are_rejected_naming_that_bound(tmp_path):
+    """A trace the late window let go for its memory (max_late_bytes), well within late_window: its
+    late spans are refused naming that bound, not as finalized longer ago than late_window."""
+    proc = CollectorProcess(tmp_path, overrides={"assembly": {"late_window": 300, "max_late_bytes": 1}})
+    try:
+        spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+        assert post(proc.http, export_request(spans[:-1]).SerializeToString())[0] == 200
+        proc.run(trace_id)
+        status, payload, _ = post(proc.http, export_request(spans[-1:]).SerializeToString())
+        partial = ExportTraceServiceResponse.FromString(payload).partial_success
+        assert status == 200 and partial.rejected_spans == 1
+        assert "assembly.max_late_bytes" in partial.error_message, partial.error_message
+        assert "longer ago than" not in partial.error_message
+    finally:
+        proc.stop()
+
+
 def test_huge_attribute_values_are_truncated_not_fatal(collector):
     request = huge_attribute()
     status, _, _ = post(collector.http, request.SerializeToString())

@@ -8,12 +8,14 @@ import threading
 import time
 from dataclasses import replace
 
+import jsonschema
 import psycopg
 import pytest
 from test_cli import ROOT, bench, run
 
 from collector.model import ChatTurn, ExecutorRecord, LedgerEntry, NoTruthReason, RunInput, Usage
 from collector.reconcile import reconcile
+from collector.serialize import BOUNDED_EVIDENCE
 from collector.store import CHECKPOINT_INTERVAL, MIGRATIONS, SCHEMA_VERSION, StoredRun, StoreError, open_store
 
 
@@ -81,6 +83,48 @@ def test_list_filters_orders_and_limits(url):
     assert pending["score"] is None and pending["executors"][0]["no_truth_reason"] == NoTruthReason.RESPONSE_MISSING.value
     assert pending["created_at"] <= pending["updated_at"]
     store.close()
+
+
+def _large(invocations: int, calls: int, errors: int):
+    """One unit of ``invocations`` x ``calls`` chat calls (a ledger entry and executor span per
+    invocation), in a run whose executors raised ``errors`` workflow errors."""
+    ledger, turns = [], []
+    for i in range(invocations):
+        ledger.append(LedgerEntry(Usage(calls, 0), "stop", i, f"{i:016x}", f"{i:015x}f"))
+        turns.extend(ChatTurn(Usage(1, 0), "stop", i * calls + c, f"{i:016x}", f"{i * calls + c:015x}c")
+                     for c in range(calls))
+    unit = ExecutorRecord("writer", tuple(ledger), tuple(turns), "t", tuple(f"{i:015x}e" for i in range(invocations)))
+    return reconcile(RunInput((unit,), trace_id="ab" * 16, workflow_errors=tuple(f"writer: boom {i}" for i in range(errors))))
+
+
+def test_a_document_keeps_the_first_entries_of_each_growing_list_and_counts_the_rest(url):
+    store = open_store(url, max_items=5)
+    store.save(StoredRun("big", "live", _large(invocations=40, calls=25, errors=7)))
+    doc = store.get_run("big")
+    jsonschema.Draft202012Validator(json.loads((ROOT / "collector/schemas/run.schema.json").read_text())).validate(doc)
+    ev = doc["executors"][0]["evidence"]
+    assert (ev["chat_span_ids"], ev["chat_span_ids_more"]) == ([f"{c:015x}c" for c in range(5)], 995)
+    assert (ev["response_turns"], ev["ledger_entries"], ev["truth_tokens"]) == (1000, 40, 1000)  # counts stay whole
+    for key in ("ledger_span_ids", "executor_span_ids", "finish_comparisons"):
+        assert (len(ev[key]), ev[f"{key}_more"]) == (5, 35), key
+    assert (doc["workflow_errors"], doc["workflow_errors_more"]) == ([f"writer: boom {i}" for i in range(5)], 2)
+    store.save(StoredRun("small", "live", _large(invocations=2, calls=2, errors=0)))
+    ev = store.get_run("small")["executors"][0]["evidence"]
+    assert len(ev["chat_span_ids"]) == 4 and not any(ev[f"{key}_more"] for key in BOUNDED_EVIDENCE)
+
+
+def test_a_document_stored_before_lists_were_bounded_reads_as_leaving_nothing_out(url):
+    store = open_store(url)
+    store.save(StoredRun("old", "live", _large(invocations=2, calls=2, errors=1)))
+    doc = store.get_run("old")
+    for unit in doc["executors"]:
+        for key in BOUNDED_EVIDENCE:
+            del unit["evidence"][f"{key}_more"]
+    del doc["workflow_errors_more"]
+    _raw(url, "UPDATE runs SET doc = '" + json.dumps(doc).replace("'", "''") + "' WHERE run_id = 'old'")
+    again = store.get_run("old")
+    assert again["workflow_errors_more"] == 0 and again["workflow_errors"] == ["writer: boom 0"]
+    assert all(again["executors"][0]["evidence"][f"{key}_more"] == 0 for key in BOUNDED_EVIDENCE)
 
 
 def test_get_run_by_unique_prefix_only(url):

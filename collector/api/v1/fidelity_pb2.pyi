@@ -78,7 +78,7 @@ class FinishComparison(_message.Message):
     def __init__(self, invocation: _Optional[str] = ..., framework: _Optional[str] = ..., truth: _Optional[str] = ..., diverged: _Optional[bool] = ...) -> None: ...
 
 class Evidence(_message.Message):
-    __slots__ = ("framework_tokens", "truth_tokens", "delta", "direction", "tolerance", "framework_finish", "truth_finish", "finish_comparisons", "aligned", "ledger_source", "ledger_missing", "ledger_entries", "response_turns", "request_turns", "ledger_span_ids", "chat_span_ids", "executor_span_ids", "failed_turns")
+    __slots__ = ("framework_tokens", "truth_tokens", "delta", "direction", "tolerance", "framework_finish", "truth_finish", "finish_comparisons", "aligned", "ledger_source", "ledger_missing", "ledger_entries", "response_turns", "request_turns", "ledger_span_ids", "chat_span_ids", "executor_span_ids", "failed_turns", "finish_comparisons_more", "ledger_span_ids_more", "chat_span_ids_more", "executor_span_ids_more")
     FRAMEWORK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRUTH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,10 @@ class Evidence(_message.Message):
     CHAT_SPAN_IDS_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_SPAN_IDS_FIELD_NUMBER: _ClassVar[int]
     FAILED_TURNS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_COMPARISONS_MORE_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_SPAN_IDS_MORE_FIELD_NUMBER: _ClassVar[int]
+    CHAT_SPAN_IDS_MORE_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_SPAN_IDS_MORE_FIELD_NUMBER: _ClassVar[int]
     framework_tokens: int
     truth_tokens: int
     delta: int
@@ -115,7 +119,11 @@ class Evidence(_message.Message):
     chat_span_ids: _containers.RepeatedScalarFieldContainer[str]
     executor_span_ids: _containers.RepeatedScalarFieldContainer[str]
     failed_turns: int
-    def __init__(self, framework_tokens: _Optional[int] = ..., truth_tokens: _Optional[int] = ..., delta: _Optional[int] = ..., direction: _Optional[str] = ..., tolerance: _Optional[float] = ..., framework_finish: _Optional[str] = ..., truth_finish: _Optional[str] = ..., finish_comparisons: _Optional[_Iterable[_Union[FinishComparison, _Mapping]]] = ..., aligned: _Optional[bool] = ..., ledger_source: _Optional[str] = ..., ledger_missing: _Optional[bool] = ..., ledger_entries: _Optional[int] = ..., response_turns: _Optional[int] = ..., request_turns: _Optional[int] = ..., ledger_span_ids: _Optional[_Iterable[str]] = ..., chat_span_ids: _Optional[_Iterable[str]] = ..., executor_span_ids: _Optional[_Iterable[str]] = ..., failed_turns: _Optional[int] = ...) -> None: ...
+    finish_comparisons_more: int
+    ledger_span_ids_more: int
+    chat_span_ids_more: int
+    executor_span_ids_more: int
+    def __init__(self, framework_tokens: _Optional[int] = ..., truth_tokens: _Optional[int] = ..., delta: _Optional[int] = ..., direction: _Optional[str] = ..., tolerance: _Optional[float] = ..., framework_finish: _Optional[str] = ..., truth_finish: _Optional[str] = ..., finish_comparisons: _Optional[_Iterable[_Union[FinishComparison, _Mapping]]] = ..., aligned: _Optional[bool] = ..., ledger_source: _Optional[str] = ..., ledger_missing: _Optional[bool] = ..., ledger_entries: _Optional[int] = ..., response_turns: _Optional[int] = ..., request_turns: _Optional[int] = ..., ledger_span_ids: _Optional[_Iterable[str]] = ..., chat_span_ids: _Optional[_Iterable[str]] = ..., executor_span_ids: _Optional[_Iterable[str]] = ..., failed_turns: _Optional[int] = ..., finish_comparisons_more: _Optional[int] = ..., ledger_span_ids_more: _Optional[int] = ..., chat_span_ids_more: _Optional[int] = ..., executor_span_ids_more: _Optional[int] = ...) -> None: ...
 
 class ExecutorVerdict(_message.Message):
     __slots__ = ("executor_id", "verdict", "score", "token_diverged", "finish_diverged", "no_truth_reason", "no_truth_explanation", "evidence", "checked", "no_truth_fix")
@@ -142,7 +150,7 @@ class ExecutorVerdict(_message.Message):
     def __init__(self, executor_id: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., score: _Optional[float] = ..., token_diverged: _Optional[bool] = ..., finish_diverged: _Optional[bool] = ..., no_truth_reason: _Optional[_Union[NoTruthReason, str]] = ..., no_truth_explanation: _Optional[str] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., checked: _Optional[bool] = ..., no_truth_fix: _Optional[str] = ...) -> None: ...
 
 class RunVerdict(_message.Message):
-    __slots__ = ("run_id", "trace_id", "subject", "status", "score", "preset", "source", "revision", "incomplete", "checked", "unchecked", "unattributed_chat_spans", "notes", "exit_code", "root_span_id", "updated_at", "executors", "cost_tier", "created_at", "finalized_by", "non_agent_executors", "workflow_errors", "coverage_note", "replayed", "maf_release", "instrumentation_version", "instrumentation_status", "unattributed_chat")
+    __slots__ = ("run_id", "trace_id", "subject", "status", "score", "preset", "source", "revision", "incomplete", "checked", "unchecked", "unattributed_chat_spans", "notes", "exit_code", "root_span_id", "updated_at", "executors", "cost_tier", "created_at", "finalized_by", "non_agent_executors", "workflow_errors", "coverage_note", "replayed", "maf_release", "instrumentation_version", "instrumentation_status", "unattributed_chat", "workflow_errors_more")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +179,7 @@ class RunVerdict(_message.Message):
     INSTRUMENTATION_VERSION_FIELD_NUMBER: _ClassVar[int]
     INSTRUMENTATION_STATUS_FIELD_NUMBER: _ClassVar[int]
     UNATTRIBUTED_CHAT_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_ERRORS_MORE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     trace_id: str
     subject: str
@@ -199,7 +208,8 @@ class RunVerdict(_message.Message):
     instrumentation_version: str
     instrumentation_status: str
     unattributed_chat: _containers.RepeatedCompositeFieldContainer[UnattributedChat]
-    def __init__(self, run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., subject: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., score: _Optional[float] = ..., preset: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[int] = ..., incomplete: _Optional[bool] = ..., checked: _Optional[int] = ..., unchecked: _Optional[int] = ..., unattributed_chat_spans: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., root_span_id: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., executors: _Optional[_Iterable[_Union[ExecutorVerdict, _Mapping]]] = ..., cost_tier: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finalized_by: _Optional[str] = ..., non_agent_executors: _Optional[_Iterable[str]] = ..., workflow_errors: _Optional[_Iterable[str]] = ..., coverage_note: _Optional[str] = ..., replayed: _Optional[bool] = ..., maf_release: _Optional[str] = ..., instrumentation_version: _Optional[str] = ..., instrumentation_status: _Optional[str] = ..., unattributed_chat: _Optional[_Iterable[_Union[UnattributedChat, _Mapping]]] = ...) -> None: ...
+    workflow_errors_more: int
+    def __init__(self, run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., subject: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., score: _Optional[float] = ..., preset: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[int] = ..., incomplete: _Optional[bool] = ..., checked: _Optional[int] = ..., unchecked: _Optional[int] = ..., unattributed_chat_spans: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., root_span_id: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., executors: _Optional[_Iterable[_Union[ExecutorVerdict, _Mapping]]] = ..., cost_tier: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finalized_by: _Optional[str] = ..., non_agent_executors: _Optional[_Iterable[str]] = ..., workflow_errors: _Optional[_Iterable[str]] = ..., coverage_note: _Optional[str] = ..., replayed: _Optional[bool] = ..., maf_release: _Optional[str] = ..., instrumentation_version: _Optional[str] = ..., instrumentation_status: _Optional[str] = ..., unattributed_chat: _Optional[_Iterable[_Union[UnattributedChat, _Mapping]]] = ..., workflow_errors_more: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("subject", "statuses", "replay")

@@ -88,13 +88,19 @@ test-maf-latest: .venv-maf/latest/.installed
 clean:
 	rm -rf $(VENV) .venv-maf .pytest_cache .hypothesis
 
-.PHONY: otelcol scaleout
+.PHONY: otelcol scaleout helm
 
 # Our OpenTelemetry Collector distribution (otelcol/manifest.yaml, built with ocb; needs Go): built
 # once into ~/.cache/agenteval/otelcol/<manifest sha256>/ and reused while the manifest is unchanged.
 # tests/test_scaleout.py runs it (and skips, naming this target, when it is missing).
 otelcol:
 	@otelcol/build.sh
+
+# helm (v3, pinned in deploy/helm/helm.sh; needs Go), built from the Go module proxy once into
+# ~/.cache/agenteval/helm/<version>/: tests/test_deploy.py renders the chart with it (and skips,
+# naming this target, when it is missing).
+helm:
+	@deploy/helm/helm.sh
 
 # The scaled-out topology without docker: a throwaway PostgreSQL, two replicas, the load balancer.
 scaleout: install otelcol

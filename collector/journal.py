@@ -26,6 +26,7 @@ answers, and replayed on start, so a kill -9 loses no acknowledged span.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import math
 import os
@@ -88,8 +89,10 @@ class Journal:
         try:
             directory.mkdir(parents=True, exist_ok=True)
             self._lock_file = self._lock()
-        except OSError as exc:
-            raise JournalError(f"{directory}: {exc.strerror or exc}") from exc
+        except OSError as exc:  # named by its key: the default directory (null) is under the user's home
+            problem = "is not writable" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else "cannot be opened"
+            raise JournalError(f"journal.path: {directory} {problem} ({exc.strerror or exc}): set journal.path to a "
+                               "directory this collector's user can write, e.g. on a volume") from exc
         self._mutex = threading.Lock()
         self._wakeup = threading.Condition(self._mutex)
         #: Requests waiting for the next group commit.

@@ -4,18 +4,31 @@ Collector, Prometheus and Grafana configs agree with each other and with what th
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import promql_parser
 import pytest
 import yaml
+from dockerfile_parse import DockerfileParser
 from psycopg.conninfo import conninfo_to_dict
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector.config import load_config, split_endpoint
+from collector.store import open_store
 from conftest import CollectorProcess, export_spans, post
 from mafshape import SCENARIOS, export_request, record
 
@@ -103,7 +116,7 @@ def test_compose_has_the_documented_topology():
 def test_dockerfile_copies_only_what_exists_and_runs_the_collector():
     dockerfile = (ROOT / "Dockerfile").read_text()
     for line in dockerfile.splitlines():
-        if line.startswith("COPY "):
+        if line.startswith("COPY ") and "--from=" not in line:
             for source in line.split()[1:-1]:
                 assert (ROOT / source).exists(), f"Dockerfile copies missing {source}"
     assert 'ENTRYPOINT ["agenteval", "collector", "serve"]' in dockerfile
@@ -257,3 +270,380 @@ def scraped(tmp_path_factory) -> set[str]:
 def test_every_query_parses_and_uses_metrics_the_collector_exports(expr, scraped):
     missing = _metric_names(expr) - scraped - PROMETHEUS_OWN
     assert not missing, f"{expr!r} uses metrics the collector does not export: {missing}"
+
+
+# --- the container image, built without a container engine ---------------------------------------
+
+#: The Dockerfile's runtime stage (its last): ARG defaults and ENV values resolved.
+DOCKERFILE = DockerfileParser(path=str(ROOT / "Dockerfile"), env_replace=True)
+RUNTIME = DOCKERFILE.structure[max(i for i, ins in enumerate(DOCKERFILE.structure) if ins["instruction"] == "FROM"):]
+DATA_DIR = DOCKERFILE.args["DATA_DIR"]
+UID = int(DOCKERFILE.args["UID"])
+
+
+def _instruction(name: str) -> str:
+    """The runtime stage's ``name`` instruction (there must be one), its ARGs substituted."""
+    (value,) = [ins["value"] for ins in RUNTIME if ins["instruction"] == name]
+    return re.sub(r"\$\{(\w+)\}", lambda m: DOCKERFILE.args[m.group(1)], value)
+
+
+def _image_file(container_path: str) -> Path:
+    """The repository file the runtime stage copies to ``container_path``."""
+    for ins in RUNTIME:
+        if ins["instruction"] == "COPY" and "--from=" not in ins["value"]:
+            source, target = ins["value"].split()
+            if target == container_path:
+                return ROOT / source
+    raise AssertionError(f"the image has no {container_path}")
+
+
+#: The image's command line: ENTRYPOINT + CMD.
+IMAGE_ARGV = json.loads(_instruction("ENTRYPOINT")) + json.loads(_instruction("CMD"))
+IMAGE_CONFIG = _image_file(IMAGE_ARGV[IMAGE_ARGV.index("--config") + 1])
+
+
+def test_the_image_runs_as_its_non_root_user_with_everything_it_writes_on_its_volume():
+    assert _instruction("USER") == f"{UID}:{UID}" and UID != 0  # numeric: runAsNonRoot can check it
+    assert _instruction("VOLUME") == DATA_DIR and DOCKERFILE.envs["HOME"] == DATA_DIR
+    cfg = load_config(IMAGE_CONFIG)
+    assert Path(cfg.store.url).parent == Path(cfg.journal.path).parent == Path(DATA_DIR)
+    exposed = {int(p) for p in _instruction("EXPOSE").split()}
+    ports = [split_endpoint(e) for e in (cfg.receivers.grpc.endpoint, cfg.receivers.http.endpoint,
+                                         cfg.exporters.prometheus.endpoint)]
+    assert all(host == "0.0.0.0" for host, _ in ports) and exposed == {port for _, port in ports}
+    assert f"('127.0.0.1', {ports[0][1]})" in _instruction("HEALTHCHECK")  # the gRPC port: open once replayed
+    # The compose replicas keep their journal on their own named volume, mounted on the data dir.
+    for replica in REPLICAS:
+        journal = load_config(_mounted_config(replica, "/etc/agenteval/collector.yaml")).journal.path
+        volume = next(v.split(":")[0] for v in SERVICES[replica]["volumes"] if v.split(":")[1] == DATA_DIR)
+        assert volume in COMPOSE["volumes"] and Path(journal).parent == Path(DATA_DIR)
+    data_volumes = {v.split(":")[0] for r in REPLICAS for v in SERVICES[r]["volumes"] if v.split(":")[1] == DATA_DIR}
+    assert len(data_volumes) == len(REPLICAS)  # a journal each
+
+
+def test_the_dockerfiles_pass_hadolint():
+    result = subprocess.run([str(Path(sys.executable).parent / "hadolint"), "--failure-threshold", "info",
+                             "--no-color", "Dockerfile", "otelcol/Dockerfile"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def shared_dir() -> Iterator[Path]:
+    """A directory another user can traverse (pytest's own are private to this one)."""
+    path = Path(tempfile.mkdtemp(prefix="agenteval-deploy-"))
+    path.chmod(0o755)
+    yield path
+    for sub in path.rglob("*"):  # files made read-only below, so an unprivileged run can remove them
+        if sub.is_dir() and not sub.is_symlink():
+            sub.chmod(0o755)
+    shutil.rmtree(path)
+
+
+def _as_image_user() -> dict:
+    """Popen arguments running a child as the image's user: its numeric UID:GID, with no passwd entry
+    (as Kubernetes' runAsUser does) when the tests run as root, else as this (non-root) user."""
+    return {"user": UID, "group": UID, "extra_groups": []} if os.geteuid() == 0 else {}
+
+
+def _public_python() -> str:
+    """A Python of the image's version (Dockerfile PYTHON_VERSION) that another user may run: every
+    directory above it traversable (a pyenv under a private /root is not)."""
+    name = "python" + re.search(r"^ARG PYTHON_VERSION=(\S+)", DOCKERFILE.content, re.M)[1]
+    for directory in os.environ.get("PATH", "").split(":") + ["/usr/local/bin", "/usr/bin"]:
+        path = Path(directory) / name
+        if path.is_file() and all(os.stat(p).st_mode & 0o001 for p in path.resolve().parents):
+            return str(path)
+    pytest.skip(f"no {name} that another user can run (e.g. Debian's python3 package at that version)")
+
+
+def _owned_by_image_user(path: Path) -> Path:
+    path.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(path, UID, UID)
+    return path
+
+
+@dataclass
+class Image:
+    venv: Path
+    config: Path
+    data: Path
+
+
+@pytest.fixture(scope="module")
+def image(shared_dir: Path) -> Image:
+    """The image's runtime stage, laid out here: a fresh environment holding what the Dockerfile
+    installs (its own pip command, on the two wheels its build stage makes), not writable by the
+    image's user; the image's config with its data directory moved to one that user owns."""
+    python = _public_python()
+    native = subprocess.run([str(ROOT / "native/build.sh"), python], capture_output=True, text=True)
+    if native.returncode != 0:
+        message = f"the compiled decoder cannot be built (no Rust?): {native.stderr.strip()[-300:]}"
+        if os.environ.get("AGENTEVAL_REQUIRE_NATIVE"):
+            pytest.fail(message)
+        pytest.skip(message)
+    wheels = shared_dir / "wheels"
+    wheels.mkdir()
+    shutil.copy(native.stdout.strip(), wheels)
+    # The collector's wheel from what the build stage copies (not the work tree, whose build/ and
+    # egg-info pip would otherwise leave behind).
+    context = shared_dir / "context"
+    context.mkdir()
+    for ins in DOCKERFILE.structure:
+        if ins["instruction"] == "COPY" and "--from=" not in ins["value"] and ins["value"].split()[0] in (
+                "pyproject.toml", "collector"):
+            *sources, _ = ins["value"].split()
+            for source in sources:
+                (shutil.copytree if (ROOT / source).is_dir() else shutil.copy)(ROOT / source, context / source)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels),
+                    str(context)], check=True)
+    venv = shared_dir / "image"
+    subprocess.run([python, "-m", "venv", str(venv)], check=True)
+    install = _instruction("RUN").split("pip install", 1)[1].split("&&", 1)[0]
+    subprocess.run(f"{shlex.quote(str(venv / 'bin/pip'))} install --quiet {install.replace('/wheels/', f'{wheels}/')}",
+                   shell=True, check=True)
+    subprocess.run(["chmod", "-R", "a-w", str(venv)], check=True)
+    data = _owned_by_image_user(shared_dir / "data")
+    config = shared_dir / "collector.yaml"
+    # Loopback and ports chosen at run time, as every test here; the rest is the image's file.
+    config.write_text(IMAGE_CONFIG.read_text().replace(DATA_DIR, str(data))
+                      .replace("0.0.0.0:4317", "127.0.0.1:0").replace("0.0.0.0:4318", "127.0.0.1:0")
+                      .replace("0.0.0.0:9464", "127.0.0.1:0"))
+    return Image(venv, config, data)
+
+
+def _serve(argv: list[str], env: dict[str, str], log: Path) -> tuple[subprocess.Popen, dict | None]:
+    """Start a collector as the image's user; its collector_listening event, or None if it exited."""
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=stderr, **_as_image_user())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for line in log.read_text().splitlines():
+            if line.startswith("{") and (event := json.loads(line)).get("event") == "collector_listening":
+                return proc, event
+        if proc.poll() is not None:
+            return proc, None
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"the collector did not start: {log.read_text()[-2000:]}")
+
+
+def test_the_image_layout_starts_as_its_user_with_the_compiled_decoder_and_stores_a_run(image, shared_dir):
+    env = {"PATH": f"{image.venv / 'bin'}:/usr/bin:/bin",
+           **{k: v.replace(DATA_DIR, str(image.data)) for k, v in DOCKERFILE.envs.items()}}
+    argv = [str(image.venv / "bin" / IMAGE_ARGV[0]), *IMAGE_ARGV[1:-1], str(image.config)]
+    log = shared_dir / "image.log"
+    proc, listening = _serve(argv, env, log)
+    try:
+        assert listening, f"exited {proc.returncode}: {log.read_text()[-2000:]}"
+        assert listening["decoder"] == "native"  # the build bench/ measured
+        assert listening["journal"] == str(image.data / "journal")
+        spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+        assert post(listening["http"], export_request(spans).SerializeToString())[0] == 200
+        store = open_store(str(image.data / "runs.db"))
+        deadline = time.monotonic() + 30
+        while (doc := store.get_run(trace_id)) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert doc is not None and doc["status"] == "PASS", log.read_text()[-2000:]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()[-2000:]
+    written = [p for p in image.data.rglob("*")]
+    assert (image.data / "journal") in written
+    if os.geteuid() == 0:
+        assert all(p.stat().st_uid == UID for p in written)
+
+
+def test_an_unwritable_journal_is_named_by_its_config_key(image, shared_dir):
+    readonly = shared_dir / "readonly"
+    readonly.mkdir(mode=0o555)
+    data = _owned_by_image_user(shared_dir / "journal-data")
+    config = shared_dir / "unwritable.yaml"
+    config.write_text(yaml.safe_dump({
+        "receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},
+        "exporters": {"prometheus": {"endpoint": "127.0.0.1:0"}},
+        "store": {"url": str(data / "runs.db")}, "journal": {"path": str(readonly / "journal")}}))
+    log = shared_dir / "unwritable.log"
+    proc, listening = _serve([str(image.venv / "bin/agenteval"), "collector", "serve", "--config", str(config)],
+                             {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}, log)
+    if listening:
+        proc.kill()
+    assert proc.wait(timeout=30) == 1 and not listening
+    assert f"journal.path: {readonly / 'journal'} is not writable (Permission denied)" in log.read_text()
+
+
+# --- Kubernetes: the Helm chart, rendered offline and validated against the Kubernetes schemas ----------
+
+CHART = ROOT / "deploy/helm/agenteval"
+CHART_VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
+NAMESPACE = "observability"
+#: The Kubernetes release whose schemas the rendered objects are checked against (the newest the
+#: installed kubernetes-validate carries).
+KUBERNETES = kubernetes_validate.latest_version()
+PG_URL = "postgresql://agenteval@db.example.internal:5432/agenteval"
+VARIANTS = {
+    "one replica, SQLite on its volume": {},
+    "three replicas, PostgreSQL by URL, the chart's Secret": {"replicas": 3, "store": {"url": PG_URL, "password": "pw"}},
+    "three replicas, PostgreSQL by URL, an existing Secret, ServiceMonitor, traces backend": {
+        "replicas": 3, "store": {"url": PG_URL, "existingSecret": "agenteval-db", "existingSecretKey": "pg"},
+        "serviceMonitor": {"enabled": True}, "otelcol": {"tracesEndpoint": "tempo.tracing:4317"},
+        "collectorConfig": {"exporters": {"metric_subjects": 7}}},
+}
+
+
+def _built(script: list[str], make_target: str, require: str) -> Path:
+    path = Path(subprocess.run(script, capture_output=True, text=True, check=True).stdout.strip())
+    if not path.exists():
+        message = f"{path.name} is not built ({path}): run `make {make_target}`"
+        if os.environ.get(require):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    return _built([str(ROOT / "deploy/helm/helm.sh"), "path"], "helm", "AGENTEVAL_REQUIRE_HELM")
+
+
+@pytest.fixture(scope="module")
+def chart(tmp_path_factory) -> Path:
+    """The chart as helm renders it with the postgresql subchart off: its dependency is not vendored
+    (helm refuses a chart whose listed dependency is missing, even one turned off)."""
+    copy = tmp_path_factory.mktemp("chart") / "agenteval"
+    shutil.copytree(CHART, copy)
+    meta = yaml.safe_load((copy / "Chart.yaml").read_text())
+    assert [(d["name"], d["condition"]) for d in meta.pop("dependencies")] == [("postgresql", "postgresql.enabled")]
+    (copy / "Chart.yaml").write_text(yaml.safe_dump(meta))
+    return copy
+
+
+def _template(helm: Path, chart: Path, values: dict) -> subprocess.CompletedProcess:
+    values_file = chart.parent / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    return subprocess.run([str(helm), "template", "rel", str(chart), "--namespace", NAMESPACE, "-f", str(values_file)],
+                          capture_output=True, text=True)
+
+
+def _objects(helm: Path, chart: Path, values: dict) -> dict[tuple[str, str], dict]:
+    result = _template(helm, chart, values)
+    assert result.returncode == 0, result.stderr
+    return {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(result.stdout) if o}
+
+
+def _one(objects: dict[tuple[str, str], dict], kind: str, suffix: str = "") -> dict:
+    (obj,) = [o for (k, name), o in objects.items() if k == kind and name.endswith(suffix or name)]
+    return obj
+
+
+@pytest.mark.parametrize("values", VARIANTS.values(), ids=VARIANTS.keys())
+def test_the_chart_renders_objects_valid_against_the_kubernetes_schemas(helm, chart, values):
+    objects = _objects(helm, chart, values)
+    custom = []
+    for obj in objects.values():
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            custom.append(obj)
+    assert {o["kind"] for o in custom} <= {"ServiceMonitor"}
+    services = {name: o for (kind, name), o in objects.items() if kind == "Service"}
+    for monitor in custom:  # prometheus-operator's: each selects a Service whose ports it names
+        (svc,) = [s for s in services.values()
+                  if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()]
+        assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
+    assert len(custom) == (2 if values.get("serviceMonitor", {}).get("enabled") else 0)
+
+
+@pytest.mark.parametrize("values", VARIANTS.values(), ids=VARIANTS.keys())
+def test_the_replicas_run_the_image_with_their_journal_on_their_own_volume(helm, chart, values):
+    objects = _objects(helm, chart, values)
+    sts = _one(objects, "StatefulSet")
+    headless = _one(objects, "Service", sts["spec"]["serviceName"])
+    assert sts["spec"]["replicas"] == values.get("replicas", 1)
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"]
+    assert headless["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+    pod = sts["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == IMAGE_ARGV[3:]  # the image's CMD, its ENTRYPOINT kept
+    assert pod["securityContext"]["runAsUser"] == UID and pod["securityContext"]["runAsNonRoot"]
+    assert container["securityContext"]["readOnlyRootFilesystem"]
+    # The config the replicas read validates as ours, and keeps the journal on the claimed volume.
+    config_path = Path(container["args"][1])
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    (config_volume,) = [v for v in pod["volumes"] if mounts.get(v["name"]) == str(config_path.parent)]
+    configmap = _one(objects, "ConfigMap", config_volume["configMap"]["name"])
+    config_file = chart.parent / config_path.name
+    config_file.write_text(configmap["data"][config_path.name])
+    cfg = load_config(config_file)
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert Path(cfg.journal.path).parent == Path(mounts[claim["metadata"]["name"]]) == Path(DATA_DIR)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert {split_endpoint(cfg.receivers.grpc.endpoint)[1], split_endpoint(cfg.receivers.http.endpoint)[1],
+            split_endpoint(cfg.exporters.prometheus.endpoint)[1]} == set(ports.values())
+    assert {p["name"]: p["port"] for p in headless["spec"]["ports"]} == ports
+    assert container["livenessProbe"]["httpGet"] == CHART_VALUES["livenessProbe"]["httpGet"]
+    assert container["livenessProbe"]["httpGet"]["port"] in ports and container["readinessProbe"]["tcpSocket"]["port"] in ports
+    env = {e["name"]: e for e in container["env"]}
+    assert env["AGENTEVAL_INSTANCE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    store = values.get("store", {})
+    if not store:
+        assert Path(cfg.store.url).parent == Path(DATA_DIR) and cfg.store.password_env is None
+        return
+    assert cfg.store.url == PG_URL
+    secret_ref = env[cfg.store.password_env]["valueFrom"]["secretKeyRef"]
+    if "existingSecret" in store:
+        assert (secret_ref["name"], secret_ref["key"]) == (store["existingSecret"], store["existingSecretKey"])
+    else:
+        secret = _one(objects, "Secret", secret_ref["name"])
+        assert secret["data"][secret_ref["key"]] == "cHc="  # base64 "pw"
+    assert cfg.exporters.metric_subjects == values.get("collectorConfig", {}).get("exporters", {}).get("metric_subjects", 100)
+
+
+def _otelcol_config(objects: dict[tuple[str, str], dict]) -> tuple[dict, dict]:
+    deployment = _one(objects, "Deployment", "-otelcol")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    config_path = Path(container["args"][0].split("=", 1)[1])
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == str(config_path.parent))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    return deployment, yaml.safe_load(_one(objects, "ConfigMap", volume["configMap"]["name"])["data"][config_path.name])
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_the_load_balancer_routes_by_trace_id_to_the_headless_service_it_may_watch(helm, chart, replicas):
+    objects = _objects(helm, chart, {"replicas": replicas, "store": {"url": PG_URL}})
+    sts = _one(objects, "StatefulSet")
+    deployment, config = _otelcol_config(objects)
+    lb = config["exporters"]["load_balancing"]
+    assert lb["routing_key"] == "traceID"
+    assert lb["resolver"]["k8s"]["service"] == f"{sts['spec']['serviceName']}.{NAMESPACE}"
+    assert lb["resolver"]["k8s"]["ports"] == [CHART_VALUES["ports"]["grpc"]]
+    # The per-replica queue and retry tested in tests/test_scaleout.py (config/otelcol.yaml), unchanged.
+    assert lb["protocol"] == OTELCOL["exporters"]["load_balancing"]["protocol"]
+    assert config["service"]["pipelines"]["traces"]["exporters"] == ["load_balancing"]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == SERVICES["otelcol"]["image"]
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    binding = _one(objects, "RoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    role = _one(objects, "Role", binding["roleRef"]["name"])
+    assert {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"]} in role["rules"]
+
+
+def test_our_otelcol_distribution_accepts_the_charts_config(helm, chart, tmp_path):
+    otelcol = _built([str(ROOT / "otelcol/path.sh")], "otelcol", "AGENTEVAL_REQUIRE_OTELCOL")
+    _, config = _otelcol_config(_objects(helm, chart, VARIANTS[list(VARIANTS)[2]]))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    result = subprocess.run([str(otelcol), "validate", f"--config={tmp_path / 'config.yaml'}"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(("values", "error"), [
+    ({"replicas": 3}, "replicas > 1 need one shared PostgreSQL store"),
+    ({"store": {"url": "postgresql://agenteval:secret@db:5432/agenteval"}}, "store.url: has a password"),
+    ({"store": {"url": PG_URL}, "postgresql": {"enabled": True}}, "not both"),
+])
+def test_the_chart_refuses_a_setup_that_cannot_work(helm, chart, values, error):
+    result = _template(helm, chart, values)
+    assert result.returncode != 0 and error in result.stderr

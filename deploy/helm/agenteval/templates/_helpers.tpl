@@ -1,0 +1,91 @@
+{{- define "agenteval.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* <release>-<chart>, or fullnameOverride; short enough for a "-otelcol" suffix and pod names. */}}
+{{- define "agenteval.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 45 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "agenteval.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 45 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 45 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "agenteval.otelcol" -}}
+{{- printf "%s-otelcol" (include "agenteval.fullname" .) -}}
+{{- end -}}
+
+{{- define "agenteval.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "agenteval.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Selector labels of one component (collector or otelcol): pass (list . "collector"). */}}
+{{- define "agenteval.selector" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: {{ include "agenteval.name" $root }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{/* The run store's URL: store.url, else the subchart's PostgreSQL, else SQLite on the volume. */}}
+{{- define "agenteval.storeUrl" -}}
+{{- if and .Values.store.url .Values.postgresql.enabled -}}
+{{- fail "set store.url (an external PostgreSQL) or postgresql.enabled (the subchart), not both" -}}
+{{- end -}}
+{{- if .Values.store.url -}}
+{{- if not (hasPrefix "postgresql://" .Values.store.url) -}}
+{{- fail "store.url: expected postgresql://user@host:5432/database (without store.url, one replica keeps SQLite on its volume)" -}}
+{{- end -}}
+{{- if regexMatch "^postgresql://[^/@]*:[^/@]*@" .Values.store.url -}}
+{{- fail "store.url: has a password: put it in store.password or a Secret (store.existingSecret) instead" -}}
+{{- end -}}
+{{- .Values.store.url -}}
+{{- else if .Values.postgresql.enabled -}}
+{{- printf "postgresql://%s@%s-postgresql:5432/%s" .Values.postgresql.auth.username .Release.Name .Values.postgresql.auth.database -}}
+{{- else -}}
+{{- if gt (int .Values.replicas) 1 -}}
+{{- fail "replicas > 1 need one shared PostgreSQL store: set store.url or postgresql.enabled" -}}
+{{- end -}}
+{{- printf "%s/runs.db" .Values.dataDir -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the PostgreSQL password as a dict {name, key}, or an empty dict. */}}
+{{- define "agenteval.passwordSecret" -}}
+{{- if and .Values.store.password .Values.store.existingSecret -}}
+{{- fail "set store.password or store.existingSecret, not both" -}}
+{{- end -}}
+{{- if and .Values.store.url .Values.store.existingSecret -}}
+{{- dict "name" .Values.store.existingSecret "key" .Values.store.existingSecretKey | toJson -}}
+{{- else if and .Values.store.url .Values.store.password -}}
+{{- dict "name" (printf "%s-store" (include "agenteval.fullname" .)) "key" "password" | toJson -}}
+{{- else if .Values.postgresql.enabled -}}
+{{- dict "name" (default (printf "%s-postgresql" .Release.Name) .Values.postgresql.auth.existingSecret) "key" "password" | toJson -}}
+{{- else -}}
+{{- dict | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The collector's config file: collectorConfig under the keys the chart sets. */}}
+{{- define "agenteval.collectorConfig" -}}
+{{- $store := dict "url" (include "agenteval.storeUrl" .) -}}
+{{- if include "agenteval.passwordSecret" . | fromJson -}}
+{{- $_ := set $store "password_env" "AGENTEVAL_DB_PASSWORD" -}}
+{{- end -}}
+{{- $chart := dict
+  "receivers" (dict "grpc" (dict "endpoint" (printf "0.0.0.0:%d" (int .Values.ports.grpc)))
+                    "http" (dict "endpoint" (printf "0.0.0.0:%d" (int .Values.ports.http))))
+  "store" $store
+  "journal" (dict "path" (printf "%s/journal" .Values.dataDir))
+  "exporters" (dict "prometheus" (dict "endpoint" (printf "0.0.0.0:%d" (int .Values.ports.metrics)))) -}}
+{{- mustMergeOverwrite (deepCopy .Values.collectorConfig) $chart | toYaml -}}
+{{- end -}}

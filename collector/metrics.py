@@ -263,6 +263,7 @@ class Metrics:
                                 resource),
                 export_interval_millis=otlp.metrics_interval * 1000,
             ))
+        self._shutdown_timeout = config.exporters.otlp.shutdown_timeout
         self._subject = _BoundedLabel(config.exporters.metric_subjects)
         self._release = _BoundedLabel(MAX_RELEASES)
         self.provider = MeterProvider(metric_readers=readers, resource=resource)
@@ -336,7 +337,9 @@ class Metrics:
                 counter.add(n, labels)
 
     def shutdown(self) -> None:
-        self.provider.shutdown()
+        """Stop; the last OTLP push may take ``exporters.otlp.shutdown_timeout`` (an endpoint that is
+        down is not retried past it)."""
+        self.provider.shutdown(timeout_millis=self._shutdown_timeout * 1000)
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()

@@ -265,18 +265,33 @@ def runs_show(
         print_run(out, doc)
 
 
+LOG_LEVEL_ENV = "AGENTEVAL_LOG_LEVEL"
+
+
 @collector_app.command("serve")
-def collector_serve(config: ConfigOpt = None, store: StoreOpt = None) -> None:
+def collector_serve(
+    config: ConfigOpt = None,
+    store: StoreOpt = None,
+    log_level: Annotated[Optional[str], typer.Option(
+        "--log-level", metavar="LEVEL",
+        help=f"debug, info, warning or error (default: ${LOG_LEVEL_ENV}, else the config's logging.level).")] = None,
+) -> None:
     """Receive OTLP spans, reconcile every workflow trace, emit verdicts (Ctrl-C / SIGTERM to stop)."""
     import asyncio
 
+    from collector.config import Logging
     from collector.logs import configure
     from collector.server import serve
 
     cfg = _config(config)
     if store is not None:
         cfg = cfg.model_copy(update={"store": cfg.store.model_copy(update={"url": store})})
-    configure(cfg.logging.level)
+    level = log_level or os.environ.get(LOG_LEVEL_ENV) or cfg.logging.level
+    try:
+        level = Logging(level=level.lower()).level
+    except ValueError:
+        raise _Fatal(f"--log-level / ${LOG_LEVEL_ENV}: {level!r}: expected debug, info, warning or error") from None
+    configure(level)
     try:
         asyncio.run(serve(cfg))
     except (StoreError, ConfigError, JournalError, OSError) as exc:

@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import platformdirs
 import yaml
@@ -173,6 +175,7 @@ class OtlpExporter(_Section):
     metrics_interval: float = Field(10.0, gt=0)
     max_backlog_spans: int = Field(100_000, gt=0)
     retry_interval: float = Field(2.0, gt=0)
+    shutdown_timeout: float = Field(2.0, gt=0)
 
 
 class Prometheus(_Section):
@@ -232,6 +235,43 @@ class CollectorConfig(_Section):
         return Matcher(list(self.profiles.values()))
 
 
+#: ``${env:NAME}`` or ``${env:NAME:-default}``, as the OpenTelemetry Collector's confmap writes them;
+#: ``$$`` is a literal ``$``.
+_ENV_REFERENCE = re.compile(r"\$\$|\$\{env:([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_env(value: Any, key: str = "", environ: Mapping[str, str] = os.environ) -> Any:
+    """Every ``${env:NAME}`` reference in ``value``'s strings resolved, before validation, so every
+    section sees plain values; a string that is one reference alone is read as YAML (a port can be
+    an integer), as the OpenTelemetry Collector does. An unset variable without a default is an
+    error naming the key."""
+    if isinstance(value, dict):
+        return {k: expand_env(v, f"{key}.{k}" if key else str(k), environ) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_env(v, f"{key}[{i}]", environ) for i, v in enumerate(value)]
+    if not isinstance(value, str) or "$" not in value:
+        return value
+
+    def resolve(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, default = match.group(1), match.group(2)
+        if name in environ:
+            return environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{key}: ${{env:{name}}} is not set (give a default: ${{env:{name}:-value}})")
+
+    expanded = _ENV_REFERENCE.sub(resolve, value)
+    whole = _ENV_REFERENCE.fullmatch(value)
+    if whole is not None and whole.group(0) != "$$":
+        try:
+            return yaml.safe_load(expanded) if expanded.strip() else expanded
+        except yaml.YAMLError:
+            return expanded
+    return expanded
+
+
 def load_config(path: Path | None) -> CollectorConfig:
     """Load and validate a YAML config; ``None`` means the embedded defaults."""
     if path is None:
@@ -244,6 +284,10 @@ def load_config(path: Path | None) -> CollectorConfig:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    try:
+        data = expand_env(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
     try:
         return CollectorConfig.model_validate(data)
     except ValidationError as exc:

@@ -17,8 +17,10 @@ log = structlog.get_logger("agenteval.collector")
 
 
 class RetryingSpanExporter(SpanExporter):
-    def __init__(self, inner: SpanExporter, max_spans: int = 100_000, retry_interval: float = 2.0) -> None:
+    def __init__(self, inner: SpanExporter, max_spans: int = 100_000, retry_interval: float = 2.0,
+                 shutdown_timeout: float = 2.0) -> None:
         self._inner = inner
+        self._shutdown_timeout = shutdown_timeout
         self._max_spans = max_spans
         self._retry_interval = retry_interval
         self._backlog: deque[list[ReadableSpan]] = deque()
@@ -73,11 +75,13 @@ class RetryingSpanExporter(SpanExporter):
         self._wake.set()
         return self._idle.wait(timeout_millis / 1000)
 
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Deliver what can be delivered within ``timeout``, then stop."""
+    def shutdown(self) -> None:
+        """Deliver what can be delivered within ``shutdown_timeout``, then stop: the inner exporter's
+        shutdown cuts short a delivery still retrying against a dead endpoint."""
         self._stopping = True
         self._wake.set()
-        self._thread.join(timeout)
+        self._thread.join(self._shutdown_timeout)
         if self._spans:
             log.warning("verdict_spans_undelivered", spans=self._spans, reason="endpoint down at shutdown")
-        self._inner.shutdown()
+        self._inner.shutdown(timeout_millis=self._shutdown_timeout * 1000)
+        self._thread.join(self._shutdown_timeout)

@@ -10,6 +10,7 @@ import re
 import sys
 import threading
 import time
+import traceback
 from typing import Any, BinaryIO
 
 import structlog
@@ -138,11 +139,31 @@ def timestamp(micros: int) -> str:
     return f"{second[1]}.{micro:06d}Z" if micro else f"{second[1]}Z"
 
 
+class _LibraryRecords(logging.Handler):
+    """Log records of libraries and the SDK (grpc, aiohttp, the OpenTelemetry exporters' "Transient
+    error ..." lines, Python warnings) as JSON lines like ours, redacted: every line is JSON."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields: dict[str, Any] = {"event": redact(record.getMessage()), "logger": record.name,
+                                      "level": record.levelname.lower(),
+                                      "timestamp": timestamp(int(record.created * 1_000_000))}
+            if record.exc_info and record.exc_info[1] is not None:
+                fields["exception"] = redact("".join(traceback.format_exception_only(record.exc_info[1])).strip())
+            _OUT.write(to_json(fields, default=_repr), record.levelno >= logging.WARNING)
+        except Exception:  # noqa: BLE001 - a log line must never break the caller
+            self.handleError(record)
+
+
 def configure(level: str = "info") -> None:
     global _level
     _OUT.flush()
     _OUT.file = sys.stderr.buffer
     _level = logging.getLevelNamesMapping()[level.upper()]
+    root = logging.getLogger()
+    root.handlers[:] = [_LibraryRecords()]
+    root.setLevel(_level)
+    logging.captureWarnings(True)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

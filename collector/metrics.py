@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import platform
 import socket
 import sys
 import threading
@@ -34,12 +35,12 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from collector.config import CollectorConfig, split_endpoint
-from collector.model import RunVerdict
+from collector.model import NoTruthReason, RunVerdict, Status, Verdict
 from collector.security import BearerAuth
 
 SCORE_BUCKETS = (0.0, 0.25, 0.5, 0.75, 0.8, 0.9, 0.95, 0.99, 1.0)
@@ -74,6 +75,17 @@ class _BoundedLabel:
 
 
 SCOPE = InstrumentationScope("agenteval.collector")
+
+
+@lru_cache(maxsize=1)
+def build_info() -> dict[str, str]:
+    """Labels of ``agenteval_build_info``: what is running, for dashboards and support."""
+    from importlib.metadata import version
+
+    from collector import decode
+
+    return {"version": version("agenteval-collector"), "python": platform.python_version(),
+            "decoder": "native" if decode.NATIVE else "python"}
 
 
 @lru_cache(maxsize=1)
@@ -253,6 +265,7 @@ class Metrics:
         if prom.enabled:
             readers.append(PrometheusMetricReader(registry=self.registry))
             self.registry.register(_PrometheusHistograms(histograms))
+            ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, _resident_memory_bytes, _open_fds
             host, port = split_endpoint(prom.endpoint)
             self._http = scrape_server(host, port, self.registry, scrape_auth, config.receivers.http.read_timeout)
             self.prometheus_port = self._http.server_port
@@ -263,6 +276,7 @@ class Metrics:
                                 resource),
                 export_interval_millis=otlp.metrics_interval * 1000,
             ))
+        self._shutdown_timeout = config.exporters.otlp.shutdown_timeout
         self._subject = _BoundedLabel(config.exporters.metric_subjects)
         self._release = _BoundedLabel(MAX_RELEASES)
         self.provider = MeterProvider(metric_readers=readers, resource=resource)
@@ -291,6 +305,25 @@ class Metrics:
         self.failed = meter.create_counter("collector.runs.failed",
                                            description="Traces or runs that could not be finalized, published or "
                                                        "stored, by stage (each also logged and shown on /runs)")
+        # Present at 0 from the start, so alerts and dashboards see a series before the first event
+        # (a rate over nothing is no data, not 0): each counter an alert watches, with its usual labels.
+        for transport in ("grpc", "http"):
+            self.received.add(0, {"transport": transport})
+            for reason in ("capacity", "journal", "store_backlog"):
+                self.refused.add(0, {"reason": reason, "transport": transport})
+            for reason in ("invalid_span", "late", "never_fits"):
+                self.rejected.add(0, {"reason": reason, "transport": transport})
+            for reason in ("undecodable", "unauthenticated"):
+                self.requests_rejected.add(0, {"reason": reason, "transport": transport})
+        self.failed.add(0, {"stage": "store"})
+        for status in Status:
+            self.runs.add(0, {"status": status.value, "maf_release": UNKNOWN_RELEASE})
+        for verdict in Verdict:
+            self.verdicts.add(0, {"verdict": verdict.value, "maf_release": UNKNOWN_RELEASE})
+        for reason in NoTruthReason:
+            self.no_truth.add(0, {"reason": reason.value, "maf_release": UNKNOWN_RELEASE})
+        meter.create_observable_gauge("agenteval.build.info", [lambda _: [Observation(1, build_info())]],
+                                      description="The collector's version and build (value 1)")
 
         def observe(name: str):
             def callback(_: CallbackOptions):
@@ -336,7 +369,9 @@ class Metrics:
                 counter.add(n, labels)
 
     def shutdown(self) -> None:
-        self.provider.shutdown()
+        """Stop; the last OTLP push may take ``exporters.otlp.shutdown_timeout`` (an endpoint that is
+        down is not retried past it)."""
+        self.provider.shutdown(timeout_millis=self._shutdown_timeout * 1000)
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()

@@ -58,7 +58,8 @@ class Collector:
         self.spans = None
         if otlp.endpoint:
             exporter = RetryingSpanExporter(otlp_span_exporter(otlp.endpoint, otlp.protocol, otlp.insecure),
-                                            max_spans=otlp.max_backlog_spans, retry_interval=otlp.retry_interval)
+                                            max_spans=otlp.max_backlog_spans, retry_interval=otlp.retry_interval,
+                                            shutdown_timeout=otlp.shutdown_timeout)
             self.spans = VerdictSpans(exporter, self.resource, config.store.max_span_ids_per_unit)
         self.pipeline: Pipeline | None = None
         self.hub: VerdictHub | None = None

@@ -57,3 +57,34 @@ def test_profiles_are_data_a_user_can_extend(tmp_path):
     matcher = load_config(path).matcher()
     assert matcher.kind("step.run planner") == EXECUTOR and matcher.is_chat("llm.call", {})
     assert matcher.kind("executor.process x") != EXECUTOR
+
+
+def test_environment_references_are_resolved_in_any_value_before_validation(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPC_EP", "127.0.0.1:14317")
+    monkeypatch.setenv("WAIT", "7.5")
+    monkeypatch.delenv("NOT_SET", raising=False)
+    path = tmp_path / "c.yaml"
+    path.write_text("receivers:\n  grpc:\n    endpoint: ${env:GRPC_EP}\n"
+                    "assembly:\n  max_trace_wait: ${env:WAIT}\n"  # one reference alone: read as YAML, a number
+                    "store:\n  url: ${env:NOT_SET:-/data/runs.db}\n"
+                    "exporters:\n  prometheus:\n    endpoint: 127.0.0.1:${env:NOT_SET:-19464}\n"
+                    "profiles:\n  maf-python:\n    sdk_languages: [python, 'cost$$ly']\n")
+    cfg = load_config(path)
+    assert cfg.receivers.grpc.endpoint == "127.0.0.1:14317" and cfg.assembly.max_trace_wait == 7.5
+    assert cfg.store.url == "/data/runs.db" and cfg.exporters.prometheus.endpoint == "127.0.0.1:19464"
+    assert cfg.profiles["maf-python"].sdk_languages == ["python", "cost$ly"]  # $$ is a literal $
+    path.write_text("receivers:\n  http:\n    endpoint: ${env:NOT_SET}\n")
+    with pytest.raises(ConfigError, match=r"receivers\.http\.endpoint: \$\{env:NOT_SET\} is not set"):
+        load_config(path)
+
+
+def test_a_collector_started_on_a_config_of_environment_references_listens_there(tmp_path):
+    from conftest import CollectorProcess, free_port
+
+    grpc_port = free_port()
+    proc = CollectorProcess(tmp_path, overrides={"receivers": {"grpc": {"endpoint": "${env:AGENTEVAL_TEST_GRPC}"}}},
+                            env={"AGENTEVAL_TEST_GRPC": f"127.0.0.1:{grpc_port}"})
+    try:
+        assert proc.grpc == f"127.0.0.1:{grpc_port}"
+    finally:
+        assert proc.stop() == 0

@@ -266,6 +266,38 @@ def scraped(tmp_path_factory) -> set[str]:
     return {s.name for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory) -> dict[str, list]:
+    """The samples of a collector that has seen nothing yet, by name."""
+    proc = CollectorProcess(tmp_path_factory.mktemp("fresh"))
+    try:
+        text = urllib.request.urlopen(proc.prometheus, timeout=5).read().decode()
+    finally:
+        proc.stop()
+    out: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append(sample)
+    return out
+
+
+@pytest.mark.parametrize("rule", [r for g in ALERTS["groups"] for r in g["rules"]], ids=lambda r: r["alert"])
+def test_every_alert_watches_series_a_fresh_collector_already_exports(rule, fresh):
+    """A rate over no series is no data, not 0: an alert on a counter that appears only at its first
+    event cannot tell "none yet" from "not scraped"."""
+    missing = _metric_names(rule["expr"]) - set(fresh) - PROMETHEUS_OWN
+    assert not missing, f"{rule['alert']} watches series a fresh collector does not export: {missing}"
+
+
+def test_a_fresh_collector_says_what_runs_and_how_the_process_does(fresh):
+    (info,) = fresh["agenteval_build_info"]
+    assert info.value == 1 and info.labels["decoder"] in ("native", "python") and info.labels["version"]
+    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"):
+        assert fresh[name][0].value > 0, name
+    assert {s.labels["status"] for s in fresh["fidelity_runs_total"]} == {"PASS", "WARN", "FAIL", "PENDING"}
+    assert all(s.value == 0 for s in fresh["fidelity_runs_total"] + fresh["collector_spans_refused_total"])
+
+
 @pytest.mark.parametrize("expr", _dashboard_exprs() + [r["expr"] for g in ALERTS["groups"] for r in g["rules"]])
 def test_every_query_parses_and_uses_metrics_the_collector_exports(expr, scraped):
     missing = _metric_names(expr) - scraped - PROMETHEUS_OWN

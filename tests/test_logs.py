@@ -112,3 +112,59 @@ def test_timestamps_are_written_as_structlogs_time_stamper_writes_them(micros: i
     """TimeStamper writes ``datetime.now(timezone.utc).isoformat()`` with ``Z`` for ``+00:00``."""
     expected = (datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=micros)).isoformat()
     assert logs.timestamp(micros) == logs.timestamp(micros) == expected.replace("+00:00", "Z")
+
+
+# --- every line JSON, a bounded shutdown, the level set from outside the file (DESIGN §6 r3) -------
+
+def test_with_the_push_endpoint_down_every_line_is_json_and_the_stop_is_bounded(tmp_path):
+    import signal
+
+    from conftest import CollectorProcess, export_spans, free_port
+    from mafshape import SCENARIOS, record
+
+    down = f"127.0.0.1:{free_port()}"  # nothing listens: every export fails, retries, backs off
+    proc = CollectorProcess(tmp_path, overrides={"exporters": {"otlp": {
+        "endpoint": down, "metrics_interval": 0.5, "retry_interval": 0.2, "shutdown_timeout": 1.0}}})
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    export_spans(proc, spans)
+    assert proc.run(trace_id)["status"] == "PASS"
+    assert proc.stop(signal.SIGTERM, timeout=8) == 0  # the SDK's retries took ~17 s here before
+    lines = [line for line in proc.stderr_path.read_text().splitlines() if line.strip()]
+    events = [json.loads(line) for line in lines]  # every line JSON: ours, the SDK's, grpc's
+    stopped = next(i for i, e in enumerate(events) if e["event"] == "collector_stopped")
+    assert all(e.get("level") in ("debug", "info", "warning", "error", "critical") for e in events)
+    assert any(e.get("logger", "").startswith("opentelemetry") for e in events), "the SDK's export errors"
+    assert any(e["event"] == "verdict_spans_undelivered" for e in events[stopped:])
+
+
+def test_the_log_level_comes_from_the_flag_else_the_environment(tmp_path):
+    import os
+    import subprocess
+
+    from conftest import AGENTEVAL
+
+    import socket
+
+    from conftest import free_port
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()  # a port the collector cannot bind: it stops once its store is open (an info line)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"receivers:\n  grpc:\n    endpoint: 127.0.0.1:{busy.getsockname()[1]}\n"
+                      f"  http:\n    endpoint: 127.0.0.1:{free_port()}\n"
+                      f"exporters:\n  prometheus:\n    endpoint: 127.0.0.1:{free_port()}\n")
+    base = [AGENTEVAL, "collector", "serve", "--config", str(config)]
+    try:
+        quiet = subprocess.run(base + ["--log-level", "error", "--store", str(tmp_path / "q.db")],
+                               capture_output=True, text=True, timeout=60)
+        chatty = subprocess.run(base + ["--store", str(tmp_path / "c.db")], capture_output=True, text=True,
+                                timeout=60, env={**os.environ, "AGENTEVAL_LOG_LEVEL": "debug"})
+    finally:
+        busy.close()
+    assert quiet.returncode == chatty.returncode == 1
+    info = '"level":"info"'
+    assert info not in quiet.stderr and info in chatty.stderr
+    bad = subprocess.run(base + ["--log-level", "loud", "--store", str(tmp_path / "b.db")], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 1 and "--log-level / $AGENTEVAL_LOG_LEVEL: 'loud'" in bad.stderr

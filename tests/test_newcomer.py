@@ -260,10 +260,24 @@ def test_watch_on_an_80_column_terminal_shows_whole_fields(live):
 
 # --- 9: a quiet install ---------------------------------------------------------------------------
 
+def _package_index_reachable(pip: Path) -> bool:
+    """pip builds in isolation, fetching the build backend (setuptools) from the package index."""
+    try:
+        found = subprocess.run([str(pip), "index", "versions", "setuptools"], capture_output=True, text=True,
+                               timeout=30)
+    except subprocess.TimeoutExpired:
+        return False
+    return found.returncode == 0
+
+
 def test_installing_as_make_does_prints_no_warning_box(tmp_path):
     """`make install`'s pip line (without the dependencies, already tested by every other test)."""
     venv = tmp_path / "venv"
     subprocess.run([os.sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    if not _package_index_reachable(venv / "bin" / "pip"):
+        if os.environ.get("AGENTEVAL_REQUIRE_INDEX"):
+            pytest.fail("the package index is unreachable, and AGENTEVAL_REQUIRE_INDEX is set (CI)")
+        pytest.skip("the package index is unreachable: pip cannot fetch setuptools to build the packages")
     proc = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "--no-deps",
                            str(ROOT / "instrumentation/opentelemetry-instrumentation-maf-fidelity"), "-e", str(ROOT)],
                           capture_output=True, text=True, timeout=600)

@@ -280,6 +280,10 @@ class Metrics:
             description="Requests refused whole, by reason: not OTLP, not authenticated, body not received in time, "
                         "over the size limit, over the memory budget (memory_budget: retryable)")
         self.duplicates = meter.create_counter("collector.spans.duplicate", description="Spans already seen")
+        self.discarded = meter.create_counter(
+            "collector.signals.discarded",
+            description="OTLP metrics and logs export requests accepted and discarded (an application's "
+                        "OpenTelemetry setup sends them to the same endpoint as its traces), by signal")
         self.ignored = meter.create_counter("collector.traces.ignored",
                                             description="Finalized traces without executor, agent or chat spans")
         self.own = meter.create_counter("collector.spans.own",

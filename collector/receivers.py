@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import json
 import logging
 import socket
@@ -52,7 +53,10 @@ from aiohttp.http_exceptions import (
 from google.protobuf import json_format
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import DecodeError as ProtoDecodeError
+from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTracePartialSuccess,
     ExportTraceServiceResponse,
@@ -68,6 +72,15 @@ from collector.security import BearerAuth, grpc_authorization
 log = structlog.get_logger("agenteval.collector")
 
 TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+#: Signals an application's OpenTelemetry setup sends to the same endpoint as its traces
+#: (``opentelemetry-instrument``, MAF's ``configure_otel_providers()``): accepted, counted and
+#: discarded (docs/design.md §3), so a default setup prints no export error. Per signal: its gRPC
+#: service, its OTLP/HTTP path and its (empty) response.
+DISCARDED_SIGNALS: dict[str, tuple[str, str, type[Message]]] = {
+    "metrics": ("opentelemetry.proto.collector.metrics.v1.MetricsService", "/v1/metrics",
+                ExportMetricsServiceResponse),
+    "logs": ("opentelemetry.proto.collector.logs.v1.LogsService", "/v1/logs", ExportLogsServiceResponse),
+}
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 #: Longest single reason (one rejected span's) echoed to the client and logged.
@@ -273,6 +286,52 @@ class GrpcTraceService:
         })
 
 
+class GrpcDiscardService:
+    """``MetricsService/Export`` and ``LogsService/Export``: authenticated, read within the memory
+    budget as traces are, counted and discarded."""
+
+    def __init__(self, signal: str, traces: GrpcTraceService) -> None:
+        self.signal = signal
+        self.traces = traces
+
+    async def export(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Message:
+        traces = self.traces
+        if not traces.auth.allows(grpc_authorization(context)):
+            _count_unauthenticated(traces.pipeline, "grpc")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+        lease = traces.budget.lease()
+        try:
+            _hold(traces.pipeline, lease, traces.max_message_bytes, "the request message", "grpc")
+            messages = aiter(requests)
+            try:
+                async with asyncio.timeout(traces.read_timeout):
+                    await anext(messages, None)
+            finally:
+                await messages.aclose()
+        except Backpressure as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"collector over capacity: {exc.reason}; retry later",
+                                trailing_metadata=(("google.rpc.retryinfo-bin",
+                                                    _retry_info(exc.retry_after).SerializeToString()),))
+        except TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"request message not received within {traces.read_timeout}s")
+        finally:
+            lease.close()
+        _count_discarded(traces.pipeline, self.signal, "grpc")
+        return DISCARDED_SIGNALS[self.signal][2]()
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        service, _, response = DISCARDED_SIGNALS[self.signal]
+        return grpc.method_handlers_generic_handler(service, {
+            "Export": grpc.stream_unary_rpc_method_handler(self.export, request_deserializer=None,
+                                                          response_serializer=response.SerializeToString)})
+
+
+def _count_discarded(pipeline: Pipeline, signal: str, transport: str) -> None:
+    if pipeline.metrics:
+        pipeline.metrics.discarded.add(1, {"signal": signal, "transport": transport})
+
+
 def grpc_server(max_message_bytes: int, handshake_timeout: float) -> grpc.aio.Server:
     return grpc.aio.server(options=[
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -363,7 +422,36 @@ class HttpTraceReceiver:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._track])
         app.router.add_post("/v1/traces", self.handle)
+        for signal, (_, path, _) in DISCARDED_SIGNALS.items():
+            app.router.add_post(path, functools.partial(self.discard, signal))
         return app
+
+    async def discard(self, signal: str, request: web.Request) -> web.Response:
+        """``POST /v1/metrics`` and ``/v1/logs``: authenticated and read as traces are (bounded, within
+        the memory budget), counted, discarded."""
+        ctype = request.content_type
+        if not self.auth.allows(request.headers.get("Authorization")):
+            _count_unauthenticated(self.pipeline, "http")
+            resp = self._error(401, "missing or invalid bearer token", ctype if ctype in (PROTOBUF, JSON) else JSON)
+            resp.headers["WWW-Authenticate"] = "Bearer"
+            return resp
+        if ctype not in (PROTOBUF, JSON):
+            return self._invalid(415, f"unsupported Content-Type {ctype!r}; use {PROTOBUF} or {JSON}", ctype, JSON)
+        lease = self.budget.lease()
+        try:
+            await self._body(request, lease)
+        except Backpressure as exc:
+            return self._overloaded(exc, ctype)
+        except (_TooLarge, NeverFits) as exc:
+            return self._too_large(str(exc), ctype)
+        except _BadRequest as exc:
+            return self._invalid(400, str(exc), ctype)
+        except (ConnectionError, TimeoutError):
+            return self._closing(self._error(400, "request body not received", ctype))
+        finally:
+            lease.close()
+        _count_discarded(self.pipeline, signal, "http")
+        return self._message(200, DISCARDED_SIGNALS[signal][2](), ctype)
 
     def runner(self, app: web.Application) -> web.AppRunner:
         """The app's runner. aiohttp's keep-alive timer (armed from the moment a connection is made,

@@ -28,7 +28,14 @@ from collector.export_queue import RetryingSpanExporter
 from collector.fidelity_service import FidelityService
 from collector.metrics import Metrics
 from collector.pipeline import Pipeline
-from collector.receivers import GrpcTraceService, HttpListener, HttpTraceReceiver, grpc_server
+from collector.receivers import (
+    DISCARDED_SIGNALS,
+    GrpcDiscardService,
+    GrpcTraceService,
+    HttpListener,
+    HttpTraceReceiver,
+    grpc_server,
+)
 from collector.run_page import RunPage
 from collector.security import BearerAuth, grpc_credentials, ssl_context
 from collector.store import open_store
@@ -96,6 +103,8 @@ class Collector:
             self._grpc = grpc_server(grpc_cfg.max_message_bytes, grpc_cfg.handshake_timeout)
             service = GrpcTraceService(self.pipeline, auth, self.budget, grpc_cfg.max_message_bytes, grpc_cfg.read_timeout)
             self._grpc.add_generic_rpc_handlers((service.handler(),
+                                                 *(GrpcDiscardService(signal, service).handler()
+                                                   for signal in DISCARDED_SIGNALS),
                                                  FidelityService(self.store, self.hub, auth).handler()))
             endpoint = cfg.receivers.grpc.endpoint
             port = (self._grpc.add_secure_port(endpoint, grpc_credentials(tls)) if tls.enabled

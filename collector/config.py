@@ -45,6 +45,7 @@ class GrpcReceiver(_Section):
     endpoint: str = "127.0.0.1:4317"
     max_message_bytes: int = Field(4 * 1024 * 1024, gt=0)
     handshake_timeout: float = Field(10.0, gt=0)
+    read_timeout: float = Field(10.0, gt=0)
 
     _endpoint = field_validator("endpoint")(_check_endpoint)
 
@@ -123,6 +124,17 @@ class Receivers(_Section):
     http: HttpReceiver = HttpReceiver()
     tls: Tls = Tls()
     auth: Auth = Auth()
+    max_inflight_bytes: int = Field(256 * 1024 * 1024, gt=0)
+
+    @model_validator(mode="after")
+    def _bodies_fit(self) -> "Receivers":
+        """Every request within the size limits must fit the budget when nothing else is in flight
+        (an HTTP body is held twice while it is read: compressed and decompressed, or as read and joined)."""
+        need = max(2 * self.http.max_body_bytes, self.grpc.max_message_bytes)
+        if self.max_inflight_bytes < need:
+            raise ValueError(f"max_inflight_bytes must be at least {need} (twice http.max_body_bytes and at "
+                             "least grpc.max_message_bytes), or no request of the largest allowed size fits")
+        return self
 
 
 class Assembly(_Section):

@@ -292,8 +292,12 @@ class Metrics:
         self.requests_rejected = meter.create_counter(
             "collector.requests.rejected",
             description="Requests refused whole, by reason: not OTLP, not authenticated, body not received in time, "
-                        "body over the size limit (HTTP)")
+                        "over the size limit, over the memory budget (memory_budget: retryable)")
         self.duplicates = meter.create_counter("collector.spans.duplicate", description="Spans already seen")
+        self.discarded = meter.create_counter(
+            "collector.signals.discarded",
+            description="OTLP metrics and logs export requests accepted and discarded (an application's "
+                        "OpenTelemetry setup sends them to the same endpoint as its traces), by signal")
         self.ignored = meter.create_counter("collector.traces.ignored",
                                             description="Finalized traces without executor, agent or chat spans")
         self.own = meter.create_counter("collector.spans.own",
@@ -337,6 +341,8 @@ class Metrics:
                            ("late_traces", "Finalized traces still accepting late spans"),
                            ("late_bytes", "Estimated memory of the late window's state (bounded by max_late_bytes)"),
                            ("journal_bytes", "Size of the crash journal (bounded by journal.max_bytes)"),
+                           ("inflight_bytes", "Memory held by requests being received and decoded (bounded by "
+                                              "receivers.max_inflight_bytes)"),
                            ("watchers", "WatchVerdicts streams attached"),
                            ("store_queued_runs", "Verdicts waiting for the run store (e.g. during an outage)")]:
             meter.create_observable_gauge(f"collector.{name}", [observe(name)], description=desc)

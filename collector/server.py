@@ -21,13 +21,21 @@ from aiohttp import web
 from opentelemetry.sdk.resources import Resource
 
 from collector import decode, logs
+from collector.budget import MemoryBudget
 from collector.config import CollectorConfig, ConfigError, split_endpoint
 from collector.emit_spans import VerdictSpans, otlp_span_exporter
 from collector.export_queue import RetryingSpanExporter
 from collector.fidelity_service import FidelityService
 from collector.metrics import Metrics
 from collector.pipeline import Pipeline
-from collector.receivers import GrpcTraceService, HttpListener, HttpTraceReceiver, grpc_server
+from collector.receivers import (
+    DISCARDED_SIGNALS,
+    GrpcDiscardService,
+    GrpcTraceService,
+    HttpListener,
+    HttpTraceReceiver,
+    grpc_server,
+)
 from collector.run_page import RunPage
 from collector.security import BearerAuth, grpc_credentials, ssl_context
 from collector.store import open_store
@@ -62,6 +70,8 @@ class Collector:
                                             shutdown_timeout=otlp.shutdown_timeout)
             self.spans = VerdictSpans(exporter, self.resource, config.store.max_span_ids_per_unit)
         self.pipeline: Pipeline | None = None
+        #: Memory of the requests being received and decoded, both receivers (receivers.max_inflight_bytes).
+        self.budget = MemoryBudget(config.receivers.max_inflight_bytes, config.assembly.retry_after)
         self.hub: VerdictHub | None = None
         self.metrics: Metrics | None = None
         self._grpc = None
@@ -91,8 +101,12 @@ class Collector:
         tls = cfg.receivers.tls
         scheme = "https" if tls.enabled else "http"
         if cfg.receivers.grpc.enabled:
-            self._grpc = grpc_server(cfg.receivers.grpc.max_message_bytes, cfg.receivers.grpc.handshake_timeout)
-            self._grpc.add_generic_rpc_handlers((GrpcTraceService(self.pipeline, auth).handler(),
+            grpc_cfg = cfg.receivers.grpc
+            self._grpc = grpc_server(grpc_cfg.max_message_bytes, grpc_cfg.handshake_timeout)
+            service = GrpcTraceService(self.pipeline, auth, self.budget, grpc_cfg.max_message_bytes, grpc_cfg.read_timeout)
+            self._grpc.add_generic_rpc_handlers((service.handler(),
+                                                 *(GrpcDiscardService(signal, service).handler()
+                                                   for signal in DISCARDED_SIGNALS),
                                                  FidelityService(self.store, self.hub, auth).handler()))
             endpoint = cfg.receivers.grpc.endpoint
             port = (self._grpc.add_secure_port(endpoint, grpc_credentials(tls)) if tls.enabled
@@ -101,7 +115,7 @@ class Collector:
             grpc_addr = f"{split_endpoint(endpoint)[0]}:{port}"
         if cfg.receivers.http.enabled:
             http = cfg.receivers.http
-            receiver = HttpTraceReceiver(self.pipeline, http.max_body_bytes, auth, http.read_timeout)
+            receiver = HttpTraceReceiver(self.pipeline, http.max_body_bytes, auth, self.budget, http.read_timeout)
             app = receiver.app()
             if http.run_page:
                 RunPage(self.store, auth, http.trace_link, lambda: self.pipeline.failures).register(app)
@@ -129,7 +143,7 @@ class Collector:
 
     def _gauges(self) -> dict[str, int]:
         return {**(self.pipeline.gauges() if self.pipeline else {}),
-                "watchers": self.hub.watchers if self.hub else 0}
+                "watchers": self.hub.watchers if self.hub else 0, "inflight_bytes": self.budget.used}
 
     async def _sweep_forever(self) -> None:
         """Sweep when the earliest deadline is due, not on a fixed tick: a verdict waits its trace's

@@ -129,6 +129,48 @@ def test_uninstrument_restores_the_framework_and_instrument_brings_it_back(maf_s
     assert len(ledger_spans(run(maf_spans, agent.run(TASK)))) == 1
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_default_opentelemetry_instrument_setup_sends_metrics_and_logs_too_and_prints_no_error(
+        collector, tmp_path, protocol):
+    """The distro's defaults export traces, metrics and logs to the same endpoint: the collector takes
+    the metrics and logs (counted, discarded), so the app's output carries no export error."""
+    app = tmp_path / "app.py"
+    app.write_text(textwrap.dedent('''
+        import asyncio, logging
+        from opentelemetry import metrics, trace
+        from agent_framework.observability import enable_instrumentation
+        from collector.maf_fakes import AgentSpec, Turn, chain
+
+        enable_instrumentation()
+
+        async def main():
+            metrics.get_meter("app").create_counter("app.requests").add(1)
+            logging.getLogger("app").warning("a log record the OTLP log exporter sends")
+            with trace.get_tracer("app").start_as_current_span("request") as span:
+                await chain("defaults", [AgentSpec("writer", [Turn(420, 180)])]).run("Write a short report.")
+            print(format(span.get_span_context().trace_id, "032x"))
+
+        asyncio.run(main())
+    '''))
+    endpoint = f"http://{collector.grpc}" if protocol == "grpc" else collector.http
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_PROTOCOL": protocol, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+           "OTEL_SERVICE_NAME": "defaults-app", "OTEL_PYTHON_LOGGING_AUTO_INSTRUMENTATION_ENABLED": "true",
+           "OTEL_METRIC_EXPORT_INTERVAL": "200", "PYTHONPATH": str(Path(__file__).parent.parent)}
+    for key in ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER"):
+        env.pop(key, None)  # the defaults: otlp for all three
+    before = collector.metrics()
+    proc = subprocess.run([str(Path(sys.executable).parent / "opentelemetry-instrument"), sys.executable, str(app)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "Failed to export" not in proc.stderr and "UNIMPLEMENTED" not in proc.stderr, proc.stderr
+    assert collector.run(proc.stdout.split()[-1])["status"] == "PASS"
+    after = collector.metrics()
+    transport = "grpc" if protocol == "grpc" else "http"
+    for signal in ("metrics", "logs"):
+        key = ("collector_signals_discarded_total", (("signal", signal), ("transport", transport)))
+        assert after.get(key, 0) > before.get(key, 0), signal
+
+
 def test_opentelemetry_instrument_activates_it_with_no_code_change(collector, tmp_path):
     app = tmp_path / "app.py"
     app.write_text(textwrap.dedent('''

@@ -1,5 +1,6 @@
 """Receiver hardening (adversarial report): slow clients, out of file descriptors, multi-member gzip,
-echoed names, auth scheme case, /metrics auth, early 413, and requests that can never fit."""
+echoed names, auth scheme case, /metrics auth, early 413, requests that can never fit, memory held by
+concurrent requests, and hostile gzip bodies."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import resource
 import select
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import grpc
@@ -20,9 +24,11 @@ import pytest
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from collector.budget import decode_working_set
+from collector.config import ConfigError, load_config
 from conftest import AGENTEVAL, JSON, PROTOBUF, CollectorProcess, post
 from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, to_otlp_json
-from test_reliability import EXPORT, grpc_raw, valid_request
+from test_reliability import EXPORT, grpc_raw, healthy, valid_request
 
 TOKEN = "hardening-token-value"
 #: Generous bound for "the server answered / closed": only there to turn a hang into a failure.
@@ -490,3 +496,120 @@ def test_malformed_requests_never_put_a_secret_in_the_log(tmp_path, auth, env, r
     assert all(errors) and "Traceback" not in output
     for reason in reasons:
         assert any(reason in error for error in errors), (reason, errors)
+
+
+# --- memory held by concurrent requests (issue 32 item 4) -----------------------------------------
+
+BUDGET = 16 * 1024 * 1024
+#: RSS a collector may grow beyond its budget under the concurrent load below: allocator slack and
+#: per-connection buffers (aiohttp) the budget does not count. 40 x 2 MiB over HTTP grew RSS by
+#: 89-92 MiB without the budget.
+SLACK = 16 * 1024 * 1024
+PROMPT = "gen_ai.input.messages"
+
+
+def vm_kib(pid: int, field: str) -> int:
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(status[field].split()[0])
+
+
+def padded_request(size: int) -> tuple[bytes, str]:
+    """One whole trace of ``size`` bytes: a chat span carries a prompt (never decoded) that big."""
+    spans, (trace_id,) = record([SCENARIOS["pass"][0]])
+    request = export_request(spans)
+    chat = next(span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans
+                if span.name.startswith("chat"))
+    chat.attributes.add(key=PROMPT).value.string_value = "x" * (size - request.ByteSize())
+    return request.SerializeToString(), trace_id
+
+
+@pytest.fixture(scope="module")
+def budgeted(tmp_path_factory):
+    proc = CollectorProcess(tmp_path_factory.mktemp("budget"), overrides={
+        "receivers": {"max_inflight_bytes": BUDGET}, "assembly": {"retry_after": 1.0}})
+    for answer in (post(proc.http, valid_request()[0])[0], grpc_raw(proc.grpc, valid_request()[0])[0]):
+        assert answer in (200, grpc.StatusCode.OK)  # warm: what the first requests load is not load
+    yield proc
+    proc.stop()
+
+
+def _http_export(collector, body: bytes) -> tuple[bool, dict]:
+    status, _, headers = post(collector.http, body)
+    assert status in (200, 503), status
+    assert status == 200 or int(headers["Retry-After"]) >= 1
+    return status == 200, headers
+
+
+def test_concurrent_large_requests_stay_within_the_memory_budget(budgeted):
+    """40 HTTP requests of 2 MiB at once against a 16 MiB budget: RSS grows by at most the budget
+    plus slack, the requests over it are refused with a retryable answer, and every accepted one's
+    trace is stored (none of a refused one is). (Over gRPC, RSS is not yet held to this: see
+    bench/RESULTS.md, issue 32 items 4-5.)"""
+    requests = [padded_request(2 * 1024 * 1024) for _ in range(40)]
+    pid = budgeted.proc.pid
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM from here on
+    before = vm_kib(pid, "VmRSS")
+    start = threading.Barrier(len(requests))
+
+    def export(body: bytes) -> bool:
+        start.wait()
+        return _http_export(budgeted, body)[0]
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        accepted = list(pool.map(export, [body for body, _ in requests]))
+    grown = (vm_kib(pid, "VmHWM") - before) * 1024
+    assert any(accepted) and not all(accepted)
+    assert grown <= BUDGET + SLACK, f"RSS grew {grown / 2**20:.0f} MiB"
+    for ok_, (_, trace_id) in zip(accepted, requests):
+        if ok_:
+            assert budgeted.run(trace_id)["status"] == "PASS"
+    time.sleep(1.0)  # past the quiet period of anything a refused request might have left
+    assert all(budgeted.store().get_run(trace_id) is None for ok_, (_, trace_id) in zip(accepted, requests) if not ok_)
+    metrics = budgeted.metrics()
+    assert metrics[("collector_inflight_bytes", ())] == 0
+    assert metrics[("collector_requests_rejected_total", (("reason", "memory_budget"), ("transport", "http")))] \
+        >= accepted.count(False)
+
+
+def test_a_request_needing_more_than_the_whole_budget_is_not_retryable(budgeted):
+    """A dense request whose decoding alone is estimated over the budget can never be accepted."""
+    spans, _ = record([Scenario({"writer": [Invocation([ok(1, 1)]) for _ in range(40)]}, name="big")] * 60)
+    body = export_request(spans).SerializeToString()
+    assert len(body) < BUDGET // 2 < BUDGET < decode_working_set(len(body), len(spans))
+    status, payload, headers = post(budgeted.http, body)
+    assert status == 413 and "Retry-After" not in headers
+    assert "max_inflight_bytes" in status_message(payload, headers)
+    code, detail, trailers = grpc_raw(budgeted.grpc, body)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "max_inflight_bytes" in detail
+    assert "google.rpc.retryinfo-bin" not in dict(trailers)
+
+
+def test_the_budget_must_hold_the_largest_request(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("receivers:\n  max_inflight_bytes: 4194304\n")  # under 2 x http.max_body_bytes
+    with pytest.raises(ConfigError, match="max_inflight_bytes must be at least 8388608"):
+        load_config(path)
+
+
+# --- hostile gzip bodies (issue 32 item 5) ---------------------------------------------------------
+
+def test_a_body_of_many_gzip_members_is_refused_while_other_exporters_are_served(collector):
+    """209,715 empty gzip members (4 MiB) cost 10-38 s of the event loop's CPU: now the body is
+    refused at the member limit, and a gRPC and an HTTP export sent meanwhile both succeed."""
+    hostile = gzip.compress(b"", mtime=0) * 209_715
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(post, collector.http, hostile, PROTOBUF, {"Content-Encoding": "gzip"})
+        body, trace_id = valid_request()
+        assert grpc_raw(collector.grpc, body)[0] is grpc.StatusCode.OK
+        body, other = valid_request()
+        assert post(collector.http, body)[0] == 200
+        status, payload, headers = answer.result()
+    assert status == 400 and "members" in status_message(payload, headers)
+    assert collector.run(trace_id)["status"] == collector.run(other)["status"] == "PASS"
+
+
+def test_a_gzip_bomb_is_refused_at_the_size_limit(collector):
+    bomb = gzip.compress(b"\x00" * (64 * 1024 * 1024))  # 64 KiB inflating to 64 MiB
+    status, payload, headers = post(collector.http, bomb, headers={"Content-Encoding": "gzip"})
+    assert status == 413 and "limit" in status_message(payload, headers)
+    healthy(collector)

@@ -25,7 +25,7 @@ from collector.loader import TRACE_WINDOW, NoSteps, TraceFileError, iter_runs
 from collector.model import EXIT_ERROR, STATUS_EXIT_CODES, Preset, Status
 from collector.reconcile import reconcile
 from collector.render import demo_table, print_run, runs_table, shown
-from collector.store import RunStore, StoredRun, StoreError, instance_name, open_store
+from collector.store import RunStore, StoredRun, StoreError, StoreUnavailable, instance_name, open_store
 
 #: Plain (click) help: typer's rich help labels every flag ``<bool>`` and splits long choice lists.
 _HELP = {"no_args_is_help": True, "rich_markup_mode": None}
@@ -110,6 +110,8 @@ def _open_store(url: str | None, cfg: CollectorConfig | None = None, existing: b
     try:
         return open_store(url or cfg.store.url, cfg.store.password(), cfg.store.pool_size, existing,
                           cfg.store.max_span_ids_per_unit)
+    except StoreUnavailable as exc:
+        raise _Fatal(f"{exc}: the store cannot be reached now; retry later") from exc
     except (StoreError, ConfigError) as exc:
         raise _Fatal(str(exc)) from exc
 

@@ -55,9 +55,11 @@ class StoreWriter:
     """Writes verdicts on a thread of its own, in batches, so the event loop never waits on SQLite.
 
     A batch the database refuses (StoreError: down, locked) is retried with backoff until it lands
-    (:meth:`close` waits for that at most its timeout). Any other failure is about the data: the
-    batch is then written run by run and a run the store cannot take is reported to ``on_failed``,
-    so it never stops the others. ``on_stored`` is called once per batch written.
+    (:meth:`close` waits for that at most its timeout). While the store is not open yet (it could
+    not be reached at start), batches wait for it, unlogged (its opener logs why). Any other failure
+    is about the data: the batch is then written run by run and a run the store cannot take is
+    reported to ``on_failed``, so it never stops the others. ``on_stored`` is called once per batch
+    written.
     """
 
     #: Runs written per transaction at most; also the smallest backlog :meth:`queue_limit` allows.
@@ -76,6 +78,8 @@ class StoreWriter:
         self._ready = threading.Condition()
         self._closing = False
         self._in_batch = 0
+        #: Whether the last write failed (StoreError) and is being retried: the store is not reachable.
+        self.failing = False
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
         self._thread.start()
 
@@ -112,11 +116,16 @@ class StoreWriter:
                 batch = [self._queue.popleft() for _ in range(self._in_batch)]
             delay = 0.05
             while batch:
+                if not self.store.wait_open(1.0):
+                    if self._closing:  # nothing to flush to: the journal keeps these runs' spans
+                        return
+                    continue
                 try:
                     started = time.monotonic()
                     self.store.save_many(run for run, _ in batch)
                 except StoreError as exc:
                     log.error("store_write_failed", error=str(exc), runs=len(batch), retry_in=delay)
+                    self.failing = True
                     self._on_error()
                     time.sleep(delay)
                     delay = min(delay * 2, 5.0)
@@ -124,6 +133,7 @@ class StoreWriter:
                 except Exception:  # noqa: BLE001 - a run the store cannot take: find it, keep the rest
                     batch = self._one_by_one(batch)
                     continue
+                self.failing = False
                 self._measured(len(batch), time.monotonic() - started)
                 self._stored(batch)
                 batch = []
@@ -151,7 +161,7 @@ class StoreWriter:
         return []
 
     def close(self, timeout: float = 30.0) -> None:
-        """Flush everything queued, then stop."""
+        """Flush everything queued, then stop (within a second if the store is not open yet)."""
         with self._ready:
             self._closing = True
             self._ready.notify()
@@ -284,8 +294,9 @@ class Pipeline:
         open) are not published again; the others number on from the revision it holds (it numbers
         a complete verdict over an incomplete one past it). The store's own rule decides
         (:func:`collector.store.replaces`). While the store cannot answer, they wait, and the later
-        revisions of their traces with them, asked again with backoff: published unchecked, a run
-        the store numbered past this collector's count made the next revision stale.
+        revisions of their traces with them, asked again with backoff (not at all while it is not
+        open yet): published unchecked, a run the store numbered past this collector's count made
+        the next revision stale.
 
         Returns the runs to publish, and the runs of this sweep to count as not yet stored."""
         checked = self._replayed | self._unchecked.keys()
@@ -298,7 +309,7 @@ class Pipeline:
         items = earlier + mine
         now = self.assembler.clock()
         stored = None
-        if now >= self._check_at:
+        if now >= self._check_at and self.writer.store.is_open:
             try:
                 stored = self.writer.store.revisions(list({item.run.run_id or "" for item in items}))
             except StoreError as exc:

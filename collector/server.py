@@ -26,6 +26,7 @@ from collector.config import CollectorConfig, ConfigError, split_endpoint
 from collector.emit_spans import VerdictSpans, otlp_span_exporter
 from collector.export_queue import RetryingSpanExporter
 from collector.fidelity_service import FidelityService
+from collector.health import Health
 from collector.metrics import Metrics
 from collector.pipeline import Pipeline
 from collector.receivers import (
@@ -60,8 +61,9 @@ class Collector:
     def __init__(self, config: CollectorConfig) -> None:
         self.config = config
         self.resource = Resource.create({"service.name": "agenteval-collector"})
+        # A store that cannot be reached now is opened later: the collector starts without it.
         self.store = open_store(config.store.url, config.store.password(), config.store.pool_size,
-                                max_items=config.store.max_span_ids_per_unit)
+                                max_items=config.store.max_span_ids_per_unit, retry=True)
         otlp = config.exporters.otlp
         self.spans = None
         if otlp.endpoint:
@@ -117,6 +119,7 @@ class Collector:
             http = cfg.receivers.http
             receiver = HttpTraceReceiver(self.pipeline, http.max_body_bytes, auth, self.budget, http.read_timeout)
             app = receiver.app()
+            Health(self.pipeline.writer).register(app)
             if http.run_page:
                 RunPage(self.store, auth, http.trace_link, lambda: self.pipeline.failures).register(app)
             self._http = receiver.runner(app)
@@ -134,7 +137,7 @@ class Collector:
         self.listening = Listening(grpc_addr, http_addr and f"{scheme}://{http_addr}", prom, self.store.display,
                                    str(journal.directory) if journal is not None else None)
         log.info("collector_listening", grpc=grpc_addr, http=self.listening.http, prometheus=prom,
-                 store=self.store.display, journal=self.listening.journal, otlp_out=cfg.exporters.otlp.endpoint, tls=tls.enabled,
+                 store=self.store.display, store_open=self.store.is_open, journal=self.listening.journal, otlp_out=cfg.exporters.otlp.endpoint, tls=tls.enabled,
                  mtls=bool(tls.client_ca_file), auth=auth.enabled, metrics_auth=prometheus.require_auth,
                  open_files_limit=files, decoder="native" if decode.NATIVE else "python")
         logs.flush()
@@ -315,8 +318,10 @@ async def serve(config: CollectorConfig, stop: asyncio.Event | None = None) -> N
         + (f"\n  OTLP/gRPC  {listening.grpc}  (also FidelityService: agenteval watch --endpoint {listening.grpc})" if listening.grpc else "")
         + (f"\n  OTLP/HTTP  {listening.http}/v1/traces" if listening.http else "")
         + (f"\n  run page   {listening.http}/runs" if listening.http and config.receivers.http.run_page else "")
+        + (f"\n  health     {listening.http}/healthz, {listening.http}/readyz" if listening.http else "")
         + (f"\n  metrics    http://{listening.prometheus}/metrics" if listening.prometheus else "")
         + f"\n  run store  {listening.store}"
+        + ("" if collector.store.is_open else "  (not reachable yet: retrying; spans are journaled meanwhile)")
         + f"\n  journal    {listening.journal or 'off: an accepted span is in memory only until its run is stored'}"
         + "\nPress Ctrl-C to stop.",
         flush=True,

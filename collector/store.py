@@ -170,11 +170,19 @@ class StoreError(Exception):
     pass
 
 
+class StoreUnavailable(StoreError):
+    """The store cannot be reached right now (the database down, the file locked by another
+    process): a later attempt can succeed, unlike a store that refuses (a newer schema, a wrong
+    password, a path that is a directory)."""
+
+
 #: What an API client or run page reader is told when a store read fails: the error itself names
 #: the store (path, database URL) and goes to the collector's log only.
 UNREADABLE = "the run store cannot be read right now (the collector's log says why); retry later"
 #: Seconds a reader is told to wait before it retries an unreadable store (the run page's Retry-After).
 RETRY_READ_AFTER = 5
+#: Seconds between attempts to open a store that could not be reached at start: first, most.
+OPEN_RETRY = (0.5, 10.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,11 +213,12 @@ def is_postgres(url: str) -> bool:
 
 
 def open_store(url: str | Path | None = None, password: str | None = None, pool_size: int = 4,
-               existing: bool = False, max_items: int = MAX_ITEMS) -> RunStore:
+               existing: bool = False, max_items: int = MAX_ITEMS, retry: bool = False) -> RunStore:
     """The store at ``url`` (default: :func:`default_store_url`), migrated to the current schema.
     ``existing``: for reading, a SQLite file named explicitly must be there (a typo must not read as
     an empty store, nor leave one behind); the default store may not exist yet. ``max_items``: what
-    each bounded list of the documents it writes keeps (``store.max_span_ids_per_unit``)."""
+    each bounded list of the documents it writes keeps (``store.max_span_ids_per_unit``). ``retry``:
+    see :meth:`RunStore.open`."""
     url = str(url or default_store_url())
     path = Path(url.removeprefix("sqlite:///"))
     if existing and not is_postgres(url) and path != _data_dir_store() and not path.exists():
@@ -225,6 +234,7 @@ def open_store(url: str | Path | None = None, password: str | None = None, pool_
     else:
         store = SqliteRunStore(path)
     store.max_items = max_items
+    store.open(retry)
     return store
 
 
@@ -263,10 +273,18 @@ class RunStore(ABC):
 
     def __init__(self) -> None:
         self._subscribers: list[tuple[Subscriber, Callable[[], bool]]] = []
+        self._opened = threading.Event()
+        self._closing = threading.Event()
+        self._opener: threading.Thread | None = None
 
     # --- backend hooks ---------------------------------------------------------------------------
     #: The driver's positional parameter mark.
     _mark = "?"
+
+    @abstractmethod
+    def _connect(self) -> None:
+        """Connect and migrate: :class:`StoreUnavailable` when the store cannot be reached now,
+        :class:`StoreError` when it refuses."""
 
     @abstractmethod
     def _transaction(self) -> Iterator[Callable[[str, Any], Any]]:
@@ -291,6 +309,58 @@ class RunStore(ABC):
     def close(self) -> None: ...
 
     # --- shared logic ----------------------------------------------------------------------------
+    def open(self, retry: bool = False) -> None:
+        """Connect and migrate. ``retry`` (the collector): a store that cannot be reached now is not
+        an error but opened later, by a thread that tries again with backoff (:data:`OPEN_RETRY`)
+        and logs each change of state (``store_unavailable`` with why, ``store_opened``), not each
+        attempt; meanwhile every read and write raises :class:`StoreUnavailable`. A store that
+        refuses (:class:`StoreError`) raises either way."""
+        try:
+            self._connect()
+        except StoreUnavailable as exc:
+            if not retry:
+                raise
+            log.warning("store_unavailable", store=self.display, error=str(exc),
+                        detail="spans are still accepted and journaled; runs are stored once it opens")
+            self._opener = threading.Thread(target=self._open_later, args=(str(exc),), name="store-opener",
+                                            daemon=True)
+            self._opener.start()
+            return
+        self._opened.set()
+
+    def _open_later(self, error: str) -> None:
+        since, delay = time.monotonic(), OPEN_RETRY[0]
+        while not self._closing.wait(delay):
+            try:
+                self._connect()
+            except StoreError as exc:  # one that refuses too: it may be fixed meanwhile (a schema, a grant)
+                if str(exc) != error:
+                    error = str(exc)
+                    log.warning("store_unavailable", store=self.display, error=error)
+                delay = min(delay * 2, OPEN_RETRY[1])
+                continue
+            self._opened.set()
+            log.info("store_opened", store=self.display, unavailable_for=round(time.monotonic() - since, 1))
+            return
+
+    @property
+    def is_open(self) -> bool:
+        """False until the store has been opened (see :meth:`open`'s ``retry``)."""
+        return self._opened.is_set()
+
+    def wait_open(self, timeout: float) -> bool:
+        return self._opened.wait(timeout)
+
+    def _require_open(self) -> None:
+        if not self._opened.is_set():
+            raise StoreUnavailable(f"{self.display}: not open yet (it could not be reached when the collector started)")
+
+    def _stop_opening(self) -> None:
+        """First in :meth:`close`: no attempt to open is left running."""
+        self._closing.set()
+        if self._opener is not None:
+            self._opener.join()
+
     def subscribe(self, subscriber: Subscriber, listening: Callable[[], bool] = lambda: True) -> None:
         """Call ``subscriber`` with the documents of runs written, once they are durable, while
         ``listening()`` says someone wants them (SQLite then skips building the documents).
@@ -326,9 +396,9 @@ class RunStore(ABC):
                          doc.decode(), item.finalized_by, run.maf_release))
         if not rows:
             return []
-        limit = self._max_params()
-        per_upsert, per_list = max(1, min(_ROWS_PER_STATEMENT, limit // _COLUMNS)), min(2 * _ROWS_PER_STATEMENT, limit)
         with self._transaction() as execute:
+            limit = self._max_params()
+            per_upsert, per_list = max(1, min(_ROWS_PER_STATEMENT, limit // _COLUMNS)), min(2 * _ROWS_PER_STATEMENT, limit)
             keys = list({row[0]: None for row in rows} | {row[1]: None for row in rows if row[1]})
             self._lock_keys(execute, keys)
             current: dict[str, tuple[int, bool]] = {}
@@ -436,11 +506,10 @@ class SqliteRunStore(RunStore):
         self.path = Path(path)
         self.display = str(self.path)
         self._lock = threading.Lock()
-        self._closing = threading.Event()
         self._checkpointer: threading.Thread | None = None
-        self._open()
+        self._db: sqlite3.Connection | None = None
 
-    def _open(self) -> None:
+    def _connect(self) -> None:
         parent = self.path.parent
         if self.path.is_dir():
             raise StoreError(f"{self.path}: is a directory: the SQLite store is a file, e.g. {self.path / 'runs.db'}")
@@ -448,17 +517,26 @@ class SqliteRunStore(RunStore):
             if self.path != _data_dir_store():  # a typo must not silently start a new, empty store
                 raise StoreError(f"{self.path}: directory {parent} does not exist: create it (mkdir -p {parent}) "
                                  f"or fix the store path (--store, store.url or ${STORE_ENV})")
+        db = None
         try:
             parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            self._db.row_factory = sqlite3.Row
+            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            db.row_factory = sqlite3.Row
             for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=5000",
                            "wal_autocheckpoint=0"):  # checkpoints run beside the writer: _checkpoint_forever
-                self._db.execute(f"PRAGMA {pragma}")
-            self._migrate()
+                db.execute(f"PRAGMA {pragma}")
+            self._migrate(db)
             self._inode = os.stat(self.path).st_ino
-        except (sqlite3.Error, OSError) as exc:
-            raise StoreError(f"{self.path}: {exc}") from exc
+        except (sqlite3.Error, OSError, StoreError) as exc:
+            if db is not None:
+                db.close()
+            if isinstance(exc, StoreError):
+                raise
+            # another process's write transaction holds the file past busy_timeout: it can end
+            code = getattr(exc, "sqlite_errorcode", None) or 0
+            locked = (code & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+            raise (StoreUnavailable if locked else StoreError)(f"{self.path}: {exc}") from exc
+        self._db = db
 
     def _still_there(self) -> None:
         """A store file deleted or replaced under a running collector would swallow every later write
@@ -471,23 +549,23 @@ class SqliteRunStore(RunStore):
             log.error("store_replaced", store=self.display,
                       detail="the store file was deleted or replaced while in use; reopened at the same path")
             self._db.close()
-            self._open()
+            self._connect()
 
-    def _migrate(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        db.execute("BEGIN IMMEDIATE")
         try:
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            version = db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise StoreError(f"{self.path}: schema version {version} is newer than this agenteval knows "
                                  f"({SCHEMA_VERSION}); upgrade agenteval")
             for number in range(version, SCHEMA_VERSION):
                 for statement in MIGRATIONS[number]:
-                    self._db.execute(statement)
+                    db.execute(statement)
                 log.info("store_migrated", store=self.display, to_version=number + 1)
-            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            self._db.execute("COMMIT")
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            db.execute("ROLLBACK")
             raise
 
     def _checkpoint_forever(self) -> None:
@@ -515,6 +593,7 @@ class SqliteRunStore(RunStore):
 
     @contextmanager
     def _transaction(self) -> Iterator[Callable[[str, Any], Any]]:
+        self._require_open()
         with self._lock:
             if self._checkpointer is None:  # started by the first write: a store only read needs none
                 self._checkpointer = threading.Thread(target=self._checkpoint_forever, name="store-checkpoint",
@@ -538,6 +617,7 @@ class SqliteRunStore(RunStore):
         return self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)  # 999 by default before SQLite 3.32
 
     def _query(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        self._require_open()
         with self._lock:
             try:
                 return [dict(r) for r in self._db.execute(sql, params).fetchall()]
@@ -545,11 +625,12 @@ class SqliteRunStore(RunStore):
                 raise StoreError(f"{self.path}: {exc}") from exc
 
     def close(self) -> None:
-        self._closing.set()
+        self._stop_opening()
         if self._checkpointer is not None:
             self._checkpointer.join(10)
         with self._lock:
-            self._db.close()  # the last connection: SQLite checkpoints the WAL and removes it
+            if self._db is not None:
+                self._db.close()  # the last connection: SQLite checkpoints the WAL and removes it
 
 
 class SeenRuns:

@@ -23,7 +23,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from collector.store import CHANNEL, MIGRATIONS, SCHEMA_VERSION, RunStore, SeenRuns, StoreError
+from collector.store import CHANNEL, MIGRATIONS, SCHEMA_VERSION, RunStore, SeenRuns, StoreError, StoreUnavailable
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -36,6 +36,8 @@ _LOCK_KEYS = ("SELECT pg_advisory_xact_lock(bucket) FROM (SELECT DISTINCT mod(ha
 _CATCH_UP_MARGIN = 30.0
 #: Seconds a read waits for a pooled connection, and then for any lock it needs (see ``_query``).
 READ_WAIT = 3.0
+#: A connection the server refused for what waiting does not mend (libpq gives no SQLSTATE for these).
+_REFUSED = re.compile(r"authentication failed|no password supplied|does not exist|no pg_hba\.conf entry")
 
 
 @lru_cache(maxsize=128)
@@ -62,23 +64,35 @@ class PostgresRunStore(RunStore):
         self.display = safe_url(url)
         self._url = url
         self._kwargs: dict[str, Any] = {"password": password} if password else {}
-        self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=False, timeout=connect_timeout,
-                                    kwargs={**self._kwargs, "row_factory": dict_row},
-                                    check=ConnectionPool.check_connection, name="agenteval-store")
-        try:
-            self._pool.open(wait=True, timeout=connect_timeout)
-            self._migrate()
-        except (psycopg.Error, PoolTimeout) as exc:
-            self._pool.close()
-            raise StoreError(f"{self.display}: {str(exc).strip() or type(exc).__name__}") from exc
-        except StoreError:
-            self._pool.close()
-            raise
+        self._pool_size = pool_size
+        self._connect_timeout = connect_timeout
+        self._pool: ConnectionPool | None = None
         self._listener: threading.Thread | None = None
-        self._closing = threading.Event()
 
-    def _migrate(self) -> None:
-        with self._pool.connection() as conn, conn.transaction():
+    def _connect(self) -> None:
+        """Migrate over a connection of its own (so a refused or failed connection says why at
+        once, where the pool would retry it until its timeout), then open the pool."""
+        try:
+            with psycopg.connect(self._url, connect_timeout=max(1, round(self._connect_timeout)), autocommit=True,
+                                 row_factory=dict_row, **self._kwargs) as conn:
+                self._migrate(conn)
+            pool = ConnectionPool(self._url, min_size=1, max_size=self._pool_size, open=False,
+                                  timeout=self._connect_timeout, kwargs={**self._kwargs, "row_factory": dict_row},
+                                  check=ConnectionPool.check_connection, name="agenteval-store")
+            try:
+                pool.open(wait=True, timeout=self._connect_timeout)
+            except BaseException:
+                pool.close()
+                raise
+        except (psycopg.OperationalError, PoolTimeout) as exc:  # down, starting, unreachable, too many clients
+            message = f"{self.display}: {str(exc).strip() or type(exc).__name__}"
+            raise (StoreError if _REFUSED.search(message) else StoreUnavailable)(message) from exc
+        except psycopg.Error as exc:
+            raise StoreError(f"{self.display}: {str(exc).strip() or type(exc).__name__}") from exc
+        self._pool = pool
+
+    def _migrate(self, conn: psycopg.Connection) -> None:
+        with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             conn.execute("CREATE TABLE IF NOT EXISTS agenteval_schema (version INTEGER NOT NULL)")
             version = conn.execute("SELECT COALESCE(MAX(version), 0) AS v FROM agenteval_schema").fetchone()["v"]
@@ -93,6 +107,8 @@ class PostgresRunStore(RunStore):
 
     @contextmanager
     def _transaction(self) -> Iterator[Callable[[str, Any], Any]]:
+        self._require_open()
+        assert self._pool is not None
         try:
             with self._pool.connection() as conn, conn.transaction():
                 yield lambda sql, params: conn.execute(_pg(sql), params)
@@ -117,6 +133,8 @@ class PostgresRunStore(RunStore):
         the event loop) is answered "retry later" soon in an outage or while another session locks
         the table (a migration, VACUUM FULL), while the writer keeps the pool's longer wait,
         retried, and waits for locks. A read that is merely slow (a large ``runs list``) runs on."""
+        self._require_open()
+        assert self._pool is not None
         try:
             with self._pool.connection(timeout=READ_WAIT) as conn:
                 conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{READ_WAIT:g}s",))
@@ -135,6 +153,9 @@ class PostgresRunStore(RunStore):
         seen = SeenRuns()
         last: float | None = None  # updated_at of the newest run heard of
         delay = 0.5
+        while not self.wait_open(0.5):  # not reachable at start: its opener logs that, not this thread
+            if self._closing.is_set():
+                return
         while not self._closing.is_set():
             try:
                 with psycopg.connect(self._url, autocommit=True, **self._kwargs) as conn:
@@ -165,7 +186,8 @@ class PostgresRunStore(RunStore):
             self._notify(fresh)
 
     def close(self) -> None:
-        self._closing.set()
+        self._stop_opening()
         if self._listener is not None:
             self._listener.join(5)
-        self._pool.close()
+        if self._pool is not None:
+            self._pool.close()

@@ -19,6 +19,7 @@ from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
 from collector.store import SCHEMA_VERSION, StoreError, open_store
 from conftest import AGENTEVAL, PG_PASSWORD_USER, CollectorProcess, export_spans, post
 from mafshape import SCENARIOS, export_request, record, run_id
+from test_store_outage import get
 from test_stream import Follower, _wait_watchers
 
 
@@ -136,6 +137,11 @@ def test_a_full_store_backlog_refuses_ingest_with_a_retryable_status(postgres, t
             spans, _ids = record([SCENARIOS["pass"][0]])
             status, _, headers = post(proc.http, export_request(spans).SerializeToString())
             assert status == 503 and "Retry-After" in headers
+            deadline = time.monotonic() + 30  # once a write has failed (each waits for a connection)
+            while (ready := get(f"{proc.http}/readyz"))[1]["store"] != "failing":
+                assert ready[0] == 200 and time.monotonic() < deadline, ready
+                time.sleep(0.2)
+            assert ready[0] == 503 and ready[1]["ready"] is False
             refused = proc.metrics()[("collector_spans_refused_total", (("reason", "store_backlog"), ("transport", "http")))]
             assert refused == len(spans)
         finally:
@@ -145,6 +151,7 @@ def test_a_full_store_backlog_refuses_ingest_with_a_retryable_status(postgres, t
             assert time.monotonic() < deadline, "queued verdicts were not written after the restart"
             time.sleep(0.1)
         assert post(proc.http, export_request(spans).SerializeToString())[0] == 200
+        assert get(f"{proc.http}/readyz") == (200, {"ready": True, "store": "open"})
     finally:
         proc.stop()
 

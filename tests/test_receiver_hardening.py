@@ -601,3 +601,15 @@ def test_a_too_deep_value_rejects_its_span_only(by_decoder, transport, kind, lev
     rejected, message = send(by_decoder, transport, request)
     assert rejected == 1 and "nested more than 100 deep" in message, message
     assert by_decoder.run(good)["status"] == "PASS"
+
+
+# --- 8. the metrics port's listen backlog (issue 32, item 9) --------------------------------------
+
+def test_the_metrics_port_queues_a_flood_of_connections(collector):
+    """The scrape server listens with the system's usual backlog, not socketserver's 5 (under a
+    connection flood, the kernel dropped most SYNs). ``ss`` shows a listening socket's backlog as
+    its Send-Q."""
+    port = urlsplit(collector.prometheus).port
+    listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True,
+                               check=True).stdout.split()
+    assert len(listening) >= 3 and int(listening[2]) >= 128, listening

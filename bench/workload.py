@@ -35,18 +35,26 @@ from typing import IO, Protocol
 
 import yaml
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 AGENTEVAL = str(Path(sys.executable).parent / "agenteval")
 
 
 def _kv(key: str, value) -> KeyValue:
+    return KeyValue(key=key, value=_value(value))
+
+
+def _value(value) -> AnyValue:
+    """An attribute value as the OpenTelemetry SDK encodes it (a list is an OTLP array, as the MAF
+    instrumentation's finish reasons are)."""
     if isinstance(value, bool):
-        return KeyValue(key=key, value=AnyValue(bool_value=value))
+        return AnyValue(bool_value=value)
     if isinstance(value, int):
-        return KeyValue(key=key, value=AnyValue(int_value=value))
-    return KeyValue(key=key, value=AnyValue(string_value=str(value)))
+        return AnyValue(int_value=value)
+    if isinstance(value, list):
+        return AnyValue(array_value=ArrayValue(values=[_value(item) for item in value]))
+    return AnyValue(string_value=str(value))
 
 
 def _span(rng: random.Random, trace_id: bytes, parent: bytes, name: str, start: int, attrs: dict) -> Span:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from google._upb._message import SetAllowOversizeProtos
+from google.protobuf.message import DecodeError as ProtoDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
@@ -78,6 +80,9 @@ class Decoded:
 
 #: Nesting kept in array / kvlist attribute values; deeper values are dropped (None).
 MAX_VALUE_DEPTH = 8
+#: Nesting taken in any attribute value (protobuf's usual message depth limit, counted in values): a
+#: span holding a value nested deeper is rejected on its own (a resource or scope's: the request).
+MAX_VALUE_NESTING = 100
 
 
 def clean_text(text: str) -> str:
@@ -117,16 +122,26 @@ def count_spans(payload: bytes) -> int:
     request under overload stays cheap."""
     if _native is not None and (count := _native.count_spans(payload)) is not None:
         return count
-    return span_count(ExportTraceServiceRequest.FromString(payload))
+    request, too_deep = parse_request(payload)
+    return span_count(request) + len(too_deep)
 
 
 def decode_bytes(payload: bytes, matcher: Matcher) -> Decoded:
     """:func:`decode_request` of a serialized request. The compiled decoder answers whenever it is
-    certain to give the same result; otherwise, or without it, protobuf parses the payload (and
-    raises its ``DecodeError``)."""
+    certain to give the same result; otherwise, or without it, :func:`decode_protobuf` does."""
     if (decoded := _native_decode(payload, matcher)) is not None:
         return decoded
-    return decode_request(ExportTraceServiceRequest.FromString(payload), matcher)
+    return decode_protobuf(payload, matcher)
+
+
+def decode_protobuf(payload: bytes, matcher: Matcher) -> Decoded:
+    """The reference decoder: protobuf parses the payload (raising its ``DecodeError``), spans
+    holding values nested past :data:`MAX_VALUE_NESTING` are rejected."""
+    request, too_deep = parse_request(payload)
+    out = decode_request(request, matcher)
+    for reason in too_deep:
+        out.reject(reason)
+    return out
 
 
 def _native_decode(payload: bytes, matcher: Matcher) -> Decoded | None:
@@ -157,6 +172,135 @@ def _native_decoder(matcher: Matcher) -> Any:
                            service_name=SERVICE_NAME, sdk_language=SDK_LANGUAGE, max_chars=MAX_ATTR_CHARS,
                            max_language_chars=MAX_LANGUAGE_CHARS, max_error_chars=MAX_ERROR_CHARS,
                            max_value_depth=MAX_VALUE_DEPTH, status_error=STATUS_ERROR)
+
+
+def parse_request(payload: bytes) -> tuple[ExportTraceServiceRequest, list[str]]:
+    """The request, and why each span left out of it was: one holding a value nested past
+    :data:`MAX_VALUE_NESTING`.
+
+    protobuf refuses messages nested past 100 deep, which a legal value reaches at 32 kvlists (a
+    kvlist level is 3 messages). Such a request is walked here first: its too-deep spans are cut out,
+    its nesting is then bounded, and protobuf parses the rest with its limit lifted (unbounded, a
+    ~250 KiB request nesting 65,000 messages crashes it)."""
+    try:
+        return ExportTraceServiceRequest.FromString(payload), []
+    except ProtoDecodeError as error:
+        too_deep: list[str] = []
+        try:
+            bounded = _cut_too_deep(payload, 0, len(payload), _REQUEST, too_deep)
+        except (IndexError, ValueError):  # not protobuf's wire format, or a group: protobuf said why
+            raise error from None
+        SetAllowOversizeProtos(True)  # process-wide, for this parse only (decoding never awaits)
+        try:
+            return ExportTraceServiceRequest.FromString(bytes(bounded)), too_deep
+        finally:
+            SetAllowOversizeProtos(False)
+
+
+# The messages of a request that hold other messages (a group of them can nest attribute values), and
+# which field of each holds which: every field protobuf parses as a message, but leaves.
+_REQUEST, _RESOURCE_SPANS, _RESOURCE, _SCOPE_SPANS, _SCOPE, _SPAN, _EVENT, _LINK, _KEY_VALUE, _ANY, _ARRAY, \
+    _KVLIST = range(12)
+_HOLDS: tuple[dict[int, int], ...] = (
+    {1: _RESOURCE_SPANS}, {1: _RESOURCE, 2: _SCOPE_SPANS}, {1: _KEY_VALUE}, {1: _SCOPE, 2: _SPAN},
+    {3: _KEY_VALUE}, {9: _KEY_VALUE, 11: _EVENT, 13: _LINK}, {3: _KEY_VALUE}, {4: _KEY_VALUE}, {2: _ANY},
+    {5: _ARRAY, 6: _KVLIST}, {1: _ANY}, {1: _KEY_VALUE},
+)
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """The varint at ``pos`` and the position after it (IndexError past the end)."""
+    value = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint over 10 bytes")
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """(number, wire type, field start, value start, field end) of each field of the message
+    ``buf[start:end]``; a length-delimited value (wire type 2) is ``buf[value start:field end]``."""
+    pos = start
+    while pos < end:
+        at = pos
+        tag, pos = _varint(buf, pos)
+        wire = tag & 7
+        if wire == 2:
+            length, pos = _varint(buf, pos)
+            value = pos
+            pos += length
+        else:
+            if wire == 0:
+                pos = _varint(buf, pos)[1]
+            elif wire in (1, 5):
+                pos += 8 if wire == 1 else 4
+            else:
+                raise ValueError(f"wire type {wire}")
+            value = pos
+        if pos > end:
+            raise ValueError("a field past the end of its message")
+        yield tag >> 3, wire, at, value, pos
+
+
+def _too_deep(buf: bytes, start: int, end: int, msg: int, enclosing: int = 0) -> bool:
+    """Whether message ``msg`` at ``buf[start:end]``, inside ``enclosing`` attribute values, holds a
+    value nested past :data:`MAX_VALUE_NESTING` (the walk stops there, so its recursion is bounded)."""
+    holds = _HOLDS[msg]
+    for number, wire, _, value, field_end in _fields(buf, start, end):
+        inner = holds.get(number) if wire == 2 else None
+        if inner is None:
+            continue
+        if inner == _ANY:
+            if enclosing > MAX_VALUE_NESTING or _too_deep(buf, value, field_end, _ANY, enclosing + 1):
+                return True
+        elif _too_deep(buf, value, field_end, inner, enclosing):
+            return True
+    return False
+
+
+def _cut_too_deep(buf: bytes, start: int, end: int, msg: int, reasons: list[str]) -> bytearray:
+    """The request (or resource / scope spans) at ``buf[start:end]`` without its spans that hold a
+    value nested too deep (why each was cut: appended to ``reasons``); raises protobuf's
+    ``DecodeError`` for a resource or scope holding one."""
+    out = bytearray()
+    for number, wire, at, value, field_end in _fields(buf, start, end):
+        inner = _HOLDS[msg].get(number) if wire == 2 else None
+        if inner in (_RESOURCE_SPANS, _SCOPE_SPANS):
+            body = _cut_too_deep(buf, value, field_end, inner, reasons)
+            out += _varint_bytes(number << 3 | 2) + _varint_bytes(len(body)) + body
+            continue
+        if inner == _SPAN and _too_deep(buf, value, field_end, _SPAN):
+            reasons.append(f"span {_span_name(buf, value, field_end)!r}: a value is nested more than "
+                           f"{MAX_VALUE_NESTING} deep, past the limit")
+            continue
+        if inner is not None and inner != _SPAN and _too_deep(buf, value, field_end, inner):
+            where = "resource" if inner == _RESOURCE else "scope"
+            raise ProtoDecodeError(f"a {where} attribute value is nested more than {MAX_VALUE_NESTING} deep")
+        out += buf[at:field_end]
+    return out
+
+
+def _span_name(buf: bytes, start: int, end: int) -> str:
+    """A span's name (as far as it is text), for a reason: never whole."""
+    name = ""
+    for number, wire, _, value, field_end in _fields(buf, start, end):
+        if number == 5 and wire == 2:
+            name = buf[value:min(field_end, value + 256)].decode("utf-8", "replace")
+    return name[:64] + "…" if len(name) > 64 else name
 
 
 def decode_request(request: ExportTraceServiceRequest, matcher: Matcher) -> Decoded:
@@ -223,8 +367,8 @@ def _id_problem(name: str, tid: bytes, sid: bytes, pid: bytes) -> str | None:
 _ID_FIELDS = (("traceId", 16), ("spanId", 8), ("parentSpanId", 8))
 
 
-class _BadId(ValueError):
-    pass
+class _BadSpan(ValueError):
+    """A span to reject (or, decoding a file, to fail on)."""
 
 
 def _hex_ids(obj: dict, path: str) -> list[bytes]:
@@ -236,13 +380,13 @@ def _hex_ids(obj: dict, path: str) -> list[bytes]:
             out.append(b"")
             continue
         if not isinstance(value, str):
-            raise _BadId(f"{path}.{key}: expected a hex string, got {type(value).__name__}")
+            raise _BadSpan(f"{path}.{key}: expected a hex string, got {type(value).__name__}")
         try:
             raw = binascii.unhexlify(value)
         except (binascii.Error, ValueError):
-            raise _BadId(f"{path}.{key}: {value[:64]!r} is not hex") from None
+            raise _BadSpan(f"{path}.{key}: {value[:64]!r} is not hex") from None
         if len(raw) != size:
-            raise _BadId(f"{path}.{key}: expected {size * 2} hex digits, got {len(value)}")
+            raise _BadSpan(f"{path}.{key}: expected {size * 2} hex digits, got {len(value)}")
         out.append(raw)
     return out
 
@@ -271,6 +415,40 @@ def json_any_value(value: Any, depth: int = 0) -> Any:
         return {kv["key"]: json_any_value(kv.get("value"), depth + 1) for kv in items
                 if isinstance(kv, dict) and isinstance(kv.get("key"), str)}
     return None  # bytesValue (nothing the classifier reads) or a kind this version does not know
+
+
+def _json_span_too_deep(span: dict) -> bool:
+    """Whether an OTLP/JSON span's attributes, or its events' or links', hold a value nested past
+    :data:`MAX_VALUE_NESTING` (as protobuf reads them: the first member of a value is its kind)."""
+    if _json_attributes_too_deep(span.get("attributes")):
+        return True
+    for key in ("events", "links"):
+        items = span.get(key)
+        if isinstance(items, list) and any(isinstance(item, dict) and _json_attributes_too_deep(item.get("attributes"))
+                                           for item in items):
+            return True
+    return False
+
+
+def _json_attributes_too_deep(attributes: Any) -> bool:
+    return isinstance(attributes, list) and any(
+        isinstance(kv, dict) and _json_value_too_deep(kv.get("value"), 0) for kv in attributes)
+
+
+def _json_value_too_deep(value: Any, enclosing: int) -> bool:
+    if not isinstance(value, dict):
+        return False
+    if enclosing > MAX_VALUE_NESTING:
+        return True
+    if not value:
+        return False
+    kind, inner = next(iter(value.items()))
+    items = inner.get("values") if kind in ("arrayValue", "kvlistValue") and isinstance(inner, dict) else None
+    if not isinstance(items, list):
+        return False
+    if kind == "arrayValue":
+        return any(_json_value_too_deep(item, enclosing + 1) for item in items)
+    return any(isinstance(kv, dict) and _json_value_too_deep(kv.get("value"), enclosing + 1) for kv in items)
 
 
 def _json_int(value: Any) -> int | None:
@@ -348,7 +526,10 @@ def decode_otlp_json(doc: Any, matcher: Matcher, location: str = "", strict: boo
                     raise TypeError(f"name must be a string, got {type(name).__name__}")
                 name = clean_text(name)
                 if problem := _id_problem(name, tid, sid, pid):
-                    raise _BadId(f"{span_path}: {problem}")
+                    raise _BadSpan(f"{span_path}: {problem}")
+                if _json_span_too_deep(span):
+                    raise _BadSpan(f"{span_path}: span {name[:64]!r}: a value is nested more than {MAX_VALUE_NESTING} "
+                                 "deep, past the limit")
                 attrs = {}
                 for kv in span.get("attributes") or ():
                     key = kv.get("key") if isinstance(kv, dict) else None
@@ -356,7 +537,7 @@ def decode_otlp_json(doc: Any, matcher: Matcher, location: str = "", strict: boo
                         attrs[key] = json_any_value(kv.get("value"))
                 start = _json_int(span.get("startTimeUnixNano") or 0) or 0
                 error = _json_status_error(span.get("status"))
-            except _BadId as exc:
+            except _BadSpan as exc:
                 if strict:
                     raise DecodeError(str(exc), location or None) from None
                 out.reject(str(exc))

@@ -424,7 +424,9 @@ def scrape_server(host: str, port: int, registry: CollectorRegistry, auth: Beare
         return metrics_app(environ, start_response)
 
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-    server_class = type("ScrapeServer", (_ScrapeServer,), {"address_family": family})
+    # socketserver listens with a backlog of 5: a burst of scrapers would see dropped connections
+    server_class = type("ScrapeServer", (_ScrapeServer,), {"address_family": family,
+                                                           "request_queue_size": socket.SOMAXCONN})
     handler_class = type("ScrapeHandler", (_ScrapeHandler,), {"timeout": read_timeout})
     httpd = make_server(host, port, app, server_class, handler_class=handler_class)
     threading.Thread(target=httpd.serve_forever, name="prometheus-scrape", daemon=True).start()

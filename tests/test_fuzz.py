@@ -103,8 +103,8 @@ values = st.recursive(
 
 @st.composite
 def deep_values(draw) -> Value:
-    """A value nested deeper than the decoder keeps (9 to 20 levels of arrays and kvlists: deeper is past
-    protobuf's own parse depth of 100 messages, an undecodable request, tested in test_reliability)."""
+    """A value nested deeper than the decoder keeps (9 to 20 levels of arrays and kvlists; past 100, its
+    span is rejected: tested in test_native_decode and test_receiver_hardening)."""
     value: Value = draw(leaf)
     for kind in draw(st.lists(st.sampled_from("ak"), min_size=9, max_size=20)):
         value = ("a", [value]) if kind == "a" else ("kv", [("k", value)])

@@ -1,4 +1,5 @@
-"""The compiled decoder (native/, ``agenteval_native``) against the reference, protobuf + ``decode_request``.
+"""The compiled decoder (native/, ``agenteval_native``) against the reference, protobuf + ``decode_request``
+(:func:`decode_protobuf`).
 
 For every payload, :func:`decode_bytes` must give exactly what the Python path gives (the same
 :class:`Decoded`, or the same exception type), and the native decoder alone either the same result or
@@ -50,7 +51,8 @@ from collector.decode import (
     Decoded,
     count_spans,
     decode_bytes,
-    decode_request,
+    decode_protobuf,
+    parse_request,
     span_count,
 )
 from collector.journal import _decode, _encode
@@ -127,7 +129,7 @@ def _lone_surrogate(text: str) -> bool:
 
 
 def reference(payload: bytes) -> tuple:
-    return outcome(lambda: result(decode_request(ExportTraceServiceRequest.FromString(payload), MATCHER)))
+    return outcome(lambda: result(decode_protobuf(payload, MATCHER)))
 
 
 def received(payload: bytes) -> tuple:
@@ -137,7 +139,8 @@ def received(payload: bytes) -> tuple:
     counted = outcome(lambda: count_spans(payload))
     assert counted[0] == decoded[0]
     if counted[0] == "ok":
-        assert counted[1] == span_count(ExportTraceServiceRequest.FromString(payload))
+        request, too_deep = parse_request(payload)
+        assert counted[1] == span_count(request) + len(too_deep)
     return decoded
 
 
@@ -363,10 +366,16 @@ def attr(value: bytes, key: bytes = WANTED_KEY) -> bytes:
     return ld(9, ld(1, key) + ld(2, value))
 
 
-def nested(levels: int) -> bytes:
-    value = tag(3, 0) + varint(1)
+def nested(levels: int, value: bytes = tag(3, 0) + varint(1)) -> bytes:
     for _ in range(levels):
         value = ld(5, ld(1, value))
+    return value
+
+
+def kvlists(levels: int) -> bytes:
+    value = tag(3, 0) + varint(1)
+    for _ in range(levels):
+        value = ld(6, ld(1, ld(1, b"k") + ld(2, value)))
     return value
 
 
@@ -414,9 +423,22 @@ CASES: dict[str, tuple[bytes, str]] = {
     "start time as a varint": (request_of(SPAN + tag(7, 0) + varint(5)), "protobuf"),
     "status as a varint": (request_of(SPAN + tag(15, 0) + varint(5)), "protobuf"),
     "unknown group": (request_of(SPAN + tag(99, 3) + tag(1, 0) + varint(1) + tag(99, 4)), "protobuf"),
-    "nested 31 deep": (request_of(SPAN + attr(nested(31), b"other")), "protobuf"),
-    "nested 31 deep, wanted": (request_of(SPAN + attr(nested(31))), "protobuf"),
-    "nested 60 deep": (request_of(SPAN + attr(nested(60))), "error"),
+    "nested 31 deep": (request_of(SPAN + attr(nested(31), b"other")), "native"),
+    "nested 31 deep, wanted": (request_of(SPAN + attr(nested(31))), "native"),
+    "nested 60 deep": (request_of(SPAN + attr(nested(60))), "native"),
+    "nested 100 deep": (request_of(SPAN + attr(nested(100), b"other")), "native"),
+    "kvlists 40 deep": (request_of(SPAN + attr(kvlists(40))), "native"),
+    "kvlists 100 deep": (request_of(SPAN + attr(kvlists(100), b"other")), "protobuf"),
+    **{f"rejected: nested {levels} deep{where}": (request_of(SPAN + fields), "protobuf") for levels in (101, 5000)
+       for where, fields in {"": attr(nested(levels), b"other"), ", kvlists": attr(kvlists(levels)),
+                             " in an event": ld(11, ld(3, ld(1, b"k") + ld(2, nested(levels)))),
+                             " in a link": ld(13, ld(4, ld(1, b"k") + ld(2, nested(levels)))),
+                             ", invalid UTF-8 past the limit": attr(nested(levels, ld(1, b"\xff")))}.items()},
+    "a resource value nested 101 deep": (request_of(SPAN, resource=ld(1, ld(1, b"k") + ld(2, nested(101)))),
+                                         "error"),
+    "a scope value nested 101 deep": (request_of(SPAN, scope=ld(3, ld(1, b"k") + ld(2, nested(101)))), "error"),
+    "nested 101 deep, malformed elsewhere": (request_of(SPAN + attr(nested(101), b"other") + ld(5, b"\xff")),
+                                             "protobuf"),
     "field number 0": (b"\x00\x01", "error"),
     "wire type 6": (tag(1, 6), "error"),
     "wire type 7 in a span": (request_of(SPAN + tag(20, 7)), "error"),
@@ -457,6 +479,8 @@ def test_hand_made_requests_decode_identically(name: str) -> None:
     expected = assert_parity(payload)
     assert expected[0] == ("raised" if answers == "error" else "ok"), expected
     assert (decode._native_decode(payload, MATCHER) is not None) == (answers == "native")
+    if name.startswith("rejected: nested"):
+        assert expected[1][1:] == (1, 0, ["span 'chat gpt-4o': a value is nested more than 100 deep, past the limit"])
 
 
 def test_every_truncation_of_a_request_decodes_identically() -> None:

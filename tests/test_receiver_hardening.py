@@ -23,6 +23,7 @@ import grpc
 import pytest
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from collector.budget import decode_working_set
 from collector.config import ConfigError, load_config
@@ -529,6 +530,25 @@ def budgeted(tmp_path_factory):
         "receivers": {"max_inflight_bytes": BUDGET}, "assembly": {"retry_after": 1.0}})
     for answer in (post(proc.http, valid_request()[0])[0], grpc_raw(proc.grpc, valid_request()[0])[0]):
         assert answer in (200, grpc.StatusCode.OK)  # warm: what the first requests load is not load
+
+
+# --- 7. nested attribute values (issue 32, item 8) -----------------------------------------------
+
+@pytest.fixture(scope="module", params=["native", "python"])
+def by_decoder(request, tmp_path_factory):
+    """A collector decoding protobuf with the compiled decoder, or with protobuf alone (an
+    ``agenteval_native`` module on PYTHONPATH that fails to import hides the compiled one)."""
+    tmp = tmp_path_factory.mktemp(f"decoder-{request.param}")
+    env = {}
+    if request.param == "python":
+        (tmp / "hide").mkdir()
+        (tmp / "hide" / "agenteval_native.py").write_text("raise ImportError('hidden by the test')\n")
+        env["PYTHONPATH"] = str(tmp / "hide")
+    proc = CollectorProcess(tmp, env=env)
+    started = next(e for e in proc.log_events() if "decoder" in e)
+    if request.param == "native" and started["decoder"] != "native":
+        pytest.skip("agenteval_native is not installed: `make install` builds it (needs Rust)")
+    assert started["decoder"] == request.param
     yield proc
     proc.stop()
 
@@ -613,3 +633,104 @@ def test_a_gzip_bomb_is_refused_at_the_size_limit(collector):
     status, payload, headers = post(collector.http, bomb, headers={"Content-Encoding": "gzip"})
     assert status == 413 and "limit" in status_message(payload, headers)
     healthy(collector)
+
+
+def nested_value(levels: int, kind: str):
+    """An AnyValue holding a string ``levels`` arrays / kvlists deep."""
+    value = AnyValue(string_value="leaf")
+    for _ in range(levels):
+        outer = AnyValue()
+        if kind == "kvlist":
+            outer.kvlist_value.values.add(key="k").value.CopyFrom(value)
+        else:
+            outer.array_value.values.add().CopyFrom(value)
+        value = outer
+    return value
+
+
+def with_deep_span(levels: int, kind: str):
+    """A request holding a good trace, and another trace one of whose spans has an attribute
+    ``levels`` deep; returns it with both trace ids."""
+    spans, (good, other) = record([SCENARIOS["pass"][0], SCENARIOS["pass"][0]])
+    request = export_request(spans)
+    deep = next(s for ss in request.resource_spans[0].scope_spans for s in ss.spans if s.trace_id.hex() == other
+                and s.parent_span_id)
+    deep.attributes.add(key="app.payload").value.CopyFrom(nested_value(levels, kind))
+    return request, good, other
+
+
+def deep_json(request) -> dict:
+    """``request`` as OTLP/JSON (``to_otlp_json`` recurses too deep for these values, so they are
+    converted here)."""
+    shallow, deep = type(request)(), {}
+    shallow.CopyFrom(request)
+    for span in (s for rs in shallow.resource_spans for ss in rs.scope_spans for s in ss.spans):
+        for i, kv in enumerate(span.attributes):
+            if kv.key == "app.payload":
+                deep[span.span_id.hex()] = kv.value
+                del span.attributes[i]
+                break
+    doc = to_otlp_json(shallow)
+    for span in (s for rs in doc["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]):
+        if span["spanId"] in deep:
+            span["attributes"].append({"key": "app.payload", "value": json_value(deep[span["spanId"]])})
+    return doc
+
+
+def json_value(value) -> dict:
+    if value.HasField("kvlist_value"):
+        return {"kvlistValue": {"values": [{"key": kv.key, "value": json_value(kv.value)}
+                                           for kv in value.kvlist_value.values]}}
+    if value.HasField("array_value"):
+        return {"arrayValue": {"values": [json_value(v) for v in value.array_value.values]}}
+    return {"stringValue": value.string_value}
+
+
+def send(proc: CollectorProcess, transport: str, request) -> tuple[int, str]:
+    """Export ``request`` over ``transport``; returns (rejected spans, partial_success message)."""
+    if transport == "grpc":
+        code, response, _ = grpc_raw(proc.grpc, request.SerializeToString())
+        assert code is grpc.StatusCode.OK, response
+        return response.partial_success.rejected_spans, response.partial_success.error_message
+    if transport == "json":
+        status, payload, _ = post(proc.http, json.dumps(deep_json(request)).encode(), JSON)
+        assert status == 200, payload
+        partial = json.loads(payload).get("partialSuccess", {})
+        return int(partial.get("rejectedSpans", 0)), partial.get("errorMessage", "")
+    status, payload, _ = post(proc.http, request.SerializeToString())
+    assert status == 200, payload
+    partial = ExportTraceServiceResponse.FromString(payload).partial_success
+    return partial.rejected_spans, partial.error_message
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http", "json"])
+@pytest.mark.parametrize("kind", ["kvlist", "array"])
+def test_a_legal_deep_value_keeps_its_span_and_its_neighbours(by_decoder, transport, kind):
+    """40 and 100 nested values are legal OTLP: every span is taken and both runs are stored."""
+    for levels in (40, 100):
+        request, good, other = with_deep_span(levels, kind)
+        assert send(by_decoder, transport, request) == (0, "")
+        assert by_decoder.run(good)["status"] == "PASS"
+        assert by_decoder.run(other)["status"] == "PASS"
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http", "json"])
+@pytest.mark.parametrize("kind", ["kvlist", "array"])
+@pytest.mark.parametrize("levels", [101, 150])
+def test_a_too_deep_value_rejects_its_span_only(by_decoder, transport, kind, levels):
+    request, good, _ = with_deep_span(levels, kind)
+    rejected, message = send(by_decoder, transport, request)
+    assert rejected == 1 and "nested more than 100 deep" in message, message
+    assert by_decoder.run(good)["status"] == "PASS"
+
+
+# --- 8. the metrics port's listen backlog (issue 32, item 9) --------------------------------------
+
+def test_the_metrics_port_queues_a_flood_of_connections(collector):
+    """The scrape server listens with the system's usual backlog, not socketserver's 5 (under a
+    connection flood, the kernel dropped most SYNs). ``ss`` shows a listening socket's backlog as
+    its Send-Q."""
+    port = urlsplit(collector.prometheus).port
+    listening = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True,
+                               check=True).stdout.split()
+    assert len(listening) >= 3 and int(listening[2]) >= 128, listening

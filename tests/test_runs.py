@@ -4,6 +4,10 @@ to real OTLP protobuf and decoded as the receivers do; the assembler runs on a c
 
 from __future__ import annotations
 
+import random
+import sys
+from pathlib import Path
+
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -12,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from collector.assembler import Assembler
 from collector.config import CollectorConfig
-from collector.decode import decode_request
+from collector.decode import decode_bytes, decode_request
 from collector.reconcile import reconcile
 
 CONFIG = CollectorConfig()
@@ -392,3 +396,21 @@ def test_a_parent_cycle_through_the_root_is_reconciled_at_the_quiet_period_not_t
     clock.now += CONFIG.assembly.quiet_period
     (item,) = assembler.sweep()  # at once: nothing outside a cycle can ever resolve it
     assert {e.executor_id: e.verdict.value for e in reconcile(item.run).executors} == {"writer": "Agree"}
+
+
+def test_the_bench_workload_traces_pass():
+    """The benches measure the collector on passing runs: a workload trace reconciles as PASS (its
+    ledger's finish reasons were once written as the text "['stop']", a FinishMismatch)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    from workload import encode, trace_spans
+
+    clock = Clock()
+    assembler = Assembler(CONFIG.assembly, MATCHER, clock)
+    for body in encode([trace_spans(random.Random(seed)) for seed in range(5)]):
+        assembler.offer(decode_bytes(body, MATCHER).spans)
+    clock.now += CONFIG.assembly.max_trace_wait + 1
+    finalized = assembler.sweep()
+    assert len(finalized) == 5
+    for item in finalized:
+        result = reconcile(item.run)
+        assert {e.verdict.value for e in result.executors} == {"Agree"} and result.status.value == "PASS"

@@ -5,8 +5,9 @@
 //! answers `None` ("not certain") for anything whose result it could get wrong: malformed wire data,
 //! invalid UTF-8 in any string field (protobuf refuses the request), a known field with another wire
 //! type, groups, a repeated singular message (protobuf would merge it), several `AnyValue` members,
-//! fields whose meaning depends on the proto version installed, or nesting near protobuf's depth
-//! limit. The caller then decodes the request with protobuf, which gives the same answer, or raises.
+//! fields whose meaning depends on the proto version installed, or nesting that may pass
+//! `MAX_VALUE_NESTING`. The caller then decodes the request with protobuf, which gives the same
+//! answer, or raises.
 //!
 //! In the same pass it writes the spans' crash-journal line (`collector.journal._encode`), so the
 //! journal costs the event loop no Python work per span.
@@ -16,8 +17,11 @@ use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
 use rustc_hash::FxHashMap;
 use std::sync::Mutex;
 
-/// Message nesting past which a request is left to protobuf (upb refuses past 100 levels).
-const MAX_DEPTH: u32 = 64;
+/// Message nesting past which a request is left to protobuf (`collector.decode.parse_request`): the
+/// shallowest an attribute value nested past `MAX_VALUE_NESTING` (100) can be is 207 (a resource
+/// attribute's value is 5 messages deep, each array adds 2), so every request within it takes its
+/// values whole and none of its spans is rejected for nesting.
+const MAX_DEPTH: u32 = 206;
 
 /// "Not certain to decode this exactly as protobuf does": the caller falls back to protobuf.
 struct Bail;

@@ -18,6 +18,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+from typer._click import Context, HelpFormatter  # typer's own click: no click of its own since 0.20
+from typer.core import TyperGroup
 
 from collector.config import CollectorConfig, ConfigError, load_config, split_endpoint
 from collector.journal import JournalError
@@ -27,8 +29,23 @@ from collector.reconcile import reconcile
 from collector.render import demo_table, print_run, runs_table, shown
 from collector.store import RunStore, StoredRun, StoreError, StoreUnavailable, instance_name, open_store
 
+
+
+class _WholeDescriptions(TyperGroup):
+    """A group's help lists each command with its whole first sentence: click cuts it at the line's
+    end, with "...", however much the reader needed the rest."""
+
+    def format_commands(self, ctx: Context, formatter: HelpFormatter) -> None:
+        rows = [(name, command.get_short_help_str(limit=sys.maxsize)) for name in self.list_commands(ctx)
+                if (command := self.get_command(ctx, name)) is not None and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
 #: Plain (click) help: typer's rich help labels every flag ``<bool>`` and splits long choice lists.
-_HELP = {"no_args_is_help": True, "rich_markup_mode": None}
+#: Every option that takes a value names it (``metavar``): typer's default is the Python type (``<str>``).
+_HELP = {"no_args_is_help": True, "rich_markup_mode": None, "cls": _WholeDescriptions}
 app = typer.Typer(help="Workflow fidelity: framework accounting vs the chat boundary, per agent.",
                   add_completion=False, **_HELP)
 bench_app = typer.Typer(help="Offline reconciliation of recorded traces.", **_HELP)
@@ -64,8 +81,8 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else _WIDTH)
 #: With several runs in one file, the process exits with the most severe status.
 SEVERITY = (Status.FAIL, Status.PENDING, Status.WARN, Status.PASS)
 
-StoreOpt = Annotated[Optional[str], typer.Option("--store", help="Run store: a SQLite path or a postgresql:// URL (default: the config's store.url, else $AGENTEVAL_STORE, else the user data dir).")]
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="Collector YAML config (default: embedded defaults).")]
+StoreOpt = Annotated[Optional[str], typer.Option("--store", metavar="<path|url>", help="Run store: a SQLite path or a postgresql:// URL (default: the config's store.url, else $AGENTEVAL_STORE, else the user data dir).")]
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", metavar="<file>", help="Collector YAML config (default: embedded defaults).")]
 
 
 class _Fatal(Exception):
@@ -141,11 +158,11 @@ STORE_BATCH = 500
 
 @bench_app.command("workflow-trace-fidelity")
 def bench_workflow_trace_fidelity(
-    workflow_trace: Annotated[Path, typer.Option("--workflow-trace", help="AgentEval WorkflowTrace JSON, workflow-trace/v1 JSON, OTLP JSON or OTLP JSON Lines (detected by content); - reads standard input.")],
-    subject: Annotated[str, typer.Option("--subject", help="What is being evaluated (recorded on the run).")],
+    workflow_trace: Annotated[Path, typer.Option("--workflow-trace", metavar="<file|->", help="AgentEval WorkflowTrace JSON, workflow-trace/v1 JSON, OTLP JSON or OTLP JSON Lines (detected by content); - reads standard input.")],
+    subject: Annotated[str, typer.Option("--subject", metavar="<name>", help="What is being evaluated (recorded on the run).")],
     preset: Annotated[Preset, typer.Option("--preset", help="Informational; never changes scoring.")] = "standard",
     as_json: Annotated[bool, typer.Option("--json", help='Print {"runs": [...], "status", "exit_code"}, one run per line (schema: collector/schemas/run.schema.json).')] = False,
-    trace_window: Annotated[int, typer.Option("--trace-window", min=0, help="JSON Lines: spans read after a trace's last span before it is reconciled (its root must have arrived).")] = TRACE_WINDOW,
+    trace_window: Annotated[int, typer.Option("--trace-window", min=0, metavar="<spans>", help="JSON Lines: spans read after a trace's last span before it is reconciled (its root must have arrived).")] = TRACE_WINDOW,
     store: StoreOpt = None,
     config: ConfigOpt = None,
 ) -> None:
@@ -218,11 +235,11 @@ def bench_workflow_trace_fidelity(
 
 @runs_app.command("list")
 def runs_list(
-    status: Annotated[Optional[list[str]], typer.Option("--status", help="Only this status: PASS, WARN, FAIL or PENDING (repeatable).")] = None,
-    subject: Annotated[Optional[str], typer.Option("--subject", help="Only runs of this subject.")] = None,
+    status: Annotated[Optional[list[str]], typer.Option("--status", metavar="<PASS|WARN|FAIL|PENDING>", help="Only this status: PASS, WARN, FAIL or PENDING (repeatable).")] = None,
+    subject: Annotated[Optional[str], typer.Option("--subject", metavar="<name>", help="Only runs of this subject.")] = None,
     maf_release: Annotated[Optional[str], typer.Option(
-        "--maf-release", help="Only runs whose spans came from this agent-framework-core release (1.26.0, or 1.26 for every 1.26.x).")] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1)] = 50,
+        "--maf-release", metavar="<version>", help="Only runs whose spans came from this agent-framework-core release (1.26.0, or 1.26 for every 1.26.x).")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, metavar="<n>", help="At most this many runs.")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array of runs (schema: collector/schemas/run.schema.json).")] = False,
     store: StoreOpt = None,
     config: ConfigOpt = None,
@@ -237,7 +254,7 @@ def runs_list(
     if as_json:
         print(json.dumps(rows, indent=2))
     elif rows:
-        out.print(runs_table(rows))
+        out.print(runs_table(rows, out.width))
     else:
         given = [f"{flag} {value}" for flag, values in (("--status", statuses), ("--subject", [subject] if subject else []),
                                                          ("--maf-release", [maf_release] if maf_release else []))
@@ -247,12 +264,16 @@ def runs_list(
 
 @runs_app.command("show")
 def runs_show(
-    run_id: Annotated[str, typer.Argument(help="Run id (a unique prefix is enough).")],
+    # described in the docstring: typer would label the argument with its Python type, <str>
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", hidden=True)],
     as_json: Annotated[bool, typer.Option("--json", help="Print the run as JSON (schema: collector/schemas/run.schema.json).")] = False,
     store: StoreOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Show one stored run with per-unit evidence."""
+    """Show one stored run with per-unit evidence.
+
+    RUN_ID: the run's id, or a unique prefix of it (as `runs list` and `watch` show it).
+    """
     db = _open_store(store, _config(config) if config else None, existing=True)
     try:
         doc = db.get_run(run_id)
@@ -302,12 +323,12 @@ def collector_serve(
 
 @app.command("demo")
 def demo_command(
-    endpoint: Annotated[Optional[str], typer.Option("--endpoint", help="The collector's OTLP endpoint (default: 127.0.0.1:4317 for grpc, http://127.0.0.1:4318 for http/protobuf).")] = None,
-    protocol: Annotated[str, typer.Option("--protocol", help="grpc or http/protobuf.")] = "grpc",
-    api: Annotated[Optional[str], typer.Option("--api", help="The collector's gRPC port (host:port), where the verdicts are read back (default: --endpoint for grpc; for http/protobuf, --endpoint's host on port 4317). Behind an OpenTelemetry Collector, an agenteval replica's port.")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the verdicts.")] = 30.0,
-    token_env: Annotated[str, typer.Option("--token-env", help="Environment variable holding the bearer token, if auth is on.")] = "AGENTEVAL_TOKEN",
-    ca_file: Annotated[Optional[Path], typer.Option("--ca-file", help="CA bundle (PEM): connect with TLS.")] = None,
+    endpoint: Annotated[Optional[str], typer.Option("--endpoint", metavar="<host:port|url>", help="The collector's OTLP endpoint (default: 127.0.0.1:4317 for grpc, http://127.0.0.1:4318 for http/protobuf).")] = None,
+    protocol: Annotated[str, typer.Option("--protocol", metavar="<grpc|http/protobuf>", help="The OTLP protocol.")] = "grpc",
+    api: Annotated[Optional[str], typer.Option("--api", metavar="<host:port>", help="The collector's gRPC port (host:port), where the verdicts are read back (default: --endpoint for grpc; for http/protobuf, --endpoint's host on port 4317). Behind an OpenTelemetry Collector, an agenteval replica's port.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", metavar="<seconds>", help="Seconds to wait for the verdicts.")] = 30.0,
+    token_env: Annotated[str, typer.Option("--token-env", metavar="<variable>", help="Environment variable holding the bearer token, if auth is on.")] = "AGENTEVAL_TOKEN",
+    ca_file: Annotated[Optional[Path], typer.Option("--ca-file", metavar="<file>", help="CA bundle (PEM): connect with TLS.")] = None,
 ) -> None:
     """Run real MAF workflows (scripted chat client, no network) against a running collector and show
     the verdicts it reached, read back over its gRPC API whatever store it uses.
@@ -352,11 +373,11 @@ def demo_command(
     for r in results:
         if out.width < 100:
             out.print(f"  {r.name}: {r.about}", highlight=False)
+        if r.run:
+            out.print(f"  {r.name}: [dim]agenteval runs show {r.run['run_id'][:12]}[/]", highlight=False)
         for e in (r.run or {}).get("executors", []):
             if e["no_truth_reason"]:
                 out.print(f"  {r.name}/{shown(e['executor_id'])}: {e['no_truth_reason']} - {e['no_truth_explanation']}")
-        if r.run:
-            out.print(f"    [dim]agenteval runs show {r.run['run_id'][:12]}[/]")
     if any(r.run for r in results) and endpoint not in ("127.0.0.1:4317", "http://127.0.0.1:4318"):
         out.print("[dim](with the collector's --config, or --store, unless it uses the default store)[/]")
     missing = [r.name for r in results if r.run is None]
@@ -369,15 +390,15 @@ def demo_command(
 
 @app.command("watch")
 def watch_command(
-    endpoint: Annotated[str, typer.Option("--endpoint", help="The collector's gRPC port (host:port).")] = "127.0.0.1:4317",
-    subject: Annotated[Optional[str], typer.Option("--subject", help="Only runs of this subject.")] = None,
-    status: Annotated[Optional[list[str]], typer.Option("--status", help="Only this status (repeatable).")] = None,
-    rows: Annotated[int, typer.Option("--rows", min=1, help="Runs kept in the live table.")] = 20,
-    replay: Annotated[Optional[int], typer.Option("--replay", min=0, help="Recent stored runs shown on (re)connect (default: --rows).")] = None,
-    count: Annotated[Optional[int], typer.Option("--count", min=1, help="Exit 0 after this many new verdicts (runs replayed on connect are shown but not counted).")] = None,
+    endpoint: Annotated[str, typer.Option("--endpoint", metavar="<host:port>", help="The collector's gRPC port.")] = "127.0.0.1:4317",
+    subject: Annotated[Optional[str], typer.Option("--subject", metavar="<name>", help="Only runs of this subject.")] = None,
+    status: Annotated[Optional[list[str]], typer.Option("--status", metavar="<PASS|WARN|FAIL|PENDING>", help="Only this status (repeatable).")] = None,
+    rows: Annotated[int, typer.Option("--rows", min=1, metavar="<n>", help="Runs kept in the live table.")] = 20,
+    replay: Annotated[Optional[int], typer.Option("--replay", min=0, metavar="<n>", help="Recent stored runs shown on (re)connect (default: --rows).")] = None,
+    count: Annotated[Optional[int], typer.Option("--count", min=1, metavar="<n>", help="Exit 0 after this many new verdicts (runs replayed on connect are shown but not counted).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON Lines: one run per line (schema: collector/schemas/run.schema.json).")] = False,
-    token_env: Annotated[str, typer.Option("--token-env", help="Environment variable holding the bearer token, if auth is on.")] = "AGENTEVAL_TOKEN",
-    ca_file: Annotated[Optional[Path], typer.Option("--ca-file", help="CA bundle (PEM): connect with TLS.")] = None,
+    token_env: Annotated[str, typer.Option("--token-env", metavar="<variable>", help="Environment variable holding the bearer token, if auth is on.")] = "AGENTEVAL_TOKEN",
+    ca_file: Annotated[Optional[Path], typer.Option("--ca-file", metavar="<file>", help="CA bundle (PEM): connect with TLS.")] = None,
 ) -> None:
     """Follow run verdicts live as the collector stores them; reconnects if the collector restarts."""
     import os

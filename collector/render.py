@@ -135,28 +135,59 @@ def print_run(console: Console, run: dict[str, Any]) -> None:
         console.print(f"  {run['coverage_note']}", markup=False)
 
 
-def runs_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(title="runs, newest first")
-    table.add_column("run id", overflow="fold")  # whole, to copy into `runs show`, even when narrow
-    table.add_column("updated (UTC)")
-    table.add_column("subject", overflow="fold")
+#: Narrower than this, `runs list` shows each run id as a prefix `runs show` takes (a live run's id
+#: is 49 characters), and leaves out the source and revision.
+WHOLE_IDS_WIDTH = 140
+
+
+def runs_table(rows: list[dict[str, Any]], width: int = 160) -> Table:
+    """Each run id on one line, to copy into ``runs show``: whole, or below WHOLE_IDS_WIDTH the
+    shortest prefix that tells it from the other runs listed (at least 16 characters)."""
+    whole = width >= WHOLE_IDS_WIDTH
+    ids = {r["run_id"]: r["run_id"] for r in rows} if whole else distinct_prefixes([r["run_id"] for r in rows])
+    table = Table(title="runs, newest first" if whole else "runs, newest first (run ids shortened to a unique prefix)")
+    table.add_column("run id", no_wrap=True)
+    table.add_column("updated (UTC)", overflow="fold", min_width=10)
+    table.add_column("subject", overflow="fold", ratio=1)
     for col in ("status", "score", "checked"):
         table.add_column(col, no_wrap=True)
-    table.add_column("source", overflow="fold")
-    table.add_column("MAF", no_wrap=True)
-    table.add_column("rev", no_wrap=True)
+    if whole:
+        table.add_column("source", overflow="fold", ratio=1)
+    if width >= 100:
+        table.add_column("MAF", no_wrap=True)
+    if whole:
+        table.add_column("rev", no_wrap=True)
     for r in rows:
-        run_id = r["run_id"]
-        if r["trace_id"] and not run_id.startswith(r["trace_id"]):
-            run_id += f"\n[dim]trace {r['trace_id']}[/]"
+        run_id = ids[r["run_id"]]
+        if r["trace_id"] and not r["run_id"].startswith(r["trace_id"]):
+            run_id += f"\n[dim]trace {r['trace_id'] if whole else r['trace_id'][:16]}[/]"
         updated = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r["updated_at"])) if r.get("updated_at") else "-"
-        table.add_row(
-            run_id, updated, shown(r["subject"] or "-"),
-            f"[{STATUS_STYLE[r['status']]}]{r['status']}[/]" + ("\n[dim]incomplete[/]" if r["incomplete"] else ""),
-            fmt_score(r["score"]), f"{r['checked']}/{r['checked'] + r['unchecked']}", shown(r["source"]),
-            shown(r.get("maf_release") or "-"), str(r["revision"]),
-        )
+        cells = [run_id, updated, shown(r["subject"] or "-"),
+                 f"[{STATUS_STYLE[r['status']]}]{r['status']}[/]" + ("\n[dim]incomplete[/]" if r["incomplete"] else ""),
+                 fmt_score(r["score"]), f"{r['checked']}/{r['checked'] + r['unchecked']}"]
+        if whole:
+            cells.append(shown(r["source"]))
+        if width >= 100:
+            cells.append(shown(r.get("maf_release") or "-"))
+        if whole:
+            cells.append(str(r["revision"]))
+        table.add_row(*cells)
     return table
+
+
+def distinct_prefixes(run_ids: list[str], shortest: int = 16) -> dict[str, str]:
+    """Each run id cut to the shortest prefix (at least ``shortest`` characters) no other shown id
+    starts with, so two runs of one trace (ids ``<trace id>-<span id>``) stay apart, and what
+    is shown is what ``runs show`` takes."""
+    ordered = sorted(run_ids)
+    out = {}
+    for index, run_id in enumerate(ordered):
+        length = shortest
+        for other in ordered[max(index - 1, 0):index] + ordered[index + 1:index + 2]:  # the nearest in order
+            common = next((i for i, (a, b) in enumerate(zip(run_id, other)) if a != b), min(len(run_id), len(other)))
+            length = max(length, common + 1)
+        out[run_id] = run_id[:length]
+    return out
 
 
 def demo_table(results: list, width: int = 160) -> Table:

@@ -1,4 +1,5 @@
-"""The read-only run page on the collector's HTTP port: ``/runs`` and ``/runs/{id}``.
+"""The read-only run page on the collector's HTTP port: ``/runs``, ``/runs/{id}`` and the stored
+document itself, ``/runs/{id}.json``.
 
 Server-rendered (jinja2, autoescaped) from the stored run documents, so it needs no JavaScript and
 shows exactly what ``agenteval runs show`` shows: numbers, reasons and span ids, never prompt text.
@@ -18,6 +19,7 @@ from aiohttp import web
 from collector.assembler import Failure
 from collector.model import Status
 from collector.security import BearerAuth
+from collector.serialize import to_json
 from collector.store import RETRY_READ_AFTER, UNREADABLE, RunStore, StoreError
 
 log = structlog.get_logger("agenteval.collector")
@@ -30,6 +32,7 @@ _env = jinja2.Environment(loader=jinja2.PackageLoader("collector", "templates"),
 _env.filters["score"] = lambda v: "–" if v is None else f"{v:.3f}"
 _env.filters["num"] = lambda v: "–" if v is None else f"{v:,}"
 _env.filters["when"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t else "–"
+_env.filters["seconds"] = lambda s: "–" if s is None else f"{s:,.3g} s" if s < 100 else f"{s:,.0f} s"
 _env.globals["statuses"] = [s.value for s in Status]
 
 
@@ -46,6 +49,7 @@ class RunPage:
         app.router.add_get("/", lambda _: web.HTTPFound("/runs"))
         app.router.add_get("/runs", self.runs)
         app.router.add_get("/runs/", lambda _: web.HTTPFound("/runs"))
+        app.router.add_get("/runs/{run_id}.json", self.run_json)  # before /runs/{run_id}, which would take it
         app.router.add_get("/runs/{run_id}", self.run)
 
     def _page(self, template: str, http_status: int = 200, **context: Any) -> web.Response:
@@ -85,6 +89,19 @@ class RunPage:
                                 True)  # with each run's units and reasons
         return self._page("runs.html", rows=rows, status=status, subject=subject or "", limit=limit,
                           failures=list(self.failures())[::-1])
+
+    async def run_json(self, request: web.Request) -> web.Response:
+        """The stored run document, as ``agenteval runs show --json`` prints it."""
+        if denied := self._denied(request):
+            return denied
+        run_id = request.match_info["run_id"]
+        doc = await self._read(self.store.get_run, run_id)
+        headers = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+        if doc is None:
+            message = await self._read(self.store.missing_run, run_id, True)
+            return web.Response(body=to_json({"error": message}), status=404, content_type="application/json",
+                                headers=headers)
+        return web.Response(body=to_json(doc), content_type="application/json", headers=headers)
 
     async def run(self, request: web.Request) -> web.Response:
         if denied := self._denied(request):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ from rich.text import Text
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
 from collector.model import Verdict
-from collector.render import STATUS_STYLE, fmt_score, shown
+from collector.render import STATUS_STYLE, VERDICT_STYLE, distinct_prefixes, fmt_score, shown
 from collector.wire import status_number, to_doc
 
 #: Errors that retrying cannot fix: the watcher exits 1 with the server's message.
@@ -65,6 +66,12 @@ def no_truth_summary(doc: dict[str, Any]) -> str:
     return ", ".join(f"{n}x {reason}" if n > 1 else reason for reason, n in sorted(reasons.items()))
 
 
+def diverged_units(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """(unit, verdict) of each checked unit whose accounting diverged."""
+    return [(shown(e["executor_id"]), e["verdict"]) for e in doc["executors"]
+            if e["verdict"] not in (Verdict.AGREE, Verdict.NO_TRUTH)]
+
+
 def run_line(doc: dict[str, Any]) -> str:
     """The piped form of one verdict: fixed fields first, so it greps and cuts well."""
     stamp = time.strftime("%H:%M:%S", time.localtime(doc["updated_at"])) if doc.get("updated_at") else "-"
@@ -72,9 +79,8 @@ def run_line(doc: dict[str, Any]) -> str:
     parts = [stamp, f"{doc['status']:<7}", f"score={fmt_score(doc['score'])}",
              f"checked={doc['checked']}/{total}", f"rev={doc['revision']}", f"run={doc['run_id']}",
              f"subject={shown(doc['subject'] or '-')}"]
-    if diverged := [f"{shown(e['executor_id'])}:{e['verdict']}" for e in doc["executors"]
-                    if e["verdict"] not in (Verdict.AGREE, Verdict.NO_TRUTH)]:
-        parts.append("diverged=" + ",".join(diverged).replace(" ", "_"))
+    if diverged := diverged_units(doc):
+        parts.append("diverged=" + ",".join(f"{unit}:{verdict}" for unit, verdict in diverged).replace(" ", "_"))
     if reasons := no_truth_summary(doc):
         parts.append(f"no_truth={reasons.replace(' ', '')}")
     if doc.get("incomplete"):
@@ -112,8 +118,8 @@ class Board:
         table.add_column("run", overflow="fold", ratio=2)
         if not narrow:
             table.add_column("rev", justify="right", **fixed)
-        table.add_column("NoTruth reasons", overflow="fold", ratio=3)
-        ids = _distinct_prefixes(list(self.runs))
+        table.add_column("diverged / NoTruth reasons", overflow="fold", ratio=3)
+        ids = distinct_prefixes(list(self.runs))
         for doc in reversed(self.runs.values()):
             stamp = time.strftime("%H:%M:%S", time.localtime(doc["updated_at"])) if doc.get("updated_at") else "-"
             cells = [stamp, f"[{STATUS_STYLE[doc['status']]}]{doc['status']}[/]", fmt_score(doc["score"]),
@@ -121,25 +127,34 @@ class Board:
                      ids[doc["run_id"]]]
             if not narrow:
                 cells.append(str(doc["revision"]))
-            table.add_row(*cells, no_truth_summary(doc) or "-")
+            units = [f"{unit} [{VERDICT_STYLE[verdict]}]{verdict}[/]" for unit, verdict in diverged_units(doc)]
+            if reasons := no_truth_summary(doc):
+                units.append(f"[{VERDICT_STYLE[Verdict.NO_TRUTH]}]NoTruth[/] {reasons}")
+            table.add_row(*cells, "\n".join(units) or "-")
         counts = Counter(d["status"] for d in self.runs.values())
         summary = "  ".join(f"[{STATUS_STYLE[s]}]{s}[/] {counts[s]}" for s in STATUS_STYLE if counts[s])
         return Group(table, Text.from_markup(f"{self.state}   {summary}"))
 
 
-def _distinct_prefixes(run_ids: list[str], shortest: int = 16) -> dict[str, str]:
-    """Each run id cut to the shortest prefix (at least ``shortest`` characters) no other shown id
-    starts with, so two runs of one trace (ids ``<trace id>-<span id>``) stay apart, and what
-    is shown is what ``runs show`` takes."""
-    ordered = sorted(run_ids)
-    out = {}
-    for index, run_id in enumerate(ordered):
-        length = shortest
-        for other in ordered[max(index - 1, 0):index] + ordered[index + 1:index + 2]:  # the nearest in order
-            common = next((i for i, (a, b) in enumerate(zip(run_id, other)) if a != b), min(len(run_id), len(other)))
-            length = max(length, common + 1)
-        out[run_id] = run_id[:length]
-    return out
+def _connect(channel: grpc.Channel, timeout: float) -> bool:
+    """Whether the channel connected (True) or failed to (False: refused, unreachable, a TLS failure),
+    without waiting out ``timeout`` for a port that refuses at once; raises FutureTimeoutError when
+    nothing answered within ``timeout`` (a silent host)."""
+    settled = threading.Event()
+    state: list[grpc.ChannelConnectivity] = []
+
+    def on_change(connectivity: grpc.ChannelConnectivity) -> None:
+        if connectivity in (grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE):
+            state.append(connectivity)
+            settled.set()
+
+    channel.subscribe(on_change, try_to_connect=True)
+    try:
+        if not settled.wait(timeout):
+            raise grpc.FutureTimeoutError()
+        return state[0] is grpc.ChannelConnectivity.READY
+    finally:
+        channel.unsubscribe(on_change)
 
 
 def stream(target: WatchTarget, replay: int, on_state: Callable[[str], None],
@@ -151,9 +166,10 @@ def stream(target: WatchTarget, replay: int, on_state: Callable[[str], None],
     while True:
         channel = target.channel()
         try:
-            grpc.channel_ready_future(channel).result(timeout=connect_timeout)
-            connected = True
-            on_state(f"connected to {target.endpoint}")
+            if _connect(channel, connect_timeout):
+                connected = True
+                on_state(f"connected to {target.endpoint}")
+            # else the call below fails at once (it does not wait for the channel), with gRPC's reason
             for message in FidelityServiceStub(channel).WatchVerdicts(target.request(replay),
                                                                       metadata=target.metadata()):
                 delay = 0.5
@@ -191,7 +207,7 @@ def watch(target: WatchTarget, console: Console, err: Console, rows: int, replay
         if live is not None:
             live.update(board.render(console.width), refresh=True)
         else:
-            err.print(state, highlight=False)
+            err.print(state, highlight=False, soft_wrap=True)
 
     if live is not None:
         live.start()

@@ -4,6 +4,7 @@ the verdicts read back over the collector's gRPC API; and the ways it must fail 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -48,6 +49,9 @@ def assert_every_verdict(proc: subprocess.CompletedProcess) -> None:
     assert table(proc.stdout) == EXPECTED
     assert "path2-pending/researcher: response_missing" in proc.stdout
     assert "path2-partial/writer: no_chat_trace" in proc.stdout
+    for name in EXPECTED:  # each `runs show` line names its workflow: bare ids could not be told apart
+        assert re.search(rf"^  {re.escape(name)}: agenteval runs show [0-9a-f]{{12}}$", proc.stdout, re.M), name
+    assert not re.search(r"^\s*agenteval runs show", proc.stdout, re.M)
     assert proc.stderr == ""
     assert not any(noise in proc.stdout for noise in NOISE)
 

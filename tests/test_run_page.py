@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import urllib.error
 import urllib.request
@@ -17,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from collector.loader import workflow_trace_run
+from collector.reconcile import reconcile
+from collector.store import StoredRun
 from conftest import AGENTEVAL, CollectorProcess, export_spans
 from mafshape import SCENARIOS, Call, Invocation, Scenario, export_request, ok, record, to_otlp_json
 
@@ -57,7 +61,8 @@ def site(tmp_path_factory):
                                          Invocation([ok(430, 20)])]}, name="second-pass")
     # MAF Python without the instrumentation: no framework ledger at all
     derived = Scenario({"writer": [Invocation([ok(420, 180)])]}, name="derived", ledger="invoke_agent")
-    more, (hostile_id, long_id, second_id, derived_id) = record([hostile, long_ids, second_pass, derived])
+    more, (hostile_id, long_id, second_id, derived_id, per_call_id) = record(
+        [hostile, long_ids, second_pass, derived, SCENARIOS["fail_under_report"][0]])
     export_spans(proc, spans + more)
     runs = {n: proc.run(i) for n, i in zip(names, ids)}
     runs["hostile"] = proc.run(hostile_id)
@@ -71,6 +76,7 @@ def site(tmp_path_factory):
                     "--subject", "bench"], env={**os.environ, "AGENTEVAL_STORE": proc.store_url},
                    check=True, capture_output=True, timeout=60)
     runs["bench"] = proc.store().list_runs(subject="bench", with_docs=True)[0]
+    runs["per_call"] = _with_per_call_evidence(proc, proc.run(per_call_id))
     yield proc, runs
     proc.stop()
 
@@ -95,6 +101,35 @@ def page(browser):
     context.set_default_timeout(5000)
     yield context.new_page()
     context.close()
+
+
+def _with_per_call_evidence(proc: CollectorProcess, run: dict) -> dict:
+    """A run document as the classifier will write it once it keeps each chat call's model, provider,
+    tokens, finish and error, the input/output split, the ledger entries and the run's service and
+    timing (issue 33; none of it is in the document yet): written into the collector's own store over
+    the run's own document, so the page is tested on the shape it will get."""
+    doc = json.loads(json.dumps(run))
+    doc.update(subject="per-call", service_name="billing-api",
+               started_at=1767225600.25, duration_s=12.5)
+    for unit in doc["executors"]:
+        ev = unit["evidence"]
+        calls = []
+        for n, span_id in enumerate(ev["chat_span_ids"]):
+            calls.append({"span_id": span_id, "model": "gpt-4o-mini", "provider": "openai",
+                          "input_tokens": 400 + n, "output_tokens": 80 + n, "total_tokens": 480 + 2 * n,
+                          "finish_reason": "stop", "error": None, "failed": False})
+        if unit["executor_id"] == "writer":
+            calls[-1].update(finish_reason=None, error="RateLimitError: 429 Too Many Requests", failed=True,
+                             output_tokens=None, total_tokens=None)
+        ev["chat_calls"] = calls
+        ev.update(framework_input_tokens=300, framework_output_tokens=240, truth_input_tokens=720,
+                  truth_output_tokens=240)
+        ev["ledger"] = [{"span_id": span_id, "input_tokens": 300, "output_tokens": 240, "total_tokens": 540,
+                         "finish_reason": "stop"} for span_id in ev["ledger_span_ids"]]
+    with sqlite3.connect(proc.store_path) as db:
+        db.execute("UPDATE runs SET doc = ?, subject = ? WHERE run_id = ?",
+                   (json.dumps(doc), "per-call", run["run_id"]))
+    return doc
 
 
 def _span_ids(run: dict) -> set[str]:
@@ -334,3 +369,87 @@ def test_span_ids_link_to_the_span_when_the_template_names_it(site, page, tmp_pa
             trace_id=run["trace_id"], span_id=run["root_span_id"])
     finally:
         spans.stop()
+
+
+def test_run_page_states_start_and_links_the_run_document(site, page):
+    """An operator opening a run: when it was first reconciled and its JSON, behind the page's auth."""
+    proc, runs = site
+    run = runs["fail_under_report"]
+    page.goto(f"{proc.http}/runs/{run['run_id']}")
+    stored = proc.store().get_run(run["run_id"])
+    first = datetime.fromtimestamp(stored["created_at"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert page.locator('dl.facts dt:text-is("first verdict") + dd').inner_text() == first
+    assert page.locator("#service").count() == 0  # not in this document: not made up
+    link = page.locator("a#json")
+    assert link.get_attribute("href") == f"/runs/{run['run_id']}.json"
+    status, body, headers = _get(f"{proc.http}{link.get_attribute('href')}")
+    assert status == 200 and headers["Content-Type"].startswith("application/json")
+    assert json.loads(body) == stored  # the stored document, as `runs show --json` prints it
+    status, body, _ = _get(f"{proc.http}/runs/{run['run_id'][:12]}.json")  # a unique prefix, as the page takes
+    assert status == 200 and json.loads(body)["run_id"] == run["run_id"]
+    status, body, headers = _get(f"{proc.http}/runs/0000dead.json")
+    assert status == 404 and headers["Content-Type"].startswith("application/json")
+    assert "no run" in json.loads(body)["error"] and "runs.db" not in body
+
+
+def test_run_json_needs_the_token_when_auth_is_on(tmp_path):
+    token = "json-token-value"
+    proc = CollectorProcess(tmp_path, {"receivers": {"auth": {"bearer_token_env": "AGENTEVAL_TOKEN"}}},
+                            env={"AGENTEVAL_TOKEN": token})
+    try:
+        doc = json.loads((Path(__file__).parent.parent / "examples/pass_all_agree.json").read_text())
+        store = proc.store()
+        try:
+            store.save_many([StoredRun("run-behind-auth", "file:x", reconcile(workflow_trace_run(doc, "x")))])
+        finally:
+            store.close()
+        url = f"{proc.http}/runs/run-behind-auth.json"
+        assert _get(url)[0] == 401
+        status, body, _ = _get(url, {"Authorization": f"Bearer {token}"})
+        assert status == 200 and json.loads(body)["run_id"] == "run-behind-auth"
+    finally:
+        proc.stop()
+
+
+def test_a_document_without_per_call_details_says_so_and_still_links_each_chat_span(site, page):
+    proc, runs = site
+    run = runs["fail_under_report"]
+    page.goto(f"{proc.http}/runs/{run['run_id']}")
+    writer = page.locator('details[data-unit="writer"]')
+    assert writer.locator("table.chat-calls").count() == 0
+    assert "not in this run's document" in writer.locator(".no-calls").inner_text()
+    counts = writer.locator("table.unit-counts").inner_text()
+    assert "ledger entries\t1" in counts and "chat calls with a response\t2" in counts
+    _assert_span_ids_link(page, run, JAEGER)
+
+
+def test_per_chat_call_table_beside_the_ledger_entries(site, page, tmp_path):
+    """Once the classifier keeps them: per call the span, model, provider, tokens, finish and error;
+    the input/output split; the service and when the run started and how long it took."""
+    proc, runs = site
+    run = runs["per_call"]
+    page.goto(f"{proc.http}/runs/{run['run_id']}")
+    assert page.locator("#service").inner_text() == "billing-api"
+    assert page.locator("#started").inner_text() == "2026-01-01 00:00:00 UTC"
+    assert page.locator("#duration").inner_text() == "12.5 s"
+    writer = page.locator('details[data-unit="writer"]')
+    assert writer.get_attribute("open") is not None  # it diverged: open
+    heads = [h.inner_text() for h in writer.locator("table.chat-calls th").all()]
+    assert heads == ["span id", "model", "provider", "input", "output", "total", "finish", "error"]
+    ev = next(e for e in run["executors"] if e["executor_id"] == "writer")["evidence"]
+    rows = writer.locator("table.chat-calls tbody tr")
+    assert rows.count() == len(ev["chat_span_ids"]) == 2
+    first = [c.inner_text() for c in rows.nth(0).locator("td").all()]
+    assert first == [ev["chat_span_ids"][0], "gpt-4o-mini", "openai", "400", "80", "480", "stop", "–"]
+    failed = rows.nth(1)
+    assert failed.get_attribute("class") == "failed"
+    assert "RateLimitError: 429 Too Many Requests" in failed.locator("td").nth(7).inner_text()
+    assert "failed" in failed.locator("td").nth(7).inner_text()
+    assert rows.nth(0).locator("td a").first.get_attribute("href") == JAEGER.format(trace_id=run["trace_id"])
+    ledger = writer.locator("table.ledger tbody tr")
+    assert ledger.count() == len(ev["ledger_span_ids"])
+    assert [c.inner_text() for c in ledger.nth(0).locator("td").all()] == [ev["ledger_span_ids"][0], "300", "240",
+                                                                            "540", "stop"]
+    split = writer.locator("table.unit-counts").inner_text()
+    assert "input tokens: framework / truth\t300 / 720" in split and "output tokens: framework / truth\t240 / 240" in split
+    _assert_span_ids_link(page, run, JAEGER)

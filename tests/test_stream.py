@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import threading
 import time
@@ -308,19 +309,20 @@ def test_watch_rejects_an_unknown_status():
 
 
 
-def test_watch_on_a_terminal_draws_the_live_table(served):
-    """Under a pseudo-terminal, as a user runs it: the rich live table, not the piped lines."""
+def _watch_on_a_terminal(proc, scenario: str, columns: int = 160) -> tuple[str, str]:
+    """`agenteval watch --count 1` under a pseudo-terminal, as a user runs it, while one run of
+    ``scenario`` arrives: (its trace id, everything drawn on the terminal)."""
     import os
     import pty
     import select
 
-    proc, _ = served
     master, slave = pty.openpty()
-    child = subprocess.Popen([AGENTEVAL, "watch", "--endpoint", proc.grpc, "--replay", "1", "--count", "1"],
-                             stdin=slave, stdout=slave, stderr=slave, env={**os.environ, "COLUMNS": "160"})
+    child = subprocess.Popen([AGENTEVAL, "watch", "--endpoint", proc.grpc, "--replay", "0", "--count", "1"],
+                             stdin=slave, stdout=slave, stderr=slave,
+                             env={**os.environ, "COLUMNS": str(columns), "TERM": "xterm"})
     os.close(slave)
     _wait_watchers(proc, 1)
-    spans, (trace_id,) = record([SCENARIOS["path2_pending"][0]])
+    spans, (trace_id,) = record([SCENARIOS[scenario][0]])
     export_spans(proc, spans)
     screen = b""
     deadline = time.monotonic() + 30
@@ -336,7 +338,26 @@ def test_watch_on_a_terminal_draws_the_live_table(served):
         screen += chunk
     os.close(master)
     assert child.wait(10) == 0
-    assert trace_id[:16] in screen.decode(errors="replace")
-    text = screen.decode(errors="replace")
+    assert b"\x1b[" in screen  # drawn with terminal control sequences
+    return trace_id, re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode(errors="replace"))  # as seen: no escapes
+
+
+def test_watch_on_a_terminal_draws_the_live_table(served):
+    """Under a pseudo-terminal: the rich live table, not the piped lines."""
+    proc, _ = served
+    trace_id, text = _watch_on_a_terminal(proc, "path2_pending")
+    assert trace_id[:16] in text
     assert "agenteval watch: run verdicts, newest first" in text and "NoTruth reasons" in text
-    assert "connected to" in text and "\x1b[" in text  # drawn with terminal control sequences
+    assert "connected to" in text
+
+
+@pytest.mark.parametrize("columns", [160, 80])
+def test_watch_on_a_terminal_names_the_unit_that_diverged(served, columns):
+    """Piped, a FAIL line says `diverged=writer:TokenMismatch`; the live table said only FAIL."""
+    proc, _ = served
+    trace_id, text = _watch_on_a_terminal(proc, "fail_under_report", columns)
+    if columns >= 100:
+        row = next(line for line in text.splitlines() if trace_id[:16] in line)
+        assert "FAIL" in row and "writer TokenMismatch" in row
+    assert "writer" in text and "TokenMismatch" in text  # folded where it must be, never cut
+    assert "researcher" not in text  # the unit that agreed is not listed

@@ -45,16 +45,17 @@ LEDGER_SOURCE_AGENT_SPAN = "invoke_agent"
 #: no attribute: its kind by name (:data:`RUN`, :data:`EXECUTOR`, :data:`AGENT` or :data:`OTHER`),
 #: whether it is an AgentResponseEvent, whether it is a chat call, the agent, executor and bridge
 #: executor names, whether its executor type hosts an agent, the subject, the error type, the input,
-#: output and total tokens, the finish reason, and the instrumentation's announcement (the MAF release,
-#: its version and status).
+#: output and total tokens, the finish reason, the instrumentation's announcement (the MAF release,
+#: its version and status), and a chat call's model and provider.
 Facts = tuple[int, bool, bool, str | None, str | None, str | None, bool, str | None, str | None,
-              int | None, int | None, int | None, str | None, str | None, str | None, str | None]
+              int | None, int | None, int | None, str | None, str | None, str | None, str | None, str | None,
+              str | None]
 #: Positions in :data:`Facts` (the compiled decoder writes them in this order).
 (KIND, BRIDGE, CHAT, AGENT_ID, EXECUTOR_ID, BRIDGE_EXECUTOR, HOSTS_AGENT, SUBJECT, ERROR_TYPE, INPUT, OUTPUT, TOTAL,
- FINISH, MAF_RELEASE, INSTRUMENTATION_VERSION, INSTRUMENTATION_STATUS) = range(16)
-FACTS = 16  # values in Facts
-#: Facts as journals before the announcement wrote them (replayed with no announcement).
-FACTS_BEFORE_ANNOUNCEMENT = 13
+ FINISH, MAF_RELEASE, INSTRUMENTATION_VERSION, INSTRUMENTATION_STATUS, MODEL, PROVIDER) = range(18)
+FACTS = 18  # values in Facts
+#: How many facts journals of earlier versions wrote (replayed with the later facts unknown).
+EARLIER_FACTS = (13, 16)
 
 
 @dataclass(slots=True)
@@ -76,11 +77,13 @@ class SpanRecord:
 
 
 #: A chat call while its trace is assembled and in the late window: (input, output and total tokens,
-#: finish reason, start, invocation, span id bytes, error): ~100 bytes less than a ChatTurn with its
-#: Usage and hex id (the span id is the very object the trace keys the span by), and a tuple of
-#: atoms the garbage collector stops tracking. bench/late_memory.py: 286 -> 194 bytes a span held
-#: for agents of 50 chat calls, 425 -> 377 for agents of 3.
-_Turn = tuple[int | None, int | None, int | None, str | None, int, str | None, bytes, str | None]
+#: finish reason, start, invocation, span id bytes, error, model, provider): ~100 bytes less than a
+#: ChatTurn with its Usage and hex id (the span id is the very object the trace keys the span by;
+#: model and provider strings are shared per trace), and a tuple of atoms the garbage collector
+#: stops tracking. bench/late_memory.py: 286 -> 194 bytes a span held for agents of 50 chat calls,
+#: 425 -> 377 for agents of 3 (before model and provider: two references more now).
+_Turn = tuple[int | None, int | None, int | None, str | None, int, str | None, bytes, str | None, str | None,
+              str | None]
 
 #: What a span's children inherit: (run span id, executor key, agent key, agent invocation span id).
 #: Keys are case-folded; the first spelling seen is kept for display.
@@ -229,6 +232,8 @@ def span_facts(m: Matcher, name: str, attrs: dict[str, Any]) -> Facts:
         _int(_first(attrs, m.total_keys)),
         finish_reason(_first(attrs, m.finish_keys)),
         *(_text(attrs.get(key)) for key in ANNOUNCEMENT_ATTRIBUTES),
+        _text(_first(attrs, m.model_keys)),
+        _text(_first(attrs, m.provider_keys)),
     )
 
 
@@ -237,7 +242,7 @@ class TraceState:
 
     __slots__ = ("matcher", "trace_id", "root_span_id", "subject", "_context", "_pending", "_pending_ids",
                  "_runs", "_names", "_fallback_subject", "run_spans_seen", "unusable", "orphaned", "_callers",
-                 "_published", "_provisional")
+                 "_published", "_provisional", "_shared")
 
     def __init__(self, matcher: Matcher, trace_id: bytes) -> None:
         self.matcher = matcher
@@ -266,6 +271,8 @@ class TraceState:
         self._published: dict[str | None, int] = {}
         #: Runs were last published provisionally: orphans were resolved on a copy and still wait.
         self._provisional = False
+        #: One object per distinct model or provider name of the trace, shared by its chat calls.
+        self._shared: dict[str, str] = {}
 
     def add(self, span: SpanRecord) -> bool:
         """Classify one span now if its parent is known (or it has none), else park it.
@@ -374,8 +381,14 @@ class TraceState:
                     unit.derived_reported = unit.derived_reported or bool(i or o or t) or finish is not None
             return (run_key, executor, key, s.span_id.hex())
         if chat:  # with no agent above it, the unit (executor, None) is a run note, not a unit
+            shared = self._shared
+            model, provider = s.facts[MODEL], s.facts[PROVIDER]
+            if model is not None:
+                model = shared.setdefault(model, model)
+            if provider is not None:
+                provider = shared.setdefault(provider, provider)
             self._run(run_key).units[(executor, agent)].turns.append((i, o, t, finish, s.start_ns, invocation,
-                                                                      s.span_id, self._error(s)))
+                                                                      s.span_id, self._error(s), model, provider))
         return parent
 
     def _ledger_span(self, s: SpanRecord, parent: Context) -> None:
@@ -401,7 +414,7 @@ class TraceState:
     @staticmethod
     def _announce(run: _Run, s: SpanRecord) -> None:
         if run.announcement is None and (s.facts[INSTRUMENTATION_VERSION] or s.facts[MAF_RELEASE]):
-            run.announcement = Announcement(*s.facts[MAF_RELEASE:])
+            run.announcement = Announcement(*s.facts[MAF_RELEASE:INSTRUMENTATION_STATUS + 1])
 
     def _join_callers(self, everything: bool) -> None:
         """Callers' ledger spans join the run under their parent that has their executor, when exactly
@@ -588,8 +601,8 @@ class TraceState:
             records.append(ExecutorRecord(
                 executor_id=name,
                 ledger=ledger,
-                turns=tuple([ChatTurn(Usage(i, o, t), finish, start, invocation, sid.hex(), error)
-                             for i, o, t, finish, start, invocation, sid, error in unit.turns]),
+                turns=tuple([ChatTurn(Usage(i, o, t), finish, start, invocation, sid.hex(), error, model, provider)
+                             for i, o, t, finish, start, invocation, sid, error, model, provider in unit.turns]),
                 ledger_source=source,
                 span_ids=tuple([sid for _, sid in sorted(spans)]),
                 ledger_derived=derived,

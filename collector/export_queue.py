@@ -83,5 +83,5 @@ class RetryingSpanExporter(SpanExporter):
         self._thread.join(self._shutdown_timeout)
         if self._spans:
             log.warning("verdict_spans_undelivered", spans=self._spans, reason="endpoint down at shutdown")
-        self._inner.shutdown(timeout_millis=self._shutdown_timeout * 1000)
+        self._inner.shutdown()  # (the OTLP exporters' own shutdown cuts their retry backoff short)
         self._thread.join(self._shutdown_timeout)

@@ -39,7 +39,7 @@ from typing import IO
 
 import structlog
 
-from collector.classify import FACTS, FACTS_BEFORE_ANNOUNCEMENT, Facts, SpanRecord, span_facts
+from collector.classify import EARLIER_FACTS, FACTS, Facts, SpanRecord, span_facts
 from collector.profiles import Matcher
 from collector.serialize import from_json, to_json
 
@@ -72,8 +72,8 @@ def _decode(line: bytes, matcher: Matcher) -> list[SpanRecord]:
 def _facts(value: list | dict, name: str, matcher: Matcher) -> Facts:
     if isinstance(value, dict):
         return span_facts(matcher, name, value)
-    if isinstance(value, list) and len(value) == FACTS_BEFORE_ANNOUNCEMENT:  # a journal of the previous version
-        value = value + [None] * (FACTS - FACTS_BEFORE_ANNOUNCEMENT)
+    if isinstance(value, list) and len(value) in EARLIER_FACTS:  # a journal of an earlier version
+        value = value + [None] * (FACTS - len(value))
     if not isinstance(value, list) or len(value) != FACTS:
         raise ValueError(f"span facts: expected a list of {FACTS}")
     return tuple(value)

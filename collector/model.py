@@ -186,6 +186,8 @@ class ChatTurn:
     invocation: str | None = None
     span_id: str | None = None
     error: str | None = None
+    model: str | None = None
+    provider: str | None = None
 
 
 @dataclass(slots=True)
@@ -293,7 +295,16 @@ class Evidence:
     failed_turns: int
     ledger_span_ids: tuple[str, ...] = ()
     chat_span_ids: tuple[str, ...] = ()
+    #: The unit's chat calls and ledger entries in order (``seq``: each one's start, Unix ns): the
+    #: run page's per-call tables.
+    chat_calls: tuple[ChatTurn, ...] = ()
+    ledger: tuple[LedgerEntry, ...] = ()
     executor_span_ids: tuple[str, ...] = ()
+    #: The token sums split into input and output (None: no entry reported that side).
+    framework_input_tokens: int | None = None
+    framework_output_tokens: int | None = None
+    truth_input_tokens: int | None = None
+    truth_output_tokens: int | None = None
 
 
 @dataclass(slots=True)

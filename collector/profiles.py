@@ -52,6 +52,9 @@ class ProfileConfig(BaseModel):
     finish_reasons_attributes: list[str] = Field(
         default_factory=lambda: ["gen_ai.response.finish_reasons"]
     )
+    #: A chat call's model and provider, first present wins (shown per call on the run page).
+    model_attributes: list[str] = Field(default_factory=lambda: ["gen_ai.response.model", "gen_ai.request.model"])
+    provider_attributes: list[str] = Field(default_factory=lambda: ["gen_ai.provider.name", "gen_ai.system"])
     #: The workflow's name (else the resource's ``service.name``); never a per-process id such as
     #: MAF Python's ``workflow.id`` (a uuid).
     subject_attributes: list[str] = Field(default_factory=lambda: ["gen_ai.workflow.name", "workflow.name"])
@@ -118,6 +121,8 @@ class Matcher:
         self.output_keys = union("output_tokens_attributes")
         self.total_keys = union("total_tokens_attributes")
         self.finish_keys = union("finish_reasons_attributes")
+        self.model_keys = union("model_attributes")
+        self.provider_keys = union("provider_attributes")
         self.subject_keys = union("subject_attributes")
         self.default_workflow_names = frozenset(union("default_workflow_names"))
         self.error_keys = union("error_attributes")
@@ -143,6 +148,8 @@ class Matcher:
             + self.executor_type_keys
             + (LEDGER_SOURCE_ATTRIBUTE, BRIDGE_EXECUTOR_ATTRIBUTE)
             + ANNOUNCEMENT_ATTRIBUTES
+            + self.model_keys
+            + self.provider_keys
         )
 
     def kind(self, name: str) -> int:

@@ -208,7 +208,13 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
         failed_turns=failed,
         ledger_span_ids=tuple([e.span_id for e in ledger if e.span_id]),
         chat_span_ids=tuple([t.span_id for t in turns if t.span_id]),
+        chat_calls=tuple(turns),
+        ledger=tuple(ledger),
         executor_span_ids=record.span_ids,
+        framework_input_tokens=_side(ledger, "input_tokens"),
+        framework_output_tokens=_side(ledger, "output_tokens"),
+        truth_input_tokens=_side(responses, "input_tokens"),
+        truth_output_tokens=_side(responses, "output_tokens"),
     )
     return ExecutorVerdict(
         executor_id=record.executor_id,
@@ -219,6 +225,12 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
         no_truth_reason=no_truth,
         evidence=evidence,
     )
+
+
+def _side(items: Sequence[LedgerEntry | ChatTurn], side: str) -> int | None:
+    """The sum of one side (input or output tokens) where any item reported it."""
+    known = [n for item in items if (n := getattr(item.usage, side)) is not None]
+    return sum(known) if known else None
 
 
 @lru_cache(maxsize=16)

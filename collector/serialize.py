@@ -82,7 +82,8 @@ def _unit_extras(verdict: ExecutorVerdict, run: RunVerdict) -> dict[str, Any]:
 #: Entries each bounded list of a document keeps by default (``store.max_span_ids_per_unit``).
 MAX_ITEMS = 100
 #: A unit's evidence lists that grow with its spans, each followed in the document by ``<name>_more``.
-BOUNDED_EVIDENCE = ("finish_comparisons", "ledger_span_ids", "chat_span_ids", "executor_span_ids")
+BOUNDED_EVIDENCE = ("finish_comparisons", "ledger_span_ids", "chat_span_ids", "executor_span_ids", "chat_calls",
+                    "ledger")
 #: The run's lists that grow with its spans (one workflow error per failed executor span).
 BOUNDED_RUN = ("workflow_errors",)
 
@@ -117,7 +118,7 @@ def _unit(e: ExecutorVerdict, run: RunVerdict, limit: int) -> bytes:
     """A unit as JSON: orjson writes the dataclass (evidence last), its ``_more`` counts and extras
     appended; a unit with a list over ``limit`` is cut first."""
     ev = e.evidence
-    if (len(ev.chat_span_ids) > limit or len(ev.finish_comparisons) > limit or len(ev.ledger_span_ids) > limit
+    if (len(ev.chat_calls) > limit or len(ev.finish_comparisons) > limit or len(ev.ledger) > limit
             or len(ev.executor_span_ids) > limit):  # (spelled out: this runs per unit of every run)
         evidence, more = _bounded(ev, BOUNDED_EVIDENCE, limit)
         e, tail = dataclasses.replace(e, evidence=evidence), orjson.dumps(more)[1:-1]

@@ -72,6 +72,7 @@ def fill(message: Message, doc: dict[str, Any]) -> Message:
                 else:
                     target.append(_domain_to_wire(field, item))
         elif field.message_type is not None:
+            getattr(message, field.name).SetInParent()  # present, even with every field of it unset
             fill(getattr(message, field.name), value)
         else:
             setattr(message, field.name, _domain_to_wire(field, value))

@@ -64,6 +64,13 @@ def test_a_maf_1_26_otlp_export_names_the_diverging_agents_and_its_release(tmp_p
     assert (writer["framework_tokens"], writer["truth_tokens"], writer["response_turns"]) == (960, 1300, 2)
     assert (reviewer["framework_finish"], reviewer["truth_finish"]) == (None, "length")
     assert (run["status"], run["maf_release"], run["instrumentation_status"]) == ("FAIL", "1.26.0", "active")
+    # what debugging the writer needs, per call: its tool loop's two calls against the one response
+    calls = [(c["usage"]["input_tokens"], c["usage"]["output_tokens"], c["finish_reason"], c["model"], c["provider"])
+             for c in writer["chat_calls"]]
+    assert calls == [(300, 40, "tool_calls", "fake-model", "fake"), (610, 350, "stop", "fake-model", "fake")]
+    assert [(e["usage"]["total_tokens"], e["finish_reason"]) for e in writer["ledger"]] == [(960, "stop")]
+    assert (writer["framework_input_tokens"], writer["framework_output_tokens"],
+            writer["truth_input_tokens"], writer["truth_output_tokens"]) == (610, 350, 910, 390)
     assert run["non_agent_executors"] == ["input-conversation"]
 
 

@@ -475,9 +475,11 @@ enum Role {
     MafRelease,
     InstrumentationVersion,
     InstrumentationStatus,
+    Model,
+    Provider,
 }
 
-const ROLES: usize = 15;
+const ROLES: usize = 17;
 
 /// Finish-reason strings whose answers a decoder remembers.
 const FINISH_REASONS: usize = 4096;
@@ -838,7 +840,7 @@ impl Decoder {
             parent_id = &[];
         }
         let mut facts = Facts {
-            items: Vec::with_capacity(16),
+            items: Vec::with_capacity(18),
             json: Vec::with_capacity(96),
         };
         facts.json.push(b'[');
@@ -1069,7 +1071,8 @@ impl Decoder {
         } else {
             facts.text(py, None);
         }
-        for role in [Role::MafRelease, Role::InstrumentationVersion, Role::InstrumentationStatus] {
+        for role in [Role::MafRelease, Role::InstrumentationVersion, Role::InstrumentationStatus, Role::Model,
+                     Role::Provider] {
             facts.text(py, self.text(self.first(role, values)));
         }
         Ok(())

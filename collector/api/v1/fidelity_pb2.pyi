@@ -78,7 +78,7 @@ class FinishComparison(_message.Message):
     def __init__(self, invocation: _Optional[str] = ..., framework: _Optional[str] = ..., truth: _Optional[str] = ..., diverged: _Optional[bool] = ...) -> None: ...
 
 class Evidence(_message.Message):
-    __slots__ = ("framework_tokens", "truth_tokens", "delta", "direction", "tolerance", "framework_finish", "truth_finish", "finish_comparisons", "aligned", "ledger_source", "ledger_missing", "ledger_entries", "response_turns", "request_turns", "ledger_span_ids", "chat_span_ids", "executor_span_ids", "failed_turns", "finish_comparisons_more", "ledger_span_ids_more", "chat_span_ids_more", "executor_span_ids_more")
+    __slots__ = ("framework_tokens", "truth_tokens", "delta", "direction", "tolerance", "framework_finish", "truth_finish", "finish_comparisons", "aligned", "ledger_source", "ledger_missing", "ledger_entries", "response_turns", "request_turns", "ledger_span_ids", "chat_span_ids", "executor_span_ids", "failed_turns", "finish_comparisons_more", "ledger_span_ids_more", "chat_span_ids_more", "executor_span_ids_more", "chat_calls", "chat_calls_more", "ledger", "ledger_more", "framework_input_tokens", "framework_output_tokens", "truth_input_tokens", "truth_output_tokens")
     FRAMEWORK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRUTH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,14 @@ class Evidence(_message.Message):
     LEDGER_SPAN_IDS_MORE_FIELD_NUMBER: _ClassVar[int]
     CHAT_SPAN_IDS_MORE_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_SPAN_IDS_MORE_FIELD_NUMBER: _ClassVar[int]
+    CHAT_CALLS_FIELD_NUMBER: _ClassVar[int]
+    CHAT_CALLS_MORE_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_MORE_FIELD_NUMBER: _ClassVar[int]
+    FRAMEWORK_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FRAMEWORK_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRUTH_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRUTH_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     framework_tokens: int
     truth_tokens: int
     delta: int
@@ -123,7 +131,59 @@ class Evidence(_message.Message):
     ledger_span_ids_more: int
     chat_span_ids_more: int
     executor_span_ids_more: int
-    def __init__(self, framework_tokens: _Optional[int] = ..., truth_tokens: _Optional[int] = ..., delta: _Optional[int] = ..., direction: _Optional[str] = ..., tolerance: _Optional[float] = ..., framework_finish: _Optional[str] = ..., truth_finish: _Optional[str] = ..., finish_comparisons: _Optional[_Iterable[_Union[FinishComparison, _Mapping]]] = ..., aligned: _Optional[bool] = ..., ledger_source: _Optional[str] = ..., ledger_missing: _Optional[bool] = ..., ledger_entries: _Optional[int] = ..., response_turns: _Optional[int] = ..., request_turns: _Optional[int] = ..., ledger_span_ids: _Optional[_Iterable[str]] = ..., chat_span_ids: _Optional[_Iterable[str]] = ..., executor_span_ids: _Optional[_Iterable[str]] = ..., failed_turns: _Optional[int] = ..., finish_comparisons_more: _Optional[int] = ..., ledger_span_ids_more: _Optional[int] = ..., chat_span_ids_more: _Optional[int] = ..., executor_span_ids_more: _Optional[int] = ...) -> None: ...
+    chat_calls: _containers.RepeatedCompositeFieldContainer[ChatCall]
+    chat_calls_more: int
+    ledger: _containers.RepeatedCompositeFieldContainer[LedgerEntry]
+    ledger_more: int
+    framework_input_tokens: int
+    framework_output_tokens: int
+    truth_input_tokens: int
+    truth_output_tokens: int
+    def __init__(self, framework_tokens: _Optional[int] = ..., truth_tokens: _Optional[int] = ..., delta: _Optional[int] = ..., direction: _Optional[str] = ..., tolerance: _Optional[float] = ..., framework_finish: _Optional[str] = ..., truth_finish: _Optional[str] = ..., finish_comparisons: _Optional[_Iterable[_Union[FinishComparison, _Mapping]]] = ..., aligned: _Optional[bool] = ..., ledger_source: _Optional[str] = ..., ledger_missing: _Optional[bool] = ..., ledger_entries: _Optional[int] = ..., response_turns: _Optional[int] = ..., request_turns: _Optional[int] = ..., ledger_span_ids: _Optional[_Iterable[str]] = ..., chat_span_ids: _Optional[_Iterable[str]] = ..., executor_span_ids: _Optional[_Iterable[str]] = ..., failed_turns: _Optional[int] = ..., finish_comparisons_more: _Optional[int] = ..., ledger_span_ids_more: _Optional[int] = ..., chat_span_ids_more: _Optional[int] = ..., executor_span_ids_more: _Optional[int] = ..., chat_calls: _Optional[_Iterable[_Union[ChatCall, _Mapping]]] = ..., chat_calls_more: _Optional[int] = ..., ledger: _Optional[_Iterable[_Union[LedgerEntry, _Mapping]]] = ..., ledger_more: _Optional[int] = ..., framework_input_tokens: _Optional[int] = ..., framework_output_tokens: _Optional[int] = ..., truth_input_tokens: _Optional[int] = ..., truth_output_tokens: _Optional[int] = ...) -> None: ...
+
+class LedgerEntry(_message.Message):
+    __slots__ = ("usage", "finish_reason", "seq", "invocation", "span_id")
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    INVOCATION_FIELD_NUMBER: _ClassVar[int]
+    SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    usage: Usage
+    finish_reason: str
+    seq: int
+    invocation: str
+    span_id: str
+    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., seq: _Optional[int] = ..., invocation: _Optional[str] = ..., span_id: _Optional[str] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("input_tokens", "output_tokens", "total_tokens")
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    def __init__(self, input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
+
+class ChatCall(_message.Message):
+    __slots__ = ("usage", "finish_reason", "seq", "invocation", "span_id", "error", "model", "provider")
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    INVOCATION_FIELD_NUMBER: _ClassVar[int]
+    SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    usage: Usage
+    finish_reason: str
+    seq: int
+    invocation: str
+    span_id: str
+    error: str
+    model: str
+    provider: str
+    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., seq: _Optional[int] = ..., invocation: _Optional[str] = ..., span_id: _Optional[str] = ..., error: _Optional[str] = ..., model: _Optional[str] = ..., provider: _Optional[str] = ...) -> None: ...
 
 class ExecutorVerdict(_message.Message):
     __slots__ = ("executor_id", "verdict", "score", "token_diverged", "finish_diverged", "no_truth_reason", "no_truth_explanation", "evidence", "checked", "no_truth_fix")

@@ -626,6 +626,7 @@ class TraceState:
             run_id=self._run_id(run),
             notes=tuple(notes),
             announcement=run.announcement,
+            service_name=self._fallback_subject,
         )
 
     def _subject(self, run: _Run) -> str | None:

@@ -251,6 +251,8 @@ class RunInput:
     notes: tuple[str, ...] = ()
     #: The MAF instrumentation's announcement on the run's spans (None: none carried one).
     announcement: Announcement | None = None
+    #: The resource's ``service.name`` (live).
+    service_name: str | None = None
 
     @property
     def is_workflow(self) -> bool:
@@ -346,6 +348,7 @@ class RunVerdict:
     maf_release: str | None = None
     instrumentation_version: str | None = None
     instrumentation_status: str | None = None
+    service_name: str | None = None
 
     @property
     def checked(self) -> int:

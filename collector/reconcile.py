@@ -60,6 +60,7 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
                                     [v.no_truth_reason in _NO_LEDGER for v in verdicts].count(True),
                                     run.partial),
         revision=revision,
+        service_name=run.service_name,
         **_announcement(run.announcement),
     )
 

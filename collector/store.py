@@ -238,20 +238,30 @@ def open_store(url: str | Path | None = None, password: str | None = None, pool_
     return store
 
 
-_EVIDENCE_MORE = tuple(f"{name}_more" for name in BOUNDED_EVIDENCE)
+def _none() -> None:
+    return None
+
+
 #: Run keys added since the first stored documents -> the value an older document means.
-_ADDED_KEYS: dict[str, Callable[[], Any]] = {"non_agent_executors": list, "workflow_errors": list,
-                                             "coverage_note": lambda: None,
-                                             **{f"{name}_more": int for name in BOUNDED_RUN}}
+_ADDED_KEYS: dict[str, Callable[[], Any]] = {
+    "non_agent_executors": list, "workflow_errors": list, "coverage_note": _none, "unattributed_chat": list,
+    "maf_release": _none, "instrumentation_version": _none, "instrumentation_status": _none, "service_name": _none,
+    **{f"{name}_more": int for name in BOUNDED_RUN}}
+#: Likewise, evidence keys (an older document left nothing out of its lists).
+_ADDED_EVIDENCE: dict[str, Callable[[], Any]] = {
+    "chat_calls": list, "ledger": list, "framework_input_tokens": _none, "framework_output_tokens": _none,
+    "truth_input_tokens": _none, "truth_output_tokens": _none, **{f"{name}_more": int for name in BOUNDED_EVIDENCE}}
 
 
 def _doc(row: dict[str, Any]) -> dict[str, Any]:
     doc = from_json(row["doc"])
     for key, empty in _ADDED_KEYS.items():
         doc.setdefault(key, empty())
-    for unit in doc["executors"]:  # written before evidence lists were bounded: nothing left out
-        if "chat_span_ids_more" not in unit["evidence"]:
-            unit["evidence"].update(dict.fromkeys(_EVIDENCE_MORE, 0))
+    for unit in doc["executors"]:
+        evidence = unit["evidence"]
+        if "chat_calls_more" not in evidence:  # written by an earlier version
+            for key, empty in _ADDED_EVIDENCE.items():
+                evidence.setdefault(key, empty())
     doc.update(created_at=row["created_at"], updated_at=row["updated_at"], finalized_by=row["finalized_by"],
                revision=row["revision"])  # the store may have raised it past the verdict's own
     return doc

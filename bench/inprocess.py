@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from workload import encode, trace_spans  # noqa: E402
 
 from collector.config import CollectorConfig  # noqa: E402
-from collector.decode import NATIVE, decode_bytes, decode_request  # noqa: E402
-from collector.pipeline import Pipeline  # noqa: E402
+from collector.formats.decode import NATIVE, decode_bytes, decode_request  # noqa: E402
+from collector.live.pipeline import Pipeline  # noqa: E402
 from collector.store import open_store  # noqa: E402
 
 

@@ -29,8 +29,8 @@ import yaml
 
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
-from collector.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
-from collector.reconcile import reconcile
+from collector.core.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
+from collector.core.reconcile import reconcile
 from collector.store import StoredRun, open_store
 
 AGENTEVAL = str(Path(sys.executable).parent / "agenteval")

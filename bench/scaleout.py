@@ -1,4 +1,4 @@
-"""Scale-out on this box (DESIGN §7): one agenteval replica alone, against our OpenTelemetry Collector
+"""Scale-out on this box (docs/design.md §7): one agenteval replica alone, against our OpenTelemetry Collector
 distribution (otelcol/manifest.yaml, `make otelcol`) on config/otelcol.yaml routing by trace id to 1
 and to 2 replicas; beside them the same binary as a plain peer pipeline (otlp -> groupbytrace -> nop)
 on the same payload. Each variant starts fresh processes; the variants alternate for ``--rounds``
@@ -31,8 +31,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(ROOT))
-from otelcol.process import Otelcol, binary_path  # noqa: E402
 from workload import Collector, RssSampler, cpu_seconds, encode, rss_kib, send_streams, trace_spans  # noqa: E402
+
+from otelcol.process import Otelcol, binary_path  # noqa: E402
 
 CONFIG = ROOT / "config/otelcol.yaml"
 #: The deployed config without Jaeger (none here): its pipeline's exporter becomes nop.
@@ -91,7 +92,7 @@ def peer(bodies: list[bytes], traces: int, n_spans: int, streams: int, tmp: Path
     collector = Otelcol([config], tmp / "peer.log", {})
     try:
         def released() -> bool:
-            return sum(v for k, v in collector.metrics().items()
+            return sum(v for k, v in collector.outputs.metrics().items()
                        if k.startswith("otelcol_processor_groupbytrace_spans_released")) >= n_spans
 
         return measure([collector.proc.pid], None, collector.grpc, bodies, streams, released)

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from workload import Collector, encode, send_streams, trace_spans  # noqa: E402
 
 from collector.config import CollectorConfig  # noqa: E402
-from collector.decode import decode_bytes  # noqa: E402
-from collector.pipeline import Pipeline  # noqa: E402
+from collector.formats.decode import decode_bytes  # noqa: E402
+from collector.live.pipeline import Pipeline  # noqa: E402
 from collector.store import open_store  # noqa: E402
 
 #: (executors, chats per executor) for each trace size: a root, and per executor its span, the

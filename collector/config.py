@@ -1,4 +1,4 @@
-"""Typed configuration with defaults (DESIGN §6). The models are the single source of defaults;
+"""Typed configuration with defaults (docs/design.md §6). The models are the single source of defaults;
 ``config/collector.yaml`` documents every key and a test keeps the two equal.
 """
 
@@ -14,9 +14,9 @@ import platformdirs
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from collector.model import Policy, Preset
-from collector.profiles import Matcher, ProfileConfig, default_profiles
-from collector.serialize import MAX_ITEMS
+from collector.core.model import Policy, Preset
+from collector.core.profiles import Matcher, ProfileConfig, default_profiles
+from collector.core.serialize import MAX_ITEMS
 
 
 class ConfigError(Exception):

@@ -1,7 +1,7 @@
 """Every common MAF Python workflow pattern, built with the real builders on scripted chat clients.
 
 Each :class:`Pattern` builds a real agent-framework-core 1.23 / agent-framework-orchestrations 1.4
-workflow (or agent) whose agents run on the scripted clients of :mod:`collector.maf_fakes`, and knows,
+workflow (or agent) whose agents run on the scripted clients of :mod:`collector.demo.maf_fakes`, and knows,
 per agent, what the chat boundary will see (:class:`AgentFacts`: the executor it runs under, its chat
 calls, their summed usage and the last finish reason), derived from the scripts. :func:`drive` runs a
 pattern to completion, plain or streaming, answering human-in-the-loop requests, and never raises.
@@ -41,7 +41,7 @@ from agent_framework_orchestrations import (
 )
 from typing_extensions import Never
 
-from collector.maf_fakes import (
+from collector.demo.maf_fakes import (
     AgentSpec,
     InstrumentedChatClient,
     Turn,

@@ -1,7 +1,7 @@
 """Real-world MAF Python shapes beyond the builder patterns of :mod:`maf_patterns`.
 
 Each builder returns a fresh real agent-framework-core 1.23 / agent-framework-orchestrations 1.4
-workflow (or agent) on the scripted clients of :mod:`collector.maf_fakes`; the module-level
+workflow (or agent) on the scripted clients of :mod:`collector.demo.maf_fakes`; the module-level
 constants give what the chat boundary and the caller will see, derived from the scripts.
 
 What MAF 1.23 does here (measured, not assumed):
@@ -47,7 +47,8 @@ from agent_framework import (
 )
 from agent_framework_orchestrations import ConcurrentBuilder, SequentialBuilder
 
-from collector.maf_fakes import Turn, lookup
+from collector.demo.maf_fakes import Turn, lookup
+
 from maf_patterns import Say, TextInstrumentedChatClient
 
 TASK = "Write a short report."

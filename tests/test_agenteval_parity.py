@@ -1,4 +1,4 @@
-"""AgentEval's own WorkflowTrace files give AgentEval's verdicts and exit codes (DESIGN §2 format 1).
+"""AgentEval's own WorkflowTrace files give AgentEval's verdicts and exit codes (docs/design.md §2 format 1).
 
 The cases are AgentEval's workflow-trace-fidelity tests (its ``WorkflowTraceFidelityReconcilerTests``,
 ``WorkflowTraceFidelityAssertionTests`` and ``BenchWorkflowTraceFidelityCommandTests``), rebuilt as the
@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from collector.config import CollectorConfig
-from collector.loader import NoSteps, TraceFileError, iter_runs
-from collector.reconcile import reconcile
+from collector.core.reconcile import reconcile
+from collector.formats.loader import NoSteps, TraceFileError, iter_runs
+
 from test_cli import AGENTEVAL, ROOT, bench
 
 CAPTURED = "2026-11-30T10:00:00+00:00"
@@ -383,14 +384,14 @@ def test_cli_an_agent_trace_is_named_for_what_it_is(tmp_path):
 
 def test_the_shipped_schema_accepts_every_agenteval_example():
     import jsonschema
-    schema = json.loads((ROOT / "collector/schemas/agenteval-workflow-trace.schema.json").read_text())
+    schema = json.loads((ROOT / "collector/formats/schemas/agenteval-workflow-trace.schema.json").read_text())
     examples = [p for p in (ROOT / "examples").glob("*agenteval*.json")]
     assert len(examples) >= 4
     for p in examples:
         jsonschema.Draft202012Validator(schema).validate(json.loads(p.read_text()))
 
 
-# --- workflow-trace/v1 requests (DESIGN §2 r2): the same call counted once, in our own format ----------
+# --- workflow-trace/v1 requests (docs/design.md §2): the same call counted once, in our own format ----------
 
 def v1(turns: list[dict]) -> dict:
     return {"schema": "workflow-trace/v1", "steps": [{"executor_id": "a", "input_tokens": 30, "output_tokens": 10,

@@ -7,8 +7,9 @@ import subprocess
 import pytest
 import yaml
 
-from collector.profiles import EXECUTOR
 from collector.config import CollectorConfig, ConfigError, load_config
+from collector.core.profiles import EXECUTOR
+
 from conftest import AGENTEVAL
 from test_cli import ROOT
 

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from collector.maf_fakes import demo_workflows
+from collector.demo.maf_fakes import demo_workflows
+
 from conftest import AGENTEVAL, CollectorProcess, free_port
 from test_reliability import _certs
 
@@ -142,7 +143,7 @@ class NotInstalled(MetaPathFinder):
 
 sys.meta_path.insert(0, NotInstalled())
 sys.argv[0] = "agenteval"
-from collector.cli import main
+from collector.ui.cli import main
 
 main()
 """

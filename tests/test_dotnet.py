@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.model import STATUS_EXIT_CODES, Status
+from collector.core.model import STATUS_EXIT_CODES, Status
+
 from conftest import AGENTEVAL, JSON, post
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dotnet"

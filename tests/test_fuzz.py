@@ -1,4 +1,4 @@
-"""Property-based fuzzing of *valid* OTLP requests (DESIGN §3 r2): any attribute value of any type on
+"""Property-based fuzzing of *valid* OTLP requests (docs/design.md §3): any attribute value of any type on
 every key the classifier reads, any id, any span name, any parent chain (cycles, self-parents, missing
 parents, deep chains), any status, over OTLP/gRPC (protobuf) and OTLP/HTTP (JSON).
 
@@ -37,13 +37,14 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Status
 
-from collector.classify import SpanRecord, TraceState
 from collector.config import CollectorConfig
-from collector.decode import OWN_SCOPE, SDK_LANGUAGE, SERVICE_NAME, Decoded, decode_otlp_json, decode_request
-from collector.model import RunVerdict
-from collector.reconcile import reconcile
-from collector.serialize import run_to_dict
-from collector.wire import run_message
+from collector.core.classify import SpanRecord, TraceState
+from collector.core.model import RunVerdict
+from collector.core.reconcile import reconcile
+from collector.core.serialize import run_to_dict
+from collector.formats.decode import OWN_SCOPE, SDK_LANGUAGE, SERVICE_NAME, Decoded, decode_otlp_json, decode_request
+from collector.outputs.wire import run_message
+
 from conftest import JSON, CollectorProcess, post
 from mafshape import SCENARIOS, export_request, record, to_otlp_json
 from test_reliability import grpc_raw
@@ -576,7 +577,7 @@ def test_collector_survived_the_fuzzing(live: Live) -> None:
     for log in live.logs:
         text = log.read_text()
         assert "Traceback" not in text, text[text.index("Traceback") - 300:][:3000]
-        # DESIGN §5: a value the store cannot hold is clamped or rejected at ingest, never left to break
+        # docs/design.md §5: a value the store cannot hold is clamped or rejected at ingest, never left to break
         # a write: no hostile run may fail a stage (it would be missing from the store and the stream).
         runs_failed = [e for e in map(_event, text.splitlines()) if e.get("event") == "run_failed"]
         assert not runs_failed, f"{len(runs_failed)} run(s) failed a stage, e.g. {runs_failed[:3]}"

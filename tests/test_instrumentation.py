@@ -1,4 +1,4 @@
-"""The MAF Python instrumentation (DESIGN §3b): every agent invocation's AgentResponse becomes an
+"""The MAF Python instrumentation (docs/design.md §3b): every agent invocation's AgentResponse becomes an
 ``agent_response`` span where that agent ran, with no call-site change, on real agent-framework-core
 agents and workflows."""
 
@@ -15,7 +15,8 @@ import pytest
 from agent_framework import Agent, AgentResponse, BaseAgent
 from opentelemetry.instrumentation.maf_fidelity import MafFidelityInstrumentor
 
-from collector.maf_fakes import AgentSpec, InstrumentedChatClient, Turn, keep_last_call_usage, lookup, make_agent
+from collector.demo.maf_fakes import AgentSpec, InstrumentedChatClient, Turn, keep_last_call_usage, lookup, make_agent
+
 from conftest import verdicts
 
 TASK = "Write a short report."
@@ -139,7 +140,7 @@ def test_a_default_opentelemetry_instrument_setup_sends_metrics_and_logs_too_and
         import asyncio, logging
         from opentelemetry import metrics, trace
         from agent_framework.observability import enable_instrumentation
-        from collector.maf_fakes import AgentSpec, Turn, chain
+        from collector.demo.maf_fakes import AgentSpec, Turn, chain
 
         enable_instrumentation()
 
@@ -158,13 +159,13 @@ def test_a_default_opentelemetry_instrument_setup_sends_metrics_and_logs_too_and
            "OTEL_METRIC_EXPORT_INTERVAL": "200", "PYTHONPATH": str(Path(__file__).parent.parent)}
     for key in ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER"):
         env.pop(key, None)  # the defaults: otlp for all three
-    before = collector.metrics()
+    before = collector.outputs.metrics()
     proc = subprocess.run([str(Path(sys.executable).parent / "opentelemetry-instrument"), sys.executable, str(app)],
                           capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "Failed to export" not in proc.stderr and "UNIMPLEMENTED" not in proc.stderr, proc.stderr
     assert collector.run(proc.stdout.split()[-1])["status"] == "PASS"
-    after = collector.metrics()
+    after = collector.outputs.metrics()
     transport = "grpc" if protocol == "grpc" else "http"
     for signal in ("metrics", "logs"):
         key = ("collector_signals_discarded_total", (("signal", signal), ("transport", transport)))
@@ -177,7 +178,7 @@ def test_opentelemetry_instrument_activates_it_with_no_code_change(collector, tm
         import asyncio
         from opentelemetry import trace
         from agent_framework.observability import enable_instrumentation
-        from collector.maf_fakes import AgentSpec, Turn, chain, keep_last_call_usage, lookup
+        from collector.demo.maf_fakes import AgentSpec, Turn, chain, keep_last_call_usage, lookup
 
         enable_instrumentation()
 
@@ -207,7 +208,7 @@ def test_opentelemetry_instrument_activates_it_with_no_code_change(collector, tm
     assert writer["evidence"]["ledger_source"] == "AgentResponseEvent" and run_doc["status"] == "FAIL"
 
 
-# --- releases: hooks, not a pin; the announcement (DESIGN §3b r3) ------------------------------------
+# --- releases: hooks, not a pin; the announcement (docs/design.md §3b) ------------------------------------
 
 def test_the_installed_release_is_instrumented_announced_and_counted_by_release(maf_spans, collector):
     from importlib.metadata import version
@@ -227,7 +228,7 @@ def test_the_installed_release_is_instrumented_announced_and_counted_by_release(
     run_doc = collector.run(format(ledger.context.trace_id, "032x"))
     assert (run_doc["maf_release"], run_doc["instrumentation_version"], run_doc["instrumentation_status"]) == (
         version("agent-framework-core"), __version__, "active")
-    counted = {labels for (name, labels), _ in collector.metrics().items() if name == "fidelity_runs_total"}
+    counted = {labels for (name, labels), _ in collector.outputs.metrics().items() if name == "fidelity_runs_total"}
     assert (("maf_release", version("agent-framework-core")), ("status", "PASS"), ("subject", run_doc["subject"])) in counted
     for release in (version("agent-framework-core"), version("agent-framework-core").rpartition(".")[0]):  # 1.26 too
         assert collector.store().list_runs(maf_release=release)[0]["run_id"] == run_doc["run_id"]
@@ -255,7 +256,7 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from collector.maf_fakes import AgentSpec, Turn, chain
+from collector.demo.maf_fakes import AgentSpec, Turn, chain
 
 # what a MAF release without this hook looks like (a plain run does not use it: MAF still works)
 del AgentResponse.from_updates

@@ -1,4 +1,4 @@
-"""The crash journal (DESIGN §3 Durability): what a 200 means is that the spans are on disk."""
+"""The crash journal (docs/design.md §3 Durability): what a 200 means is that the spans are on disk."""
 
 from __future__ import annotations
 
@@ -17,20 +17,21 @@ from typing import Any
 import orjson
 import pytest
 import yaml
-from conftest import AGENTEVAL, CollectorProcess, export_spans, free_port, post
-from mafshape import SCENARIOS, export_request, record, run_id
-from test_crash import NAMES as CRASH_SCENARIOS
-from test_crash import RETRYABLE_HTTP, problems, runs_by_trace
-from test_crash import Trace as CrashTrace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
-from collector import decode
-from collector.classify import FINISH, INPUT, TOTAL, SpanRecord
 from collector.config import CollectorConfig
-from collector.journal import Journal, _decode, _encode
+from collector.core.classify import FINISH, INPUT, TOTAL, SpanRecord
+from collector.formats import decode
+from collector.live.journal import Journal, _decode, _encode
+
+from conftest import AGENTEVAL, CollectorProcess, export_spans, free_port, post
+from mafshape import SCENARIOS, export_request, record, run_id
+from test_crash import NAMES as CRASH_SCENARIOS
+from test_crash import RETRYABLE_HTTP, problems, runs_by_trace
+from test_crash import Trace as CrashTrace
 
 LONG = {"assembly": {"quiet_period": 60, "max_trace_wait": 600}}
 
@@ -257,7 +258,7 @@ def test_a_segment_that_cannot_be_started_fails_that_request_only(tmp_path, monk
     import builtins
     import errno
 
-    from collector import journal as journal_module
+    from collector.live import journal as journal_module
     spans = decode.decode_request(export_request(record([SCENARIOS["pass"][0]])[0]),
                                   CollectorConfig().matcher()).spans
     failing = [False]
@@ -468,7 +469,7 @@ def fill(disk) -> int:
 WRITE_PAST_A_LIMIT = """
 import asyncio, os, pickle, resource, sys
 from pathlib import Path
-from collector.journal import Journal, JournalError
+from collector.live.journal import Journal, JournalError
 
 directory = Path(sys.argv[1])
 a, b, c = pickle.loads(directory.joinpath("spans.pickle").read_bytes())

@@ -17,7 +17,8 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
-from collector.wire import to_doc
+from collector.outputs.wire import to_doc
+
 from conftest import AGENTEVAL, CollectorProcess
 from mafshape import Invocation, Scenario, emit, ok, run_id
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator
-from pathlib import PurePosixPath
 from datetime import datetime, timedelta, timezone
+from pathlib import PurePosixPath
 
 import pytest
 import structlog
 
-from collector import logs
+from collector.live import logs
 
 FIELDS = {"run_id": "0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7", "trace_id": "0af7651916cd43dd",
           "subject": "ünïcode \u2028 subject", "status": "FAIL", "score": 0.25, "revision": 2, "incomplete": True,
@@ -114,7 +114,7 @@ def test_timestamps_are_written_as_structlogs_time_stamper_writes_them(micros: i
     assert logs.timestamp(micros) == logs.timestamp(micros) == expected.replace("+00:00", "Z")
 
 
-# --- every line JSON, a bounded shutdown, the level set from outside the file (DESIGN §6 r3) -------
+# --- every line JSON, a bounded shutdown, the level set from outside the file (docs/design.md §6) -------
 
 def test_with_the_push_endpoint_down_every_line_is_json_and_the_stop_is_bounded(tmp_path):
     import signal
@@ -139,13 +139,10 @@ def test_with_the_push_endpoint_down_every_line_is_json_and_the_stop_is_bounded(
 
 def test_the_log_level_comes_from_the_flag_else_the_environment(tmp_path):
     import os
+    import socket
     import subprocess
 
-    from conftest import AGENTEVAL
-
-    import socket
-
-    from conftest import free_port
+    from conftest import AGENTEVAL, free_port
 
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))

@@ -13,7 +13,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from collector.bridge import FidelityBridge
-from collector.maf_fakes import AgentSpec, Turn, chain, demo_workflows, under_report
+from collector.demo.maf_fakes import AgentSpec, Turn, chain, demo_workflows, under_report
+
 from conftest import AGENTEVAL, CollectorProcess, export_spans, verdicts
 
 WORKFLOWS = {w.name: w for w in demo_workflows()}

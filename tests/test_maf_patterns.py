@@ -9,7 +9,8 @@ import asyncio
 
 import pytest
 
-from collector.maf_fakes import drop_finish_reason, under_report
+from collector.demo.maf_fakes import drop_finish_reason, under_report
+
 from conftest import export_spans
 from maf_patterns import PATTERNS, Pattern, drive
 

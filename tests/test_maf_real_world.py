@@ -1,6 +1,6 @@
 """Real-world MAF Python shapes (agent-framework-core 1.23, orchestrations 1.4) that the builder
 patterns do not cover, exported over real OTLP to a running collector: what a user sees per unit
-and per run (DESIGN r3 §1, §3)."""
+and per run (docs/design.md §1, §3)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from opentelemetry import trace
 
+from collector.demo.maf_fakes import under_report
+
 import maf_real_world as rw
-from collector.maf_fakes import under_report
 from conftest import export_spans
 
 STREAM = pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])

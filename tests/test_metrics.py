@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import CaptureReceiver
 from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
@@ -17,7 +16,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collector.config import CollectorConfig
-from collector.metrics import DELTA_BUCKETS, LATENCY_BUCKETS, SCORE_BUCKETS, Metrics
+from collector.outputs.metrics import DELTA_BUCKETS, LATENCY_BUCKETS, SCORE_BUCKETS, Metrics
+
+from conftest import CaptureReceiver
 
 #: Values on, between, below and above the bounds, per label value (a negative one is dropped).
 VALUES = {"under": [0, 1, 1, 9, 10, 11, 340, 50_000, 50_001, 10**9], "over": [5, 500, -5], "equal": [0]}

@@ -4,7 +4,7 @@
 For every payload, :func:`decode_bytes` must give exactly what the Python path gives (the same
 :class:`Decoded`, or the same exception type), and the native decoder alone either the same result or
 None (it then leaves the request to protobuf). Its journal line must replay as what
-``collector.journal._encode`` of its spans replays as. CI sets AGENTEVAL_REQUIRE_NATIVE=1, so a
+``collector.live.journal._encode`` of its spans replays as. CI sets AGENTEVAL_REQUIRE_NATIVE=1, so a
 missing extension fails there instead of skipping.
 """
 
@@ -39,10 +39,10 @@ from opentelemetry.proto.common.v1.common_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
-from collector import decode
-from collector.classify import FINISH, SpanRecord, finish_reason
 from collector.config import CollectorConfig
-from collector.decode import (
+from collector.core.classify import FINISH, SpanRecord, finish_reason
+from collector.formats import decode
+from collector.formats.decode import (
     MAX_ATTR_CHARS,
     MAX_VALUE_DEPTH,
     OWN_SCOPE,
@@ -55,7 +55,8 @@ from collector.decode import (
     parse_request,
     span_count,
 )
-from collector.journal import _decode, _encode
+from collector.live.journal import _decode, _encode
+
 from mafshape import SCENARIOS, export_request, record
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))

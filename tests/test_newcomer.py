@@ -21,15 +21,16 @@ import yaml
 
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
-from collector.reconcile import reconcile
-from collector.loader import workflow_trace_run
+from collector.core.reconcile import reconcile
+from collector.formats.loader import workflow_trace_run
 from collector.store import StoredRun, open_store
+
 from conftest import AGENTEVAL, CollectorProcess, export_spans
 from mafshape import SCENARIOS, record, run_id
 from test_cli import ROOT, bench
 from test_stream import _wait_watchers
 
-RUN_SCHEMA = json.loads((ROOT / "collector/schemas/run.schema.json").read_text())
+RUN_SCHEMA = json.loads((ROOT / "collector/formats/schemas/run.schema.json").read_text())
 
 
 def cli(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
@@ -144,7 +145,7 @@ def test_top_level_help_shows_each_command_description_whole():
     """At 80 columns, `agenteval --help` cut `demo` and `watch` short with "...". """
     from typer.main import get_command
 
-    from collector.cli import app
+    from collector.ui.cli import app
 
     for path in [(), ("bench",), ("runs",), ("collector",)]:
         text = cli(*path, "--help", env={"COLUMNS": "80"}).stdout

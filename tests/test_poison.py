@@ -1,4 +1,4 @@
-"""One bad span, one bad run or one bad value never costs anyone else anything (DESIGN §3 r2, §5):
+"""One bad span, one bad run or one bad value never costs anyone else anything (docs/design.md §3, §5):
 regression tests for the adversarial report of issue 14, against a running collector."""
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import pytest
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
 from collector.config import CollectorConfig
-from collector.decode import decode_request
-from collector.pipeline import Pipeline
+from collector.formats.decode import decode_request
+from collector.live.pipeline import Pipeline
 from collector.store import StoreError, open_store
+
 from conftest import AGENTEVAL, JSON, CollectorProcess, post
 from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, run_id, to_otlp_json
 from test_journal import segments
@@ -43,7 +44,7 @@ def set_attr(span: dict, key: str, value: dict) -> None:
 
 
 def in_flight(collector) -> float:
-    return collector.metrics()[("collector_spans_in_flight", ())]
+    return collector.outputs.metrics()[("collector_spans_in_flight", ())]
 
 
 POISONS = {

@@ -29,15 +29,16 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from collector.assembler import Assembler, Backpressure
 from collector.config import CollectorConfig
-from collector.decode import decode_request
-from collector.journal import Journal, JournalError
-from collector.loader import workflow_trace_run
-from collector.metrics import Metrics
-from collector.pipeline import IngestResult, Pipeline, StoreWriter
-from collector.reconcile import reconcile
+from collector.core.reconcile import reconcile
+from collector.formats.decode import decode_request
+from collector.formats.loader import workflow_trace_run
+from collector.live.assembler import Assembler, Backpressure
+from collector.live.journal import Journal, JournalError
+from collector.live.pipeline import IngestResult, Pipeline, StoreWriter
+from collector.outputs.metrics import Metrics
 from collector.store import StoredRun, open_store
+
 from conftest import AGENTEVAL, JSON, PROTOBUF, CaptureReceiver, CollectorProcess, free_port, post
 from mafshape import SCENARIOS, export_request, record, run_id
 from test_cli import ROOT
@@ -147,14 +148,14 @@ def test_http_invalid_spans_are_rejected_with_reasons_and_the_rest_kept(collecto
     request = with_bad_ids()
     trace_id = request.resource_spans[0].scope_spans[0].spans[2].trace_id.hex()
     series = ("collector_spans_rejected_total", (("reason", "invalid_span"), ("transport", "http")))
-    before = collector.metrics().get(series, 0)
+    before = collector.outputs.metrics().get(series, 0)
     status, payload, _ = post(collector.http, request.SerializeToString())
     partial = ExportTraceServiceResponse.FromString(payload).partial_success
     assert status == 200 and partial.rejected_spans == 2
     assert "span_id must be 8" in partial.error_message and "trace_id must be 16" in partial.error_message
     run = collector.run(trace_id)
     assert run["executors"]  # the good spans of the trace were kept and reconciled
-    assert collector.metrics()[series] == before + 2  # counted under a reason, as every rejection is
+    assert collector.outputs.metrics()[series] == before + 2  # counted under a reason, as every rejection is
 
 
 def test_spans_of_a_trace_past_its_late_window_are_rejected_as_late(tmp_path):
@@ -542,11 +543,12 @@ def test_store_survives_kill_9_mid_write_and_history_is_served_after_restart(tmp
 # --- security -----------------------------------------------------------------------------------
 
 def _certs(tmp_path):
+    import ipaddress
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
-    import ipaddress
 
     now = datetime.datetime.now(datetime.timezone.utc)
 
@@ -880,8 +882,8 @@ def test_a_late_span_that_changes_no_run_does_not_release_a_revision_still_unsto
     settled again with no run, the trace was let go at once, its unstored revision's spans too."""
     import dataclasses
 
-    from collector.classify import span_facts
-    from collector.decode import Decoded
+    from collector.core.classify import span_facts
+    from collector.formats.decode import Decoded
     held = _HeldStore(tmp_path, late_window=300)
     spans, (trace_id,) = record([SCENARIOS["pass"][0]])
     try:
@@ -928,8 +930,8 @@ def test_without_a_late_window_a_trace_with_orphans_is_finalized_whole_and_let_g
     finalize them, so the trace was never settled and its journal segment stayed needed for good."""
     import dataclasses
 
-    from collector.classify import span_facts
-    from collector.decode import Decoded
+    from collector.core.classify import span_facts
+    from collector.formats.decode import Decoded
     held = _HeldStore(tmp_path, late_window=0)
     held.pipeline.journal.max_bytes = 1  # full while any span is still needed
     spans, _ = record([SCENARIOS["pass"][0]])

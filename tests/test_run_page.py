@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from collector.loader import workflow_trace_run
-from collector.reconcile import reconcile
+from collector.core.reconcile import reconcile
+from collector.formats.loader import workflow_trace_run
 from collector.store import StoredRun
+
 from conftest import AGENTEVAL, CollectorProcess, export_spans
 from mafshape import SCENARIOS, Call, Invocation, Scenario, export_request, ok, record, to_otlp_json
 

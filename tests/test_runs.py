@@ -1,4 +1,4 @@
-"""Runs are workflow-run spans (DESIGN §3 Runs): several per trace, nested ones belong to the outer
+"""Runs are workflow-run spans (docs/design.md §3 Runs): several per trace, nested ones belong to the outer
 run, parents that are never exported are not waited for. Spans are made by the real SDK, encoded
 to real OTLP protobuf and decoded as the receivers do; the assembler runs on a controlled clock."""
 
@@ -14,10 +14,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from collector.assembler import Assembler
 from collector.config import CollectorConfig
-from collector.decode import decode_bytes, decode_request
-from collector.reconcile import reconcile
+from collector.core.reconcile import reconcile
+from collector.formats.decode import decode_bytes, decode_request
+from collector.live.assembler import Assembler
 
 CONFIG = CollectorConfig()
 MATCHER = CONFIG.matcher()
@@ -134,7 +134,7 @@ def test_dotnet_runs_complete_without_the_session_span_that_is_never_exported():
     finalized = assembler.sweep()
     assert len(finalized) == 2
     for item in finalized:
-        # .NET's workflow_invoke has no workflow name: the run is named by its service (DESIGN §3 r3),
+        # .NET's workflow_invoke has no workflow name: the run is named by its service (docs/design.md §3),
         # not by workflow.id, which MAF Python fills with a per-process uuid
         assert not item.run.incomplete and item.run.subject == "app"
         (unit,) = reconcile(item.run).executors
@@ -194,7 +194,7 @@ def test_a_sub_workflow_run_span_belongs_to_its_outer_run():
 
 
 def test_spans_in_a_parent_cycle_are_reconciled_not_dropped():
-    from collector.classify import SpanRecord, TraceState, span_facts
+    from collector.core.classify import SpanRecord, TraceState, span_facts
 
     def record(sid: bytes, parent: bytes, name: str, start: int, attrs: dict) -> SpanRecord:
         return SpanRecord(tid, sid, parent, name, start, span_facts(MATCHER, name, attrs))
@@ -214,7 +214,7 @@ def test_spans_in_a_parent_cycle_are_reconciled_not_dropped():
 
 
 def test_the_late_window_is_bounded_in_bytes_not_only_in_traces():
-    from collector.assembler import LATE_BYTES_PER_SPAN
+    from collector.live.assembler import LATE_BYTES_PER_SPAN
 
     clock, rec = Clock(), Recorder()
     config = CONFIG.assembly.model_copy(update={"max_late_bytes": 300 * LATE_BYTES_PER_SPAN})
@@ -311,10 +311,10 @@ def test_a_run_whose_spans_lost_their_parent_cannot_pass():
     is incomplete and withheld from passing (it was a plain PASS: nothing looked missing)."""
     import dataclasses
 
-    from mafshape import SCENARIOS, export_request, record
+    from collector.core.classify import TraceState, span_facts
+    from collector.core.model import Status
 
-    from collector.classify import TraceState, span_facts
-    from collector.model import Status
+    from mafshape import SCENARIOS, export_request, record
     spans, _ = record([SCENARIOS["pass"][0]])
     records = decode_request(export_request(spans), MATCHER).spans
     workflow = next(s for s in records if s.name.startswith("workflow"))
@@ -330,7 +330,7 @@ def test_a_run_whose_spans_lost_their_parent_cannot_pass():
     assert {e.executor_id: e.verdict.value for e in verdict.executors} == {"researcher": "Agree", "writer": "Agree"}
 
 
-# --- delivery order (DESIGN §3 Assembly): the verdict does not depend on it ------------------------
+# --- delivery order (docs/design.md §3 Assembly): the verdict does not depend on it ------------------------
 
 def _pipeline_spans() -> tuple[list, str]:
     """A workflow run of two agents, the second one's executor span exported late (its children

@@ -11,12 +11,15 @@ from dataclasses import replace
 import jsonschema
 import psycopg
 import pytest
-from test_cli import ROOT, bench, run
 
-from collector.model import ChatTurn, ExecutorRecord, LedgerEntry, NoTruthReason, RunInput, Usage
-from collector.reconcile import reconcile
-from collector.serialize import BOUNDED_EVIDENCE
-from collector.store import CHECKPOINT_INTERVAL, MIGRATIONS, SCHEMA_VERSION, StoredRun, StoreError, open_store
+from collector.core.model import ChatTurn, ExecutorRecord, LedgerEntry, NoTruthReason, RunInput, Usage
+from collector.core.reconcile import reconcile
+from collector.core.serialize import BOUNDED_EVIDENCE
+from collector.store import StoredRun, StoreError, open_store
+from collector.store.base import MIGRATIONS, SCHEMA_VERSION
+from collector.store.sqlite import CHECKPOINT_INTERVAL
+
+from test_cli import ROOT, bench, run
 
 
 def _verdict(revision: int, truth: int, trace_id: str = "ab" * 16, executors: int = 1):
@@ -101,7 +104,7 @@ def test_a_document_keeps_the_first_entries_of_each_growing_list_and_counts_the_
     store = open_store(url, max_items=5)
     store.save(StoredRun("big", "live", _large(invocations=40, calls=25, errors=7)))
     doc = store.get_run("big")
-    jsonschema.Draft202012Validator(json.loads((ROOT / "collector/schemas/run.schema.json").read_text())).validate(doc)
+    jsonschema.Draft202012Validator(json.loads((ROOT / "collector/formats/schemas/run.schema.json").read_text())).validate(doc)
     ev = doc["executors"][0]["evidence"]
     assert (ev["chat_span_ids"], ev["chat_span_ids_more"]) == ([f"{c:015x}c" for c in range(5)], 995)
     assert (ev["response_turns"], ev["ledger_entries"], ev["truth_tokens"]) == (1000, 40, 1000)  # counts stay whole

@@ -18,12 +18,13 @@ from rich.console import Console
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
 from collector.config import load_config
-from collector.loader import iter_runs
-from collector.reconcile import reconcile
-from collector.serialize import run_to_dict
-from collector.stream import RunFilter, VerdictHub, WatcherClosed, WatcherLagged
-from collector.watch import Board
-from collector.wire import run_message, to_doc
+from collector.core.reconcile import reconcile
+from collector.core.serialize import run_to_dict
+from collector.formats.loader import iter_runs
+from collector.outputs.stream import RunFilter, VerdictHub, WatcherClosed, WatcherLagged
+from collector.outputs.wire import run_message, to_doc
+from collector.ui.watch import Board
+
 from conftest import AGENTEVAL, CollectorProcess, export_spans, free_port
 from mafshape import SCENARIOS, record, run_id
 

@@ -1,4 +1,4 @@
-//! A fast path for `collector.decode.decode_request`: OTLP `ExportTraceServiceRequest` bytes straight
+//! A fast path for `collector.formats.decode.decode_request`: OTLP `ExportTraceServiceRequest` bytes straight
 //! to `SpanRecord` objects, without building protobuf objects first.
 //!
 //! The Python decoder stays the reference. This one reads the canonical encodings exporters send and
@@ -9,7 +9,7 @@
 //! `MAX_VALUE_NESTING`. The caller then decodes the request with protobuf, which gives the same
 //! answer, or raises.
 //!
-//! In the same pass it writes the spans' crash-journal line (`collector.journal._encode`), so the
+//! In the same pass it writes the spans' crash-journal line (`collector.live.journal._encode`), so the
 //! journal costs the event loop no Python work per span.
 
 use pyo3::prelude::*;
@@ -17,7 +17,7 @@ use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
 use rustc_hash::FxHashMap;
 use std::sync::Mutex;
 
-/// Message nesting past which a request is left to protobuf (`collector.decode.parse_request`): the
+/// Message nesting past which a request is left to protobuf (`collector.formats.decode.parse_request`): the
 /// shallowest an attribute value nested past `MAX_VALUE_NESTING` (100) can be is 207 (a resource
 /// attribute's value is 5 messages deep, each array adds 2), so every request within it takes its
 /// values whole and none of its spans is rejected for nesting.
@@ -456,7 +456,7 @@ fn py_strip(text: &str) -> &str {
     text.trim_matches(py_space)
 }
 
-/// The attribute roles of `collector.classify.span_facts`, in the order `collector.decode` passes
+/// The attribute roles of `collector.core.classify.span_facts`, in the order `collector.formats.decode` passes
 /// their keys.
 #[derive(Clone, Copy)]
 enum Role {
@@ -485,13 +485,13 @@ const ROLES: usize = 17;
 const FINISH_REASONS: usize = 4096;
 
 /// A wanted attribute's value as the wire holds it (its `AnyValue` member); None where
-/// `collector.decode.any_value` gives None (no member, bytes).
+/// `collector.formats.decode.any_value` gives None (no member, bytes).
 type Member<'a> = Option<(u32, Value<'a>)>;
 
 // --- decoding ---------------------------------------------------------------------------------------
 
-/// Decodes requests into span records with their facts (`collector.classify.Facts`) for one matcher
-/// (see `collector.decode`).
+/// Decodes requests into span records with their facts (`collector.core.classify.Facts`) for one matcher
+/// (see `collector.formats.decode`).
 #[pyclass(frozen, module = "agenteval_native")]
 struct Decoder {
     /// Each wanted key's slot in a span's values.
@@ -500,7 +500,7 @@ struct Decoder {
     roles: [Vec<usize>; ROLES],
     /// The class built per span, called with its fields positionally.
     record: Py<PyAny>,
-    /// `collector.classify.finish_reason`, called with a finish-reason string.
+    /// `collector.core.classify.finish_reason`, called with a finish-reason string.
     finish_reason: Py<PyAny>,
     /// Its answers so far: a handful of distinct strings recur on every chat span.
     finish_reasons: Mutex<FxHashMap<Box<str>, Py<PyAny>>>,
@@ -656,7 +656,7 @@ impl Decoder {
     }
 
     /// `(spans, rejected, own, line)` for a serialized request, or None to leave it to protobuf.
-    /// `line` is `collector.journal._encode(spans)` in meaning (and in bytes, as orjson writes it),
+    /// `line` is `collector.live.journal._encode(spans)` in meaning (and in bytes, as orjson writes it),
     /// or None when it could not be written exactly (a finish reason Python decoded to a lone
     /// surrogate, which UTF-8 cannot hold).
     fn decode<'py>(&self, py: Python<'py>, payload: &[u8]) -> PyResult<Option<Bound<'py, PyTuple>>> {
@@ -913,7 +913,7 @@ impl Decoder {
     }
 
     /// Check a wanted value `level` values deep in an attribute and `depth` messages deep in the
-    /// request as `collector.decode.any_value` reads it: every nested value with one member at most
+    /// request as `collector.formats.decode.any_value` reads it: every nested value with one member at most
     /// (protobuf would keep the last, or merge repeated ones).
     fn check_value(&self, member: Member<'_>, level: u32, depth: u32) -> R<()> {
         let Some((number, value)) = member else {
@@ -1020,7 +1020,7 @@ impl Decoder {
         }
     }
 
-    /// `collector.classify.span_facts` of a span, into `facts`; `exact` is cleared when their JSON
+    /// `collector.core.classify.span_facts` of a span, into `facts`; `exact` is cleared when their JSON
     /// cannot be written.
     fn facts<'py>(
         &self,

@@ -1,0 +1,684 @@
+"""Span classification (docs/design.md §3): compact span records in, one :class:`RunInput` per run out.
+
+:class:`TraceState` is incremental so spans may arrive in any order and in any number of batches
+(exporters send children before parents; late spans revise a run). A span is classified once its
+parent is known; until then it waits in ``_pending``. Classification gives every span a *context*
+that its children inherit: the run it belongs to (its outermost workflow-run span), the executor,
+and the nearest agent (name and invocation span). From that context:
+
+- a chat span is a turn of its nearest agent's unit (never an outer agent's);
+- an AgentResponseEvent span (our MAF instrumentation) is a ledger entry of the agent it names;
+- an agent span is the ledger only where the profile says the runtime's agent span is independent
+  (MAF .NET); MAF Python's re-sums the chat spans under it, which makes the unit ``ledger_derived``.
+
+A unit is (run, executor, agent), compared case-insensitively; its name is the executor id for the
+executor's own agent and ``executor/agent`` for any other agent that ran there.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from collector.core.model import Announcement, ChatTurn, ExecutorRecord, LedgerEntry, RunInput, UnattributedChat, Usage
+from collector.core.profiles import (
+    AGENT,
+    ANNOUNCEMENT_ATTRIBUTES,
+    BRIDGE_EXECUTOR_ATTRIBUTE,
+    EXECUTOR,
+    LEDGER_SOURCE_ATTRIBUTE,
+    LEDGER_SOURCE_BRIDGE,
+    RUN,
+    Matcher,
+)
+
+LEDGER_SOURCE_AGENT_SPAN = "invoke_agent"
+
+
+#: What classification reads of a span, worked out once as it is decoded (by the compiled decoder in
+#: the same pass, else by :func:`span_facts` from its wanted attributes), so the classifier looks up
+#: no attribute: its kind by name (:data:`RUN`, :data:`EXECUTOR`, :data:`AGENT` or :data:`OTHER`),
+#: whether it is an AgentResponseEvent, whether it is a chat call, the agent, executor and bridge
+#: executor names, whether its executor type hosts an agent, the subject, the error type, the input,
+#: output and total tokens, the finish reason, the instrumentation's announcement (the MAF release,
+#: its version and status), and a chat call's model and provider.
+Facts = tuple[int, bool, bool, str | None, str | None, str | None, bool, str | None, str | None,
+              int | None, int | None, int | None, str | None, str | None, str | None, str | None, str | None,
+              str | None]
+#: Positions in :data:`Facts` (the compiled decoder writes them in this order).
+(KIND, BRIDGE, CHAT, AGENT_ID, EXECUTOR_ID, BRIDGE_EXECUTOR, HOSTS_AGENT, SUBJECT, ERROR_TYPE, INPUT, OUTPUT, TOTAL,
+ FINISH, MAF_RELEASE, INSTRUMENTATION_VERSION, INSTRUMENTATION_STATUS, MODEL, PROVIDER) = range(18)
+FACTS = 18  # values in Facts
+#: How many facts journals of earlier versions wrote (replayed with the later facts unknown).
+EARLIER_FACTS = (13, 16)
+
+
+@dataclass(slots=True)
+class SpanRecord:
+    """The part of a span that classification reads."""
+
+    trace_id: bytes
+    span_id: bytes
+    parent_id: bytes
+    name: str
+    start_ns: int
+    #: What classification reads of the span's attributes (:data:`Facts`).
+    facts: Facts
+    resource_subject: str | None = None
+    #: The span's error status description ("" when it has none); None when the status is not ERROR.
+    status_error: str | None = None
+    #: The resource's ``telemetry.sdk.language`` (which runtime, hence which profile, wrote it).
+    sdk_language: str | None = None
+
+
+#: A chat call while its trace is assembled and in the late window: (input, output and total tokens,
+#: finish reason, start, invocation, span id bytes, error, model, provider): ~100 bytes less than a
+#: ChatTurn with its Usage and hex id (the span id is the very object the trace keys the span by;
+#: model and provider strings are shared per trace), and a tuple of atoms the garbage collector
+#: stops tracking. bench/late_memory.py: 286 -> 194 bytes a span held for agents of 50 chat calls,
+#: 425 -> 377 for agents of 3 (before model and provider: two references more now).
+_Turn = tuple[int | None, int | None, int | None, str | None, int, str | None, bytes, str | None, str | None,
+              str | None]
+
+#: What a span's children inherit: (run span id, executor key, agent key, agent invocation span id).
+#: Keys are case-folded; the first spelling seen is kept for display.
+Context = tuple[str | None, str | None, str | None, str | None]
+_NO_CONTEXT: Context = (None, None, None, None)
+
+
+@dataclass(slots=True)
+class _Unit:
+    ledger: list[LedgerEntry] = field(default_factory=list)
+    #: Agent spans of a runtime whose agent span is an independent ledger (.NET).
+    agent_spans: list[LedgerEntry] = field(default_factory=list)
+    #: Agent spans that only re-sum the chat spans (MAF Python): never a ledger, only counted.
+    derived_agent_spans: int = 0
+    #: One of them carried usage or a finish reason (with no chat span below it, MAF puts the
+    #: AgentResponse's own there): the agent answered something, so it is no idle call.
+    derived_reported: bool = False
+    #: Chat calls as plain tuples (:data:`_Turn`); they become ChatTurns when the run is built.
+    turns: list[_Turn] = field(default_factory=list)
+    #: The agent ran directly in its executor (no other agent between): a candidate for "own agent".
+    top_level: bool = False
+
+
+@dataclass(slots=True)
+class _Executor:
+    spans: list[tuple[int, str]] = field(default_factory=list)  # (start, span id) per invocation
+    hosts_agent: bool = False  # its type hosts one agent of its own (AgentExecutor)
+
+
+@dataclass(slots=True)
+class _Run:
+    """One workflow run (a workflow-run span and its subtree), or the trace's direct-agent run."""
+
+    span_id: str | None
+    subject: str | None = None
+    seen: bool = False  # its workflow-run span has arrived (ended)
+    executors: dict[str, _Executor] = field(default_factory=lambda: defaultdict(_Executor))
+    units: dict[tuple[str | None, str | None], _Unit] = field(default_factory=lambda: defaultdict(_Unit))
+    errors: list[str] = field(default_factory=list)
+    #: The instrumentation's announcement, from the first span of the run that carries one.
+    announcement: Announcement | None = None
+    #: The parent of its workflow-run span (callers' ledger spans join the run under the same parent).
+    parent_id: bytes = b""
+    #: Callers' ledger spans that joined no workflow run (this is the trace's run apart from them).
+    caller_ledgers_apart: int = 0
+    dirty: bool = False
+    revision: int = 0
+
+
+#: MAF's id of an agent without a name (``str(uuid4())``, also as 32 hex digits): a per-process id
+#: that never names a unit (docs/design.md §1).
+_PER_PROCESS_ID = re.compile(r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}", re.IGNORECASE)
+UNNAMED_AGENT = "unnamed-agent"
+
+
+def stable_name(name: str) -> str:
+    """An agent name as a unit may carry it: a per-process id becomes :data:`UNNAMED_AGENT`."""
+    return UNNAMED_AGENT if is_per_process_id(name) else name
+
+
+def is_per_process_id(name: str) -> bool:
+    return len(name) in (32, 36) and _PER_PROCESS_ID.fullmatch(name) is not None
+
+
+def workflow_name(name: str | None) -> str | None:
+    """A subject, unless it holds a per-process id (MAF 1.23 names an unnamed workflow
+    ``WorkflowBuilder-{uuid}``): the run is then named by what comes next (docs/design.md §1)."""
+    return None if name is None or _PER_PROCESS_ID.search(name) else name
+
+
+@lru_cache(maxsize=256)
+def _finish_from_text(text: str) -> str | None:
+    text = text.strip()
+    if not text.startswith("["):
+        return text or None
+    try:
+        return finish_reason(json.loads(text))
+    except (ValueError, RecursionError):
+        return text or None
+
+
+def finish_reason(value: Any) -> str | None:
+    """First finish reason from a string array or its JSON-encoded form (both MAF runtimes send the latter)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return _finish_from_text(value)  # a handful of distinct values: parse each once
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            if isinstance(item, str) and item.strip():
+                return item.strip()
+    return None
+
+
+#: Largest token count kept for one span: more is absurd, and clamping keeps every sum far inside
+#: int64 (the store, the proto and the metrics hold int64) while still showing an absurd value.
+MAX_TOKENS = 10**12
+
+
+def _int(value: Any) -> int | None:
+    """A token count: a non-negative integer (or integral double, or ASCII digits), clamped."""
+    if type(value) is int:  # the usual case (bool is a subclass, not this type)
+        return None if value < 0 else value if value <= MAX_TOKENS else MAX_TOKENS
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, float):
+        value = int(value) if value.is_integer() else None  # nan and inf are not integers
+    elif isinstance(value, str):
+        text = value.strip()
+        value = int(text) if text.isascii() and text.isdigit() and len(text) <= 32 else None
+    if not isinstance(value, int) or value < 0:
+        return None
+    return min(value, MAX_TOKENS)
+
+
+def _first(attrs: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        value = attrs.get(key)
+        if value is not None:
+            return value
+    return None
+
+
+def _text(value: Any) -> str | None:
+    """An attribute used as a name: strings only (an array or kvlist is no name)."""
+    if isinstance(value, str):
+        value = value.strip()
+        return value or None
+    return None
+
+
+def span_facts(m: Matcher, name: str, attrs: dict[str, Any]) -> Facts:
+    """A span's :data:`Facts` from its wanted attributes (the reference the compiled decoder matches)."""
+    return (
+        m.kind(name),
+        attrs.get(LEDGER_SOURCE_ATTRIBUTE) == LEDGER_SOURCE_BRIDGE,
+        m.is_chat(name, attrs),
+        _text(_first(attrs, m.agent_id_keys)),
+        _text(_first(attrs, m.executor_id_keys)),
+        _text(attrs.get(BRIDGE_EXECUTOR_ATTRIBUTE)),
+        m.is_agent_executor_type(_first(attrs, m.executor_type_keys)),
+        _text(_first(attrs, m.subject_keys)),
+        _text(_first(attrs, m.error_keys)),
+        _int(_first(attrs, m.input_keys)),
+        _int(_first(attrs, m.output_keys)),
+        _int(_first(attrs, m.total_keys)),
+        finish_reason(_first(attrs, m.finish_keys)),
+        *(_text(attrs.get(key)) for key in ANNOUNCEMENT_ATTRIBUTES),
+        _text(_first(attrs, m.model_keys)),
+        _text(_first(attrs, m.provider_keys)),
+    )
+
+
+class TraceState:
+    """Everything known about one trace, updated span batch by span batch."""
+
+    __slots__ = ("matcher", "trace_id", "root_span_id", "subject", "_context", "_pending", "_pending_ids",
+                 "_runs", "_names", "_fallback_subject", "run_spans_seen", "unusable", "orphaned", "_callers",
+                 "_published", "_provisional", "_shared")
+
+    def __init__(self, matcher: Matcher, trace_id: bytes) -> None:
+        self.matcher = matcher
+        self.trace_id = trace_id
+        self.root_span_id: bytes | None = None
+        self.subject: str | None = None
+        self._fallback_subject: str | None = None
+        self._context: dict[bytes, Context] = {}
+        self._pending: dict[bytes, list[SpanRecord]] = defaultdict(list)
+        self._pending_ids: set[bytes] = set()
+        self._runs: dict[str | None, _Run] = {}
+        self._names: dict[str, str] = {}  # case-folded key -> first spelling
+        #: Workflow-run spans received (a trace holding one is ready once quiet, root or not).
+        self.run_spans_seen = 0
+        #: Spans whose classification failed: ignored on their own (their children inherit around them).
+        self.unusable = 0
+        #: Spans classified as if parentless because their parent never arrived (a workflow-run
+        #: span's parent aside, which may never be exported): spans of the trace are missing.
+        self.orphaned = 0
+        #: Ledger spans outside any workflow run that name their executor (a caller recording the
+        #: workflow's AgentResponseEvents under its own span): (parent id, executor key, entry),
+        #: until they join the run under the same parent that has that executor.
+        self._callers: list[tuple[bytes, str, LedgerEntry]] = []
+        #: The revision last published of every run, including runs that only a provisional
+        #: finalization made (spans classified as if parentless): the next numbers on from it.
+        self._published: dict[str | None, int] = {}
+        #: Runs were last published provisionally: orphans were resolved on a copy and still wait.
+        self._provisional = False
+        #: One object per distinct model or provider name of the trace, shared by its chat calls.
+        self._shared: dict[str, str] = {}
+
+    def add(self, span: SpanRecord) -> bool:
+        """Classify one span now if its parent is known (or it has none), else park it.
+
+        Returns False for a span id already seen in this trace (exporters retry).
+        """
+        sid = span.span_id
+        if sid in self._context or sid in self._pending_ids:
+            return False
+        if span.parent_id == sid:  # self-parented: treat as a root rather than wait for itself
+            span.parent_id = b""
+        if span.facts[KIND] == RUN:
+            self.run_spans_seen += 1
+        if not span.parent_id:
+            if self.root_span_id is None:
+                self.root_span_id = sid
+                self.subject = workflow_name(span.facts[SUBJECT])
+            self._resolve(span, _NO_CONTEXT)
+        elif span.parent_id in self._context:
+            self._resolve(span, self._context[span.parent_id])
+        else:
+            self._pending[span.parent_id].append(span)
+            self._pending_ids.add(sid)
+        if self._fallback_subject is None and span.resource_subject:
+            self._fallback_subject = span.resource_subject
+        return True
+
+    def _resolve(self, span: SpanRecord, inherited: Context) -> None:
+        # Iterative so that absurdly deep parent chains cannot exhaust the stack.
+        stack = [(span, inherited)]
+        while stack:
+            s, parent = stack.pop()
+            try:
+                context = self._classify(s, parent)
+            except Exception:  # noqa: BLE001 - one span that cannot be classified is ignored on its own
+                self.unusable += 1
+                context = parent
+            self._context[s.span_id] = context
+            children = self._pending.pop(s.span_id, ())
+            if children and self._provisional:  # spans published as parentless got their parent
+                self._provisional = False
+                for run in self._runs.values():
+                    run.dirty = True
+            for child in children:
+                self._pending_ids.discard(child.span_id)
+                stack.append((child, context))
+
+    def _key(self, name: str) -> str:
+        key = name.casefold()
+        self._names.setdefault(key, name)
+        return key
+
+    def _run(self, key: str | None) -> _Run:
+        run = self._runs.get(key)
+        if run is None:
+            run = self._runs[key] = _Run(key, revision=self._published.get(key, 0))
+        run.dirty = True
+        return run
+
+    def _classify(self, s: SpanRecord, parent: Context) -> Context:
+        kind, bridge, chat, agent_id, executor_id, _, hosts_agent, subject, _, i, o, t, finish = s.facts[:FINISH + 1]
+        run_key, executor, agent, invocation = parent
+        if bridge:
+            self._ledger_span(s, parent)
+            return parent
+        if kind == RUN:
+            if run_key is None:  # an outermost workflow run; a nested one (sub-workflow) is its outer run's
+                run = self._run(s.span_id.hex())
+                run.seen = True
+                run.subject = workflow_name(subject)
+                run.parent_id = s.parent_id
+                self._announce(run, s)
+                if error := self._error(s):
+                    run.errors.append(f"workflow: {error}")
+                return (run.span_id, None, None, None)
+            if error := self._error(s):
+                self._run(run_key).errors.append(f"sub-workflow: {error}")
+            return parent
+        if kind == EXECUTOR:
+            name = executor_id or _suffix(s.name, self.matcher.executor_prefixes)
+            if not name:
+                return parent
+            key = self._key(name)
+            run = self._run(run_key)
+            seen = run.executors[key]
+            seen.spans.append((s.start_ns, s.span_id.hex()))
+            seen.hosts_agent = seen.hosts_agent or hosts_agent
+            if error := self._error(s):
+                run.errors.append(f"{name}: {error}")
+            return (run_key, key, None, None)
+        if kind == AGENT:
+            name = agent_id or _suffix(s.name, self.matcher.agent_prefixes)
+            if not name:
+                return parent
+            key = self._key(stable_name(name))
+            run = self._run(run_key)
+            self._announce(run, s)
+            unit = run.units[(executor, key)]
+            unit.top_level = unit.top_level or agent is None
+            if self._error(s) is None:  # an agent that raised reported nothing
+                if self.matcher.agent_span_is_ledger(s.sdk_language):
+                    sid = s.span_id.hex()
+                    unit.agent_spans.append(LedgerEntry(Usage(i, o, t), finish, s.start_ns, sid, sid))
+                else:
+                    unit.derived_agent_spans += 1
+                    unit.derived_reported = unit.derived_reported or bool(i or o or t) or finish is not None
+            return (run_key, executor, key, s.span_id.hex())
+        if chat:  # with no agent above it, the unit (executor, None) is a run note, not a unit
+            shared = self._shared
+            model, provider = s.facts[MODEL], s.facts[PROVIDER]
+            if model is not None:
+                model = shared.setdefault(model, model)
+            if provider is not None:
+                provider = shared.setdefault(provider, provider)
+            self._run(run_key).units[(executor, agent)].turns.append((i, o, t, finish, s.start_ns, invocation,
+                                                                      s.span_id, self._error(s), model, provider))
+        return parent
+
+    def _ledger_span(self, s: SpanRecord, parent: Context) -> None:
+        """An AgentResponseEvent: the response the agent's caller received, where that agent ran."""
+        run_key, executor, agent, invocation = parent
+        _, _, _, name, _, bridge_executor, _, _, _, i, o, t, finish = s.facts[:FINISH + 1]
+        entry = LedgerEntry(Usage(i, o, t), finish, s.start_ns, None, s.span_id.hex())
+        if name is None:  # written by the caller (the seed's bridge): names its executor instead
+            if bridge_executor is None:
+                return
+            if run_key is None:  # beside the workflow run, not in it: joins it once the run is known
+                self._callers.append((s.parent_id, self._key(bridge_executor), entry))
+                return
+            executor, key = self._key(bridge_executor), None
+        else:
+            key = self._key(stable_name(name))
+            if key == agent:  # under the agent span: aligned to that invocation
+                entry.invocation = invocation
+        run = self._run(run_key)
+        self._announce(run, s)
+        run.units[(executor, key)].ledger.append(entry)
+
+    @staticmethod
+    def _announce(run: _Run, s: SpanRecord) -> None:
+        if run.announcement is None and (s.facts[INSTRUMENTATION_VERSION] or s.facts[MAF_RELEASE]):
+            run.announcement = Announcement(*s.facts[MAF_RELEASE:INSTRUMENTATION_STATUS + 1])
+
+    def _join_callers(self, everything: bool) -> None:
+        """Callers' ledger spans join the run under their parent that has their executor, when exactly
+        one does (docs/design.md §3); once the trace is complete, the others stay apart, noted."""
+        waiting = []
+        for parent_id, executor, entry in self._callers:
+            runs = [r for r in self._runs.values()
+                    if r.span_id is not None and r.parent_id == parent_id and executor in r.executors]
+            if len(runs) == 1:
+                runs[0].units[(executor, None)].ledger.append(entry)
+                runs[0].dirty = True
+            elif everything:
+                apart = self._run(None)
+                apart.units[(executor, None)].ledger.append(entry)
+                apart.caller_ledgers_apart += 1
+            else:
+                waiting.append((parent_id, executor, entry))
+        self._callers = waiting
+
+    @staticmethod
+    def _error(s: SpanRecord) -> str | None:
+        """The span's error (its ``error.type``, its status description, or "error"), or None."""
+        kind = s.facts[ERROR_TYPE]
+        if s.status_error is None:
+            return kind
+        detail = " ".join(p for p in (kind, s.status_error) if p)
+        return detail or "error"
+
+    def resolve_orphans(self, everything: bool) -> None:
+        """Classify spans whose parent has not arrived as if they had none.
+
+        Workflow-run spans are always resolved (their parent may never be exported: .NET's streaming
+        ``workflow.session``, a caller's span around several runs); with ``everything`` (the trace
+        is complete or timed out) so is every other orphan. Parent cycles are broken first, always.
+        """
+        self._break_cycles()
+        orphans = [p for p in self._pending if p not in self._pending_ids and p not in self._context]
+        for parent_id in orphans:
+            children = self._pending.get(parent_id, [])
+            keep = [c for c in children if not (everything or c.facts[KIND] == RUN)]
+            for child in children:
+                if child not in keep:
+                    self._pending_ids.discard(child.span_id)
+                    self.orphaned += child.facts[KIND] != RUN
+                    self._resolve(child, _NO_CONTEXT)
+            if keep:
+                self._pending[parent_id] = keep
+            else:
+                self._pending.pop(parent_id, None)
+
+    def _break_cycles(self) -> None:
+        """Parent cycles: nothing outside them can ever resolve them (a span's parent is fixed), so
+        each is broken at once, at one span classified as if parentless; the rest of the cycle
+        resolves beneath it. A span waiting on a parent that is not pending waits on."""
+        if not self._pending:
+            return
+        parent_of = {c.span_id: parent for parent, children in self._pending.items() for c in children}
+        acyclic: set[bytes] = set()
+        for start in parent_of:
+            walk: dict[bytes, None] = {}
+            sid = start
+            while sid in self._pending_ids and sid not in walk and sid not in acyclic:
+                walk[sid] = None
+                sid = parent_of[sid]
+            if sid in walk:  # back on this walk: a cycle, broken at its workflow-run span if it has one
+                cycle = list(walk)[list(walk).index(sid):]
+                sid = next((c for c in cycle if self._record(parent_of[c], c).facts[KIND] == RUN), sid)
+                siblings = self._pending[parent_of[sid]]
+                child = self._record(parent_of[sid], sid)
+                siblings.remove(child)
+                if not siblings:
+                    del self._pending[parent_of[sid]]
+                self._pending_ids.discard(sid)
+                self.orphaned += 1
+                self._resolve(child, _NO_CONTEXT)
+            acyclic.update(walk)
+
+    def _record(self, parent_id: bytes, span_id: bytes) -> SpanRecord:
+        return next(c for c in self._pending[parent_id] if c.span_id == span_id)
+
+    @property
+    def waiting(self) -> bool:
+        """Spans still wait for a parent (a run not yet finalized may need them)."""
+        return bool(self._pending)
+
+    @property
+    def provisional(self) -> bool:
+        """Runs were last published with the waiting spans resolved as if parentless: nothing new
+        would come of resolving them for good."""
+        return self._provisional
+
+    def run_inputs(self, cut: str | None = None, everything: bool = True,
+                   final: bool = True) -> list[tuple[RunInput, int]]:
+        """Reconciler inputs for every run that changed since the last call, with its revision.
+
+        ``cut``: why the caller finalizes the trace before it could be complete (the runs are then
+        flagged incomplete, with that reason in their notes). ``everything``: the trace is complete
+        (or timed out), so orphans are resolved too; otherwise only runs whose workflow-run span has
+        arrived are finalized, the rest keep waiting. Runs in which no agent ran are not runs.
+        Every run of a trace some of whose spans are known never to have arrived (its root, or the
+        parent of a span) is :attr:`RunInput.partial`: which run a lost span belonged to is unknown.
+        ``final`` false (a late parent may still come): orphans are resolved on a copy and keep
+        waiting here, so a parent that arrives later is attached as if it had come in order, and the
+        next revision is what in-order delivery gives (docs/design.md §3: delivery order never decides).
+        """
+        self._break_cycles()
+        if everything and not final and self._pending:
+            return self._provisional_inputs(cut)
+        orphaned = self.orphaned
+        self.resolve_orphans(everything)
+        if self._callers:
+            self._join_callers(everything)
+        if self.orphaned > orphaned:  # spans are missing: runs already published cannot pass either
+            for run in self._runs.values():
+                run.dirty = True
+        out = []
+        for key, run in self._runs.items():
+            if not run.dirty or not (everything or run.seen):
+                continue
+            run.dirty = False
+            rootless = key is None and self.root_span_id is None
+            if rootless:
+                cut_short = "its root span never arrived"
+            elif self.orphaned and cut is None:
+                cut_short = f"{self.orphaned} span(s) of it never got their parent span"
+            else:
+                cut_short = cut
+            built = self._run_input(run, cut_short, rootless or self.orphaned > 0)
+            if built.is_workflow:
+                run.revision += 1
+                self._published[key] = run.revision
+                out.append((built, run.revision))
+        return out
+
+    def _provisional_inputs(self, cut: str | None) -> list[tuple[RunInput, int]]:
+        trial = copy.deepcopy(self, {id(self.matcher): self.matcher})
+        out = trial.run_inputs(cut, everything=True)
+        self._published = trial._published
+        for key, run in self._runs.items():
+            run.revision, run.dirty = trial._runs[key].revision, trial._runs[key].dirty
+        self._provisional = True
+        return out
+
+    def _run_id(self, run: _Run) -> str:
+        trace_id = self.trace_id.hex()
+        return f"{trace_id}-{run.span_id}" if run.span_id else trace_id
+
+    def revise(self, run_id: str, revision: int) -> None:
+        """The store holds ``run_id`` at ``revision`` (a replayed trace, whose count began again at
+        1): its next revision numbers on from there, or the store would refuse it as stale."""
+        for run in self._runs.values():
+            if self._run_id(run) == run_id:
+                run.revision = max(run.revision, revision)
+                self._published[run.span_id] = run.revision
+
+    def _run_input(self, run: _Run, cut: str | None, partial: bool) -> RunInput:
+        names = self._display_names(run)
+        records = []
+        units_by_executor: dict[str | None, list[str | None]] = defaultdict(list)
+        for executor, agent in run.units:
+            units_by_executor[executor].append(agent)
+        idle: set[str] = set()
+        scored: set[str | None] = set()
+        unattributed: list[UnattributedChat] = []
+        for (executor, agent), unit in run.units.items():
+            hosts_agent = executor in run.executors and run.executors[executor].hosts_agent
+            if unit.ledger:
+                ledger, source, derived = tuple(unit.ledger), LEDGER_SOURCE_BRIDGE, False
+            elif unit.agent_spans:
+                ledger, source, derived = tuple(unit.agent_spans), LEDGER_SOURCE_AGENT_SPAN, False
+            else:
+                ledger, source, derived = (), "none", unit.derived_agent_spans > 0
+            if agent is None and not ledger and not hosts_agent:
+                # chat calls with no agent above them, by an executor that hosts none (a function
+                # executor calling a chat client itself) or by none: a run note, not a unit (docs/design.md §1)
+                unattributed.append(_unattributed(names[executor] if executor is not None else None, unit.turns))
+                continue
+            name = self._unit_name(names, run, executor, agent, unit, units_by_executor[executor])
+            if not unit.turns and not unit.derived_reported and not any(_reports(e) for e in ledger):
+                idle.add(name)  # an agent call that made no model call and reported nothing: not scored
+                continue
+            scored.add(executor)
+            spans = run.executors[executor].spans if executor in run.executors else []
+            records.append(ExecutorRecord(
+                executor_id=name,
+                ledger=ledger,
+                turns=tuple([ChatTurn(Usage(i, o, t), finish, start, invocation, sid.hex(), error, model, provider)
+                             for i, o, t, finish, start, invocation, sid, error, model, provider in unit.turns]),
+                ledger_source=source,
+                span_ids=tuple([sid for _, sid in sorted(spans)]),
+                ledger_derived=derived,
+            ))
+        non_agent = tuple(sorted(idle | {names[k] for k in run.executors if k not in scored}, key=str.casefold))
+        notes = [f"Trace incomplete: {cut}; spans that had not arrived are not in this verdict."] if cut else []
+        if run.caller_ledgers_apart:
+            notes.append(f"{run.caller_ledgers_apart} ledger span(s) recorded beside a workflow run named an "
+                         "executor that no single workflow run under the same parent ran: reconciled apart.")
+        trace_id = self.trace_id.hex()
+        return RunInput(
+            executors=tuple(records),
+            trace_id=trace_id,
+            root_span_id=run.span_id or (self.root_span_id.hex() if self.root_span_id else None),
+            subject=self._subject(run),
+            incomplete=cut is not None,
+            partial=partial,
+            unattributed_chat=tuple(unattributed),
+            non_agent_executors=non_agent,
+            workflow_errors=tuple(run.errors),
+            run_id=self._run_id(run),
+            notes=tuple(notes),
+            announcement=run.announcement,
+            service_name=self._fallback_subject,
+        )
+
+    def _subject(self, run: _Run) -> str | None:
+        """The workflow's name, else the root's, else the service's; a builder's default name (every
+        unnamed Sequential workflow is "Sequential") qualified by the service."""
+        named = run.subject or self.subject
+        if named in self.matcher.default_workflow_names and self._fallback_subject:
+            return f"{self._fallback_subject}/{named}"
+        return named or self._fallback_subject
+
+    def _display_names(self, run: _Run) -> dict[str, str]:
+        """First spellings, but an executor whose id is a per-process id (MAF names the executor of
+        an unnamed agent by the agent's uuid) is ``unnamed-agent-{n}`` (``unnamed-executor-{n}``
+        where it hosts no agent), numbered in the order the run first ran them: the same in every
+        process for the same workflow."""
+        renamed = [key for key in run.executors if is_per_process_id(key)]
+        if not renamed:
+            return self._names
+        names = dict(self._names)
+        renamed.sort(key=lambda key: min(run.executors[key].spans, default=(0, ""))[0])
+        for n, key in enumerate(renamed, 1):
+            names[key] = f"unnamed-{'agent' if run.executors[key].hosts_agent else 'executor'}-{n}"
+        return names
+
+    def _unit_name(self, names: dict[str, str], run: _Run, executor: str | None, agent: str | None, unit: _Unit,
+                   siblings: list[str | None]) -> str:
+        """The executor id for the executor's own agent, ``executor/agent`` for any other agent."""
+        if executor is None:
+            return names[agent] if agent else "(no executor)"
+        if agent is None or agent == executor:
+            return names[executor]
+        hosts_agent = executor in run.executors and run.executors[executor].hosts_agent
+        own_candidates = [a for a in siblings if a is not None and run.units[(executor, a)].top_level]
+        if hosts_agent and unit.top_level and len(own_candidates) == 1 and None not in siblings:
+            return names[executor]
+        return f"{names[executor]}/{names[agent]}"
+
+
+def _reports(entry: LedgerEntry) -> bool:
+    """The framework reported something for this response: tokens or a finish reason."""
+    return bool(entry.usage.total) or entry.finish_reason is not None
+
+
+def _unattributed(executor: str | None, turns: list[_Turn]) -> UnattributedChat:
+    totals = [Usage(i, o, t).total for i, o, t, *_ in turns]
+    known = [total for total in totals if total is not None]
+    return UnattributedChat(executor, len(turns), sum(known) if known else None)
+
+
+def _suffix(name: str, prefixes: tuple[str, ...]) -> str | None:
+    for prefix in prefixes:
+        if name.startswith(prefix):
+            rest = name[len(prefix):].strip()
+            return rest or None
+    return None

@@ -1,0 +1,377 @@
+"""Domain model shared by every path: small values nothing mutates, no I/O, no transport types.
+
+The reconciler takes a :class:`RunInput` and returns a :class:`RunVerdict`; adapters at the edges
+(workflow-trace JSON, OTLP spans) build the former and sinks (store, spans, metrics, stream)
+consume the latter.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+class Verdict(str, enum.Enum):
+    AGREE = "Agree"
+    TOKEN_MISMATCH = "TokenMismatch"
+    FINISH_MISMATCH = "FinishMismatch"
+    BOTH = "Both"
+    NO_TRUTH = "NoTruth"
+
+
+#: The single definition of what each verdict is worth (NoTruth is skipped, so it has none).
+VERDICT_SCORES: dict[Verdict, float] = {
+    Verdict.AGREE: 1.0,
+    Verdict.TOKEN_MISMATCH: 0.5,
+    Verdict.FINISH_MISMATCH: 0.5,
+    Verdict.BOTH: 0.0,
+}
+
+
+class NoTruthReason(str, enum.Enum):
+    NO_CHAT_TRACE = "no_chat_trace"
+    RESPONSE_MISSING = "response_missing"
+    PARTIAL_RESPONSE = "partial_response"
+    USAGE_MISSING = "usage_missing"
+    LEDGER_MISSING = "ledger_missing"
+    LEDGER_DERIVED = "ledger_derived"
+
+
+#: Plain-words explanation of each NoTruth reason, for people debugging the upstream-hook gap.
+NO_TRUTH_EXPLANATIONS: dict[NoTruthReason, str] = {
+    NoTruthReason.NO_CHAT_TRACE: (
+        "no chat-boundary span was attributed to this agent: its chat client is not "
+        "instrumented (no ChatTelemetryLayer) or its spans never reached the collector"
+    ),
+    NoTruthReason.RESPONSE_MISSING: (
+        "chat calls were seen but none carried a response (usage or finish reason) and none failed: the "
+        "Path-2 gap (live InProcessExecution does not route executor responses back through the "
+        "instrumented chat client, upstream request microsoft/agent-framework #6918), or a chat client "
+        "that records no response (a streaming call without usage in its last chunk)"
+    ),
+    NoTruthReason.PARTIAL_RESPONSE: (
+        "some chat calls carried a response and others were requests that never got one, or responses "
+        "without a token count, so the token sum cannot be trusted"
+    ),
+    NoTruthReason.USAGE_MISSING: (
+        "the chat calls answered (they carry finish reasons) but none reported a token count, so there is "
+        "no token total to compare"
+    ),
+    NoTruthReason.LEDGER_MISSING: (
+        "the chat boundary saw this agent's calls but the framework reported no response for it (the "
+        "agent raised before answering, or its responses were not recorded): a visibility gap, not a "
+        "divergence"
+    ),
+    NoTruthReason.LEDGER_DERIVED: (
+        "the only framework ledger is the invoke_agent span, whose usage MAF Python re-sums from the same "
+        "chat spans, so comparing the two could never disagree"
+    ),
+}
+
+
+#: What would give each NoTruth unit its truth back (shown on the run page).
+NO_TRUTH_FIXES: dict[NoTruthReason, str] = {
+    NoTruthReason.NO_CHAT_TRACE: (
+        "instrument this agent's chat client (MAF: enable_instrumentation(), clients with "
+        "ChatTelemetryLayer) and export its spans to this collector, in the same trace as the workflow"
+    ),
+    NoTruthReason.RESPONSE_MISSING: (
+        "an upstream hook in MAF's InProcessExecution that hands each executor's chat response back "
+        "through the instrumented chat client, so the chat span records gen_ai.usage.* and "
+        "gen_ai.response.finish_reasons; until it exists, reconcile direct-agent or pre-wired runs. "
+        "If this agent's calls do not go through InProcessExecution, make its client report usage "
+        "(streaming: ask the provider for usage in the last chunk)"
+    ),
+    NoTruthReason.PARTIAL_RESPONSE: (
+        "find the chat spans without gen_ai.usage.* among the chat span ids below (typically streamed "
+        "calls cut short, or a client layer that drops usage) and make them record the response"
+    ),
+    NoTruthReason.USAGE_MISSING: (
+        "make the chat client report usage: a streamed call reports it only when asked for it in the "
+        "last chunk (OpenAI-compatible clients: stream_options include_usage)"
+    ),
+    NoTruthReason.LEDGER_MISSING: (
+        "if the agent failed, see the failed chat calls and the run's workflow errors; otherwise record "
+        "its responses: MAF Python, install opentelemetry-instrumentation-maf-fidelity and call "
+        "MafFidelityInstrumentor().instrument(); MAF .NET, wrap the agent with UseOpenTelemetry()"
+    ),
+    NoTruthReason.LEDGER_DERIVED: (
+        "record the AgentResponse the caller receives: install opentelemetry-instrumentation-maf-fidelity "
+        "and call MafFidelityInstrumentor().instrument() (or run under opentelemetry-instrument), "
+        "no call-site change needed"
+    ),
+}
+
+
+#: Ledger sources of hand-built trace files (workflow-trace/v1, AgentEval's WorkflowTrace): their
+#: NoTruth units are fixed in the file, not by instrumenting anything.
+LEDGER_SOURCE_V1 = "workflow-trace"
+LEDGER_SOURCE_AGENTEVAL = "AgentEval WorkflowTrace"
+FILE_FIXES: dict[NoTruthReason, str] = {
+    NoTruthReason.NO_CHAT_TRACE: (
+        "give this executor its chat-boundary turns in the file (workflow-trace/v1: executor_traces; "
+        "AgentEval: executorTraces entries of scope ChatTurn and type Response)"
+    ),
+    NoTruthReason.RESPONSE_MISSING: (
+        "record each chat call's response (usage and finish reason) where the trace was captured; the "
+        "file has only requests for this executor"
+    ),
+    NoTruthReason.PARTIAL_RESPONSE: (
+        "give every request of this executor its response turn (or a failed turn if the call raised)"
+    ),
+    NoTruthReason.USAGE_MISSING: "give this executor's response turns their token counts",
+}
+
+
+class Status(str, enum.Enum):
+    PASS = "PASS"
+    WARN = "WARN"
+    FAIL = "FAIL"
+    PENDING = "PENDING"
+
+
+#: Process exit code per run status (setup / IO errors exit 1, see ``cli``).
+STATUS_EXIT_CODES: dict[Status, int] = {
+    Status.PASS: 0,
+    Status.WARN: 10,
+    Status.FAIL: 9,
+    Status.PENDING: 11,
+}
+EXIT_ERROR = 1
+
+PASS_THRESHOLD = 0.99
+WARN_THRESHOLD = 0.80
+
+Preset = Literal["smoke", "standard", "audit-grade"]
+COST_TIER = "Free"
+
+
+# The values below are built per chat span and per unit on the live path: plain slotted dataclasses,
+# not frozen ones (building a frozen ChatTurn with its Usage took 4x as long). Nothing mutates them.
+@dataclass(slots=True)
+class Usage:
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
+
+    @property
+    def total(self) -> int | None:
+        """input + output where either is known (the missing side counts 0: a model may report output
+        tokens only), else the reported total; None where no count at all is known."""
+        if self.input_tokens is None and self.output_tokens is None:
+            return self.total_tokens
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
+
+
+@dataclass(slots=True)
+class LedgerEntry:
+    """One response the framework reported for an executor (an AgentResponseEvent)."""
+
+    usage: Usage
+    finish_reason: str | None
+    seq: int = 0
+    invocation: str | None = None
+    span_id: str | None = None
+
+
+@dataclass(slots=True)
+class ChatTurn:
+    """One chat-boundary call: a response (usage and/or finish reason), a failed call (it raised:
+    ``error`` set and no usage) or a bare request (the boundary saw no response)."""
+
+    usage: Usage
+    finish_reason: str | None
+    seq: int = 0
+    invocation: str | None = None
+    span_id: str | None = None
+    error: str | None = None
+    model: str | None = None
+    provider: str | None = None
+
+
+@dataclass(slots=True)
+class ExecutorRecord:
+    """One agent unit (docs/design.md §1 Units): an executor's own agent, named by the executor id, or another
+    agent that ran inside it, named ``executor/agent``. ``executor_id`` holds that unit name.
+
+    ``ledger_derived``: the framework's only ledger for this unit re-sums the same chat spans (MAF
+    Python's ``invoke_agent``), so it is withheld from ``ledger`` and the unit cannot be checked.
+    """
+
+    executor_id: str
+    ledger: tuple[LedgerEntry, ...] = ()
+    turns: tuple[ChatTurn, ...] = ()
+    ledger_source: str = "none"
+    span_ids: tuple[str, ...] = ()
+    ledger_derived: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class UnattributedChat:
+    """Chat calls with no agent above them, by one executor (None: by none): a run note, never a unit."""
+
+    executor: str | None
+    calls: int
+    tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Announcement:
+    """What the MAF instrumentation said of itself on the run's spans (docs/design.md §3b)."""
+
+    maf_release: str | None
+    version: str | None
+    status: str | None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.status) and self.status.startswith("active")
+
+
+@dataclass(slots=True)  # built once per run on the live path: not frozen, as above
+class RunInput:
+    executors: tuple[ExecutorRecord, ...]
+    trace_id: str | None = None
+    root_span_id: str | None = None
+    subject: str | None = None
+    incomplete: bool = False
+    #: Spans of its trace are known never to have arrived (the root of a run without a
+    #: workflow-run span, or the parent of a span), so units may be missing: it cannot pass. A run
+    #: cut short otherwise (a collector stopping mid quiet period) is incomplete only.
+    partial: bool = False
+    unattributed_chat: tuple[UnattributedChat, ...] = ()
+    #: Executors in which no agent ran (function executors, dispatchers, idle participants...).
+    non_agent_executors: tuple[str, ...] = ()
+    #: Errors the workflow itself raised (error status on workflow or executor spans): shown, not scored.
+    workflow_errors: tuple[str, ...] = ()
+    #: The run's stable id (live: ``{trace id}-{workflow-run span id}``); None: the caller assigns one.
+    run_id: str | None = None
+    #: What the reader noticed and the user should know (e.g. a trace key with no step), shown on the run.
+    notes: tuple[str, ...] = ()
+    #: The MAF instrumentation's announcement on the run's spans (None: none carried one).
+    announcement: Announcement | None = None
+    #: The resource's ``service.name`` (live).
+    service_name: str | None = None
+
+    @property
+    def is_workflow(self) -> bool:
+        """False when no agent ran at all (e.g. MAF's separate ``workflow.build`` trace): not a run."""
+        return bool(self.executors)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Scoring knobs. Presets are informational and deliberately absent here."""
+
+    tolerance: float = 0.02
+    flag_over_reporting: bool = False
+    finish_aliases: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(slots=True)
+class FinishComparison:
+    invocation: str | None
+    framework: str | None
+    truth: str | None
+    diverged: bool
+
+
+@dataclass(slots=True)
+class Evidence:
+    framework_tokens: int | None
+    truth_tokens: int | None
+    delta: int | None
+    direction: str | None
+    tolerance: float
+    #: The unit's finish reasons: of the first invocation whose reasons differ, else the last.
+    framework_finish: str | None
+    truth_finish: str | None
+    finish_comparisons: tuple[FinishComparison, ...]
+    aligned: bool
+    ledger_source: str
+    ledger_missing: bool
+    ledger_entries: int
+    response_turns: int
+    request_turns: int
+    failed_turns: int
+    ledger_span_ids: tuple[str, ...] = ()
+    chat_span_ids: tuple[str, ...] = ()
+    #: The unit's chat calls and ledger entries in order (``seq``: each one's start, Unix ns): the
+    #: run page's per-call tables.
+    chat_calls: tuple[ChatTurn, ...] = ()
+    ledger: tuple[LedgerEntry, ...] = ()
+    executor_span_ids: tuple[str, ...] = ()
+    #: The token sums split into input and output (None: no entry reported that side).
+    framework_input_tokens: int | None = None
+    framework_output_tokens: int | None = None
+    truth_input_tokens: int | None = None
+    truth_output_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class ExecutorVerdict:
+    executor_id: str
+    verdict: Verdict
+    score: float | None
+    token_diverged: bool
+    finish_diverged: bool
+    no_truth_reason: NoTruthReason | None
+    evidence: Evidence
+
+    @property
+    def checked(self) -> bool:
+        return self.verdict is not Verdict.NO_TRUTH
+
+
+@dataclass(slots=True)  # built once per run on the live path: not frozen, as above
+class RunVerdict:
+    status: Status
+    score: float | None
+    executors: tuple[ExecutorVerdict, ...]
+    trace_id: str | None = None
+    root_span_id: str | None = None
+    subject: str | None = None
+    preset: str = "standard"
+    cost_tier: str = COST_TIER
+    incomplete: bool = False
+    #: Chat calls with no agent above them (the sum of ``unattributed_chat``'s calls).
+    unattributed_chat_spans: int = 0
+    unattributed_chat: tuple[UnattributedChat, ...] = ()
+    revision: int = 1
+    notes: tuple[str, ...] = field(default=())
+    non_agent_executors: tuple[str, ...] = ()
+    workflow_errors: tuple[str, ...] = ()
+    #: AgentEval's coverage note when some units had no truth and others were checked, else None.
+    coverage_note: str | None = None
+    #: The MAF release and instrumentation its spans came from (the instrumentation's announcement).
+    maf_release: str | None = None
+    instrumentation_version: str | None = None
+    instrumentation_status: str | None = None
+    service_name: str | None = None
+
+    @property
+    def checked(self) -> int:
+        return [e.checked for e in self.executors].count(True)
+
+    @property
+    def unchecked(self) -> int:
+        return len(self.executors) - self.checked
+
+    @property
+    def exit_code(self) -> int:
+        return STATUS_EXIT_CODES[self.status]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A trace or run that could not be finalized or stored: counted, logged, shown on the run page."""
+
+    id: str
+    stage: str
+    error: str
+
+
+def fmt_score(score: float | None) -> str:
+    """A score as people read it (terminal tables, watch lines, a failed run's span status)."""
+    return "-" if score is None else f"{score:.3f}"

@@ -1,0 +1,327 @@
+"""Trace assembly (docs/design.md §3 "Assembly"): spans grouped by trace id until the trace is complete.
+
+Spans are classified as they arrive (:class:`~collector.core.classify.TraceState` keeps only compact
+data), so "assembly" is mostly bookkeeping of time and counts:
+
+- ready: the trace was quiet for ``quiet_period`` and its parentless root, or a workflow-run span,
+  has arrived (a run is complete when its workflow-run span has ended; a parent that may never be
+  exported, such as .NET's streaming ``workflow.session``, is not waited for);
+- or, with neither, ``max_trace_wait`` after its first span: finalized and flagged incomplete;
+- a trace may hold several runs (one per workflow-run span); each is finalized once, and again as a
+  new revision only when late spans changed it; the compact state stays for ``late_window``;
+- capacity (spans in unfinalized traces, traces in flight) is checked *before* a request is
+  accepted, so over the bound the receiver refuses the whole request (retryable) and nothing that
+  was accepted is ever dropped.
+
+Not thread-safe by design: the receivers and the sweeper all run on one asyncio loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from collector.config import Assembly
+from collector.core.classify import KIND, SpanRecord, TraceState
+from collector.core.model import Failure, RunInput
+from collector.core.profiles import RUN, Matcher
+
+
+class Backpressure(Exception):
+    """Over capacity: refuse the request with a retryable status; nothing of it was accepted."""
+
+    def __init__(self, reason: str, retry_after: float) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+@dataclass(slots=True)
+class Offer:
+    accepted: int = 0
+    duplicates: int = 0
+    expired: int = 0
+    #: The expired spans by why their traces no longer take spans (see :meth:`Assembler._let_go`).
+    expired_why: dict[str, int] = field(default_factory=dict)
+    #: Traces of the request that nothing will settle: all their spans were duplicates of a
+    #: finalized trace, or expired (the journal must not wait for them).
+    idle: frozenset[bytes] = frozenset()
+
+
+@dataclass(slots=True)
+class Finalized:
+    run: RunInput
+    revision: int
+    #: Monotonic time the trace became ready (first revision only): the verdict-latency origin.
+    root_arrived: float | None
+
+
+#: Memory a finalized trace keeps per span it received (its compact state for late spans), as
+#: measured by bench/late_memory.py (194-377 B); the late-window byte bound counts with this.
+LATE_BYTES_PER_SPAN = 400
+
+#: Why a run is flagged incomplete when the assembler, not the trace, ended it (in the run's notes).
+_SHUTDOWN = "the collector stopped before the trace's quiet period ended"
+_LATE_WINDOW_CLOSED = "spans of it still waited for their parent span when the trace left the late window"
+#: Why spans of a trace that takes no more are rejected, besides leaving the late window (``_let_go``).
+_NO_LATE_WINDOW = ("already finalized, with no late window kept (assembly.late_window or "
+                   "assembly.max_late_traces is 0)")
+_FAILED = "that could not be finalized (run_failed in the collector's log says why)"
+
+
+@dataclass(slots=True)
+class _Trace:
+    state: TraceState
+    first_seen: float
+    last_seen: float
+    spans: int = 0  # accepted and not yet finalized
+    held: int = 0  # accepted in all (what its compact state grows with)
+    root_arrived: float | None = None
+    #: When a root or workflow-run span first arrived since the trace was re-opened: where the
+    #: verdict latency of a run first seen in this revision counts from (a later turn of a
+    #: human-in-the-loop session), as ``root_arrived`` is for the first.
+    reopened: float | None = None
+    revision: int = 0
+    finalized_at: float = 0.0
+
+
+class Assembler:
+    def __init__(self, config: Assembly, matcher: Matcher, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.matcher = matcher
+        self.clock = clock
+        # Open traces, least recently updated first, so a sweep stops at the first non-quiet one.
+        self._open: OrderedDict[bytes, _Trace] = OrderedDict()
+        self._late: OrderedDict[bytes, _Trace] = OrderedDict()  # by first finalization time
+        self._late_spans = 0  # spans held by late traces (their estimated memory bounds the window)
+        #: Bounded memory of closed trace ids, each with why it takes no more spans.
+        self._expired: OrderedDict[bytes, str] = OrderedDict()
+        self._last_timeout_scan = 0.0
+        self.spans_in_flight = 0
+        #: Traces that could not be finalized since the last look (the pipeline drains and reports them).
+        self.failures: list[Failure] = []
+        #: Traces whose first finalization held no run (no agent ran) since the last look (the
+        #: pipeline counts and drains them).
+        self.ignored: list[bytes] = []
+        #: Traces finalized with nothing left waiting since the last look (the pipeline drains them:
+        #: once their runs are stored, the journal may let their spans go).
+        self.settled: list[bytes] = []
+        #: Traces cut short by a forced sweep (shutdown) at their first finalization since the last
+        #: look: the journal keeps their spans, so the spans that reach the next collector (a rolling
+        #: restart) complete their runs. One re-opened by late spans is not: its earlier spans are gone.
+        self.cut: list[bytes] = []
+
+    @property
+    def traces_in_flight(self) -> int:
+        return len(self._open)
+
+    @property
+    def late_traces(self) -> int:
+        return len(self._late)
+
+    def check_capacity(self, spans: int, traces: Iterable[bytes]) -> None:
+        """Raise :class:`Backpressure` if accepting this request would exceed a bound."""
+        cfg = self.config
+        if self.spans_in_flight + spans > cfg.max_spans_in_flight:
+            raise Backpressure(f"max_spans_in_flight ({cfg.max_spans_in_flight}) reached", cfg.retry_after)
+        if len(self._open) + spans <= cfg.max_traces_in_flight:
+            return  # a request holds no more traces than spans: its trace ids need no set
+        new = sum(1 for t in set(traces) if t not in self._open and t not in self._late)
+        if new and len(self._open) + new > cfg.max_traces_in_flight:
+            raise Backpressure(f"max_traces_in_flight ({cfg.max_traces_in_flight}) reached", cfg.retry_after)
+
+    def offer(self, spans: list[SpanRecord]) -> Offer:
+        """Accept a request's spans (capacity must have been checked)."""
+        now = self.clock()
+        result = Offer()
+        skipped: set[bytes] = set()
+        tid, trace = None, None
+        for span in spans:
+            if span.trace_id != tid:
+                tid = span.trace_id
+                trace = self._trace_for(tid, now)
+            if trace is None:
+                result.expired += 1
+                why = self._expired[tid]
+                result.expired_why[why] = result.expired_why.get(why, 0) + 1
+                skipped.add(tid)
+                continue
+            if not trace.state.add(span):
+                result.duplicates += 1
+                skipped.add(tid)
+                continue
+            if trace.root_arrived is None and (not span.parent_id or trace.state.run_spans_seen):
+                trace.root_arrived = now
+            elif trace.revision and trace.reopened is None and (not span.parent_id or span.facts[KIND] == RUN):
+                trace.reopened = now
+            trace.spans += 1
+            trace.held += 1
+            trace.last_seen = now
+            result.accepted += 1
+        self.spans_in_flight += result.accepted
+        if skipped:
+            result.idle = frozenset(t for t in skipped if (open_ := self._open.get(t)) is None or not open_.spans)
+        return result
+
+    def _trace_for(self, tid: bytes, now: float) -> _Trace | None:
+        """The open trace for ``tid`` (re-opening a finalized one for a new revision, creating a new
+        one otherwise); None when its late window has passed."""
+        trace = self._open.get(tid)
+        if trace is not None:
+            self._open.move_to_end(tid)
+            return trace
+        trace = self._late.pop(tid, None)
+        if trace is not None:
+            self._late_spans -= trace.held
+            trace.reopened = None
+        else:
+            if tid in self._expired:
+                return None
+            trace = _Trace(TraceState(self.matcher, tid), now, now)
+        self._open[tid] = trace
+        return trace
+
+    def next_deadline(self, now: float) -> float:
+        """When a sweep can next finalize something: the earliest quiet-period end still ahead, and
+        at the latest ``sweep_interval`` from now (rootless timeouts, the late window's expiry)."""
+        cap = now + self.config.sweep_interval
+        for trace in self._open.values():  # oldest activity first
+            due = trace.last_seen + self.config.quiet_period
+            if due > now:
+                return min(due, cap)
+            if trace.root_arrived is not None or trace.revision:
+                return now  # quiet and ready: sweep at once
+            # quiet but rootless: it waits for max_trace_wait (within the cap), later ones may be due
+        return cap
+
+    def sweep(self, force: bool = False) -> list[Finalized]:
+        """Finalize every trace that is complete (every open trace when ``force``)."""
+        now = self.clock()
+        cfg = self.config
+        ready = []
+        for tid, trace in self._open.items():
+            if force:
+                ready.append(tid)
+            elif now - trace.last_seen < cfg.quiet_period:
+                break  # everything after this one was updated more recently still
+            elif trace.root_arrived is not None or trace.revision:
+                ready.append(tid)
+            elif now - trace.first_seen >= cfg.max_trace_wait:
+                ready.append(tid)
+        if not force and now - self._last_timeout_scan >= 1.0:
+            # Rootless traces that keep receiving spans never become quiet: time them out too.
+            self._last_timeout_scan = now
+            ready.extend(
+                tid for tid, t in self._open.items()
+                if t.root_arrived is None and not t.revision and now - t.first_seen >= cfg.max_trace_wait
+                and now - t.last_seen < cfg.quiet_period
+            )
+        out: list[Finalized] = []
+        for tid in ready:
+            trace = self._open[tid]
+            if trace.revision and not trace.spans:  # re-opened by duplicates only: nothing new
+                self._to_late(tid, self._open.pop(tid))
+                continue
+            quiet = now - trace.last_seen >= cfg.quiet_period
+            complete = quiet and trace.state.root_span_id is not None
+            timed_out = trace.root_arrived is None and now - trace.first_seen >= cfg.max_trace_wait
+            cut = force and not complete
+            try:
+                out.extend(self._finalize(tid, now, cut=_SHUTDOWN if cut else None,
+                                          everything=force or complete or timed_out))
+                if cut and trace.revision == 1:
+                    self.cut.append(tid)
+            except Exception as exc:  # noqa: BLE001 - one trace that cannot be finalized costs no other
+                self._drop(tid, trace)
+                self.failures.append(Failure(tid.hex(), "finalize", f"{type(exc).__name__}: {exc}"[:200]))
+        out.extend(self._expire(now))
+        return out
+
+    def _drop(self, tid: bytes, trace: _Trace) -> None:
+        self._open.pop(tid, None)
+        self.spans_in_flight -= trace.spans
+        self._remember_expired(tid, _FAILED)
+        self.settled.append(tid)
+
+    def _finalize(self, tid: bytes, now: float, cut: str | None, everything: bool) -> list[Finalized]:
+        """The runs of a trace that changed, as new revisions; without ``everything`` only runs whose
+        workflow-run span has arrived (spans still waiting for a parent keep waiting). ``cut``: why
+        the trace is finalized before it could be complete."""
+        trace = self._open.pop(tid)
+        self.spans_in_flight -= trace.spans
+        trace.spans = 0
+        trace.revision += 1
+        late = self.config.late_window > 0 and self.config.max_late_traces > 0
+        # Without a late window nothing will come for spans still waiting for a parent: now or never.
+        # With one, spans still waiting for a parent are reconciled as if parentless, provisionally:
+        # the parent may come within the late window, and is then attached where it belongs.
+        runs = trace.state.run_inputs(cut=cut, everything=everything or not late, final=not late)
+        if trace.revision == 1:
+            trace.finalized_at = now
+            if not runs:  # no agent ran in it (e.g. MAF's separate workflow.build trace)
+                self.ignored.append(tid)
+        if late:
+            self._to_late(tid, trace)
+        else:
+            self._remember_expired(tid, _NO_LATE_WINDOW)
+        if not trace.state.waiting or trace.state.provisional:  # published whole, as far as it can be
+            self.settled.append(tid)
+        arrived = trace.root_arrived if trace.revision == 1 else trace.reopened
+        return [Finalized(run, revision, arrived if revision == 1 else None) for run, revision in runs]
+
+    def revise(self, tid: bytes, run_id: str, revision: int) -> None:
+        """See :meth:`TraceState.revise`."""
+        trace = self._open.get(tid) or self._late.get(tid)
+        if trace is not None:
+            trace.state.revise(run_id, revision)
+
+    def _to_late(self, tid: bytes, trace: _Trace) -> None:
+        self._late[tid] = trace
+        self._late_spans += trace.held
+
+    @property
+    def late_bytes(self) -> int:
+        """Estimated memory of the late window's state."""
+        return self._late_spans * LATE_BYTES_PER_SPAN
+
+    def _expire(self, now: float) -> list[Finalized]:
+        """Traces leaving the late window (by age, count or estimated bytes, oldest first); spans of
+        theirs still waiting for a parent that never came are reconciled now (flagged incomplete)."""
+        out: list[Finalized] = []
+        while self._late:
+            tid, trace = next(iter(self._late.items()))
+            why = self._let_go(trace, now)
+            if why is None:
+                break
+            del self._late[tid]
+            self._late_spans -= trace.held
+            self._remember_expired(tid, why)
+            if trace.state.waiting and not trace.state.provisional:
+                runs = trace.state.run_inputs(cut=_LATE_WINDOW_CLOSED, everything=True)
+                out.extend(Finalized(run, revision, None) for run, revision in runs)
+                self.settled.append(tid)
+        return out
+
+    def _let_go(self, trace: _Trace, now: float) -> str | None:
+        """Why the oldest late trace leaves the late window now (what its late spans are told), or None."""
+        cfg = self.config
+        if now - trace.finalized_at >= cfg.late_window:
+            return f"finalized longer ago than assembly.late_window ({cfg.late_window:g} s)"
+        if len(self._late) > cfg.max_late_traces:
+            return ("evicted from the late window before assembly.late_window ran out, to keep it within "
+                    f"assembly.max_late_traces ({cfg.max_late_traces} traces)")
+        if self.late_bytes > cfg.max_late_bytes:
+            return ("evicted from the late window before assembly.late_window ran out, to keep its memory within "
+                    f"assembly.max_late_bytes ({cfg.max_late_bytes} bytes, ~{LATE_BYTES_PER_SPAN} a span)")
+        return None
+
+    def _remember_expired(self, tid: bytes, why: str) -> None:
+        self._expired[tid] = why
+        while len(self._expired) > max(self.config.max_late_traces, 1_000):
+            self._expired.popitem(last=False)
+
+    def drain(self) -> list[Finalized]:
+        """Shutdown: finalize everything still open; incomplete where it was not yet complete."""
+        return self.sweep(force=True)

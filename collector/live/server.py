@@ -1,0 +1,331 @@
+"""``agenteval collector serve``: wires config -> receivers -> pipeline -> sinks, and its lifecycle.
+
+SIGTERM / SIGINT: stop accepting, finalize in-flight traces, flush the store and exporters, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import gc
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+
+import structlog
+from aiohttp import web
+from opentelemetry.sdk.resources import Resource
+
+from collector.config import CollectorConfig, ConfigError, split_endpoint
+from collector.formats import decode
+from collector.live import logs
+from collector.live.budget import MemoryBudget
+from collector.live.health import Health
+from collector.live.pipeline import Pipeline
+from collector.live.receivers import (
+    DISCARDED_SIGNALS,
+    GrpcDiscardService,
+    GrpcTraceService,
+    HttpListener,
+    HttpTraceReceiver,
+    grpc_server,
+)
+from collector.outputs.emit_spans import VerdictSpans, otlp_span_exporter
+from collector.outputs.export_queue import RetryingSpanExporter
+from collector.outputs.fidelity_service import FidelityService
+from collector.outputs.metrics import Metrics
+from collector.outputs.run_page import RunPage
+from collector.outputs.stream import VerdictHub
+from collector.security import BearerAuth, grpc_credentials, ssl_context
+from collector.store import open_store
+
+log = structlog.get_logger("agenteval.collector")
+
+
+@dataclass
+class Listening:
+    grpc: str | None
+    http: str | None
+    prometheus: str | None
+    store: str
+    #: The crash journal's directory; None when it is off.
+    journal: str | None
+
+
+class Collector:
+    """One collector instance; ``start`` binds everything, ``stop`` shuts down in order."""
+
+    def __init__(self, config: CollectorConfig) -> None:
+        self.config = config
+        self.resource = Resource.create({"service.name": "agenteval-collector"})
+        # A store that cannot be reached now is opened later: the collector starts without it.
+        self.store = open_store(config.store.url, config.store.password(), config.store.pool_size,
+                                max_items=config.store.max_span_ids_per_unit, retry=True)
+        otlp = config.exporters.otlp
+        self.spans = None
+        if otlp.endpoint:
+            exporter = RetryingSpanExporter(otlp_span_exporter(otlp.endpoint, otlp.protocol, otlp.insecure),
+                                            max_spans=otlp.max_backlog_spans, retry_interval=otlp.retry_interval,
+                                            shutdown_timeout=otlp.shutdown_timeout)
+            self.spans = VerdictSpans(exporter, self.resource, config.store.max_span_ids_per_unit)
+        self.pipeline: Pipeline | None = None
+        #: Memory of the requests being received and decoded, both receivers (receivers.max_inflight_bytes).
+        self.budget = MemoryBudget(config.receivers.max_inflight_bytes, config.assembly.retry_after)
+        self.hub: VerdictHub | None = None
+        self.metrics: Metrics | None = None
+        self._grpc = None
+        self._http: web.AppRunner | None = None
+        self._listener: HttpListener | None = None
+        self._sweeper: asyncio.Task | None = None
+        self.listening: Listening | None = None
+
+    async def start(self) -> Listening:
+        cfg = self.config
+        self.hub = VerdictHub(asyncio.get_running_loop(), cfg.stream.max_watchers, cfg.stream.buffer)
+        auth = BearerAuth(cfg.receivers.auth.token())
+        prometheus = cfg.exporters.prometheus
+        if prometheus.enabled and prometheus.require_auth and not auth.enabled:
+            raise ConfigError("exporters.prometheus.require_auth: set receivers.auth.bearer_token_file or "
+                              "bearer_token_env, whose token /metrics will then require")
+        check_ports(cfg)
+        files = raise_file_limit()
+        self.metrics = Metrics(cfg, self.resource, self._gauges,
+                               scrape_auth=auth if prometheus.require_auth else None)
+        self.pipeline = Pipeline(cfg, self.store, self.metrics, self.spans, cfg.store.url or "")
+        if replayed := self.pipeline.replay():  # before any receiver opens: journaled spans first
+            log.info("journal_replayed", spans=replayed, journal=str(self.pipeline.journal.directory))
+        hub = self.hub
+        self.store.subscribe(hub.publish_threadsafe, lambda: hub.watchers > 0)
+        grpc_addr = http_addr = None
+        tls = cfg.receivers.tls
+        scheme = "https" if tls.enabled else "http"
+        if cfg.receivers.grpc.enabled:
+            grpc_cfg = cfg.receivers.grpc
+            self._grpc = grpc_server(grpc_cfg.max_message_bytes, grpc_cfg.handshake_timeout)
+            service = GrpcTraceService(self.pipeline, auth, self.budget, grpc_cfg.max_message_bytes, grpc_cfg.read_timeout)
+            self._grpc.add_generic_rpc_handlers((service.handler(),
+                                                 *(GrpcDiscardService(signal, service).handler()
+                                                   for signal in DISCARDED_SIGNALS),
+                                                 FidelityService(self.store, self.hub, auth).handler()))
+            endpoint = cfg.receivers.grpc.endpoint
+            port = (self._grpc.add_secure_port(endpoint, grpc_credentials(tls)) if tls.enabled
+                    else self._grpc.add_insecure_port(endpoint))
+            await self._grpc.start()
+            grpc_addr = f"{split_endpoint(endpoint)[0]}:{port}"
+        if cfg.receivers.http.enabled:
+            http = cfg.receivers.http
+            receiver = HttpTraceReceiver(self.pipeline, http.max_body_bytes, auth, self.budget, http.read_timeout)
+            app = receiver.app()
+            Health(self.pipeline.writer).register(app)
+            if http.run_page:
+                RunPage(self.store, auth, http.trace_link, lambda: self.pipeline.failures).register(app)
+            self._http = receiver.runner(app)
+            await self._http.setup()
+            host, port = split_endpoint(http.endpoint)
+            self._listener = HttpListener(self._http, receiver, (host, port),
+                                          ssl_context(tls) if tls.enabled else None)
+            bound = await self._listener.start()
+            http_addr = f"{host}:{bound}"
+        prom = None
+        if self.metrics.prometheus_port is not None:
+            prom = f"{split_endpoint(cfg.exporters.prometheus.endpoint)[0]}:{self.metrics.prometheus_port}"
+        self._sweeper = asyncio.create_task(self._sweep_forever())
+        journal = self.pipeline.journal
+        self.listening = Listening(grpc_addr, http_addr and f"{scheme}://{http_addr}", prom, self.store.display,
+                                   str(journal.directory) if journal is not None else None)
+        log.info("collector_listening", grpc=grpc_addr, http=self.listening.http, prometheus=prom,
+                 store=self.store.display, store_open=self.store.is_open, journal=self.listening.journal, otlp_out=cfg.exporters.otlp.endpoint, tls=tls.enabled,
+                 mtls=bool(tls.client_ca_file), auth=auth.enabled, metrics_auth=prometheus.require_auth,
+                 open_files_limit=files, decoder="native" if decode.NATIVE else "python")
+        logs.flush()
+        _tune_gc()
+        return self.listening
+
+    def _gauges(self) -> dict[str, int]:
+        return {**(self.pipeline.gauges() if self.pipeline else {}),
+                "watchers": self.hub.watchers if self.hub else 0, "inflight_bytes": self.budget.used}
+
+    async def _sweep_forever(self) -> None:
+        """Sweep when the earliest deadline is due, not on a fixed tick: a verdict waits its trace's
+        quiet period and no longer. Accepted spans wake the sweeper when their deadline is earlier
+        than the one it sleeps towards (e.g. the first trace after an idle spell)."""
+        pipeline = self.pipeline
+        wake = asyncio.Event()
+        planned = float("inf")
+
+        def on_deadline(due: float) -> None:
+            if due < planned:
+                wake.set()
+
+        pipeline.on_deadline = on_deadline
+        next_full_gc = time.monotonic() + FULL_GC_INTERVAL
+        while True:
+            due = pipeline.next_deadline()
+            planned = due
+            wake.clear()
+            delay = due - pipeline.assembler.clock()
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(wake.wait(), delay)
+                    continue  # an earlier deadline arrived: recompute
+                except TimeoutError:
+                    pass
+            try:
+                pipeline.sweep()
+            except Exception:  # a bug in one trace must not stop every later verdict
+                log.exception("sweep_failed")
+            logs.flush()  # the sweep's run_verdict lines
+            if time.monotonic() >= next_full_gc:
+                next_full_gc = time.monotonic() + FULL_GC_INTERVAL
+                gc.collect()
+            await asyncio.sleep(0)  # let receivers run between back-to-back sweeps
+
+    async def stop(self) -> None:
+        if self.hub is not None:
+            self.hub.close()
+        if self._grpc is not None:
+            await self._grpc.stop(grace=2.0)
+        if self._listener is not None:
+            await self._listener.stop()
+        if self._http is not None:
+            await self._http.cleanup()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        if self.pipeline is not None:
+            open_traces = self.pipeline.assembler.traces_in_flight
+            kept = await asyncio.to_thread(self.pipeline.close)
+            # kept: traces whose spans the journal holds for the next start (cut short, or not stored)
+            log.info("collector_stopped", finalized_on_shutdown=open_traces, journal_traces=kept)
+        logs.flush()
+        if self.spans is not None:
+            self.spans.shutdown()
+        if self.metrics is not None:
+            self.metrics.shutdown()
+        self.store.close()
+
+
+#: glibc malloc arenas the collector's threads share (``MALLOC_ARENA_MAX`` in the environment wins).
+MALLOC_ARENAS = 1
+_M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
+
+
+def _tune_malloc() -> None:
+    """One malloc arena for every thread, set before the first thread starts.
+
+    glibc gives each thread that allocates under contention an arena of its own (up to 8 per core),
+    and memory freed in an arena is seldom returned: the gRPC, store, journal and export threads each
+    kept theirs at its peak. Under ``bench/throughput.py`` over 16 streams one arena held peak RSS at
+    147-153 MiB against 157-165, at no measurable cost per span (Python's own allocator serves small
+    objects without malloc). Not glibc (musl, macOS): nothing to do.
+    """
+    if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, MALLOC_ARENAS)
+    except (OSError, AttributeError):
+        pass
+
+
+#: Seconds between the full garbage collections the sweeper runs (see :func:`_tune_gc`).
+FULL_GC_INTERVAL = 600.0
+
+
+def _tune_gc() -> None:
+    """Garbage collection for a process that holds many objects for a long time.
+
+    - What is alive at start (imports, config, servers: ~80K objects) lives as long as the process:
+      it is frozen out of every later collection.
+    - Traces in flight and finalized traces kept for the late window (up to ``max_late_traces``) are
+      hundreds of thousands of objects, and CPython collects all of them whenever a quarter as many
+      have survived into the oldest generation: every few seconds under load, each a pause of
+      0.2-0.5 s for every request and verdict (bench/latency.py's p99). So the oldest generation is
+      never collected on its own: the sweeper collects it every ``FULL_GC_INTERVAL`` (reference
+      cycles that reach it wait that long). The young generations keep CPython's defaults (pauses
+      of a few ms); without the full collections ingest + sweep also run ~1.5x faster
+      (bench/inprocess.py).
+    """
+    gc.freeze()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, 2**31 - 1)
+
+
+def _endpoints(cfg: CollectorConfig) -> list[tuple[str, str]]:
+    """(config key, host:port) of every listener this config opens."""
+    out = []
+    if cfg.receivers.grpc.enabled:
+        out.append(("receivers.grpc.endpoint", cfg.receivers.grpc.endpoint))
+    if cfg.receivers.http.enabled:
+        out.append(("receivers.http.endpoint", cfg.receivers.http.endpoint))
+    if cfg.exporters.prometheus.enabled:
+        out.append(("exporters.prometheus.endpoint", cfg.exporters.prometheus.endpoint))
+    return out
+
+
+def check_ports(cfg: CollectorConfig) -> None:
+    """Fail before binding anything, naming the address and its config key, when a port is taken.
+
+    A probe bind (closed at once) rather than the listeners' own errors: gRPC reports only "Failed to
+    bind" after logging to stderr, and a half-started collector would have to be unwound.
+    """
+    for key, endpoint in _endpoints(cfg):
+        host, port = split_endpoint(endpoint)
+        if port == 0:
+            continue
+        try:
+            family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+            socket.create_server((host, port), family=family).close()
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"{key}: {endpoint} is already in use (another collector, e.g. `make run`, or another "
+                    f"program listens there): stop it, or set {key} to a free port in --config (port 0 picks one)"
+                ) from None
+            raise ConfigError(f"{key}: cannot listen on {endpoint}: {exc.strerror or exc}") from None
+
+
+def raise_file_limit() -> int | None:
+    """Raise the soft open-files limit to the hard one (as Go servers do): every connection costs a
+    descriptor, and a low soft limit (often 1024) is a cheap denial of service. Returns the limit."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # e.g. an unlimited hard limit above the kernel's nr_open
+            pass
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+async def serve(config: CollectorConfig, stop: asyncio.Event | None = None) -> None:
+    """Run until SIGTERM / SIGINT (or ``stop`` is set)."""
+    _tune_malloc()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    collector = Collector(config)
+    listening = await collector.start()
+    print(
+        "agenteval collector listening:"
+        + (f"\n  OTLP/gRPC  {listening.grpc}  (also FidelityService: agenteval watch --endpoint {listening.grpc})" if listening.grpc else "")
+        + (f"\n  OTLP/HTTP  {listening.http}/v1/traces" if listening.http else "")
+        + (f"\n  run page   {listening.http}/runs" if listening.http and config.receivers.http.run_page else "")
+        + (f"\n  health     {listening.http}/healthz, {listening.http}/readyz" if listening.http else "")
+        + (f"\n  metrics    http://{listening.prometheus}/metrics" if listening.prometheus else "")
+        + f"\n  run store  {listening.store}"
+        + ("" if collector.store.is_open else "  (not reachable yet: retrying; spans are journaled meanwhile)")
+        + f"\n  journal    {listening.journal or 'off: an accepted span is in memory only until its run is stored'}"
+        + "\nPress Ctrl-C to stop.",
+        flush=True,
+    )
+    await stop.wait()
+    await collector.stop()

@@ -1,0 +1,445 @@
+"""Metrics through the OpenTelemetry SDK: a Prometheus scrape endpoint and/or OTLP push (docs/design.md §3)."""
+
+from __future__ import annotations
+
+import errno
+import platform
+import socket
+import sys
+import threading
+import time
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import structlog
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import Histogram as SdkHistogram
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    HistogramDataPoint,
+    Metric,
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    MetricsData,
+    PeriodicExportingMetricReader,
+    ResourceMetrics,
+    ScopeMetrics,
+)
+from opentelemetry.sdk.metrics.export import (
+    Histogram as HistogramData,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from collector.config import CollectorConfig, split_endpoint
+from collector.core.model import NoTruthReason, RunVerdict, Status, Verdict
+from collector.security import BearerAuth
+
+SCORE_BUCKETS = (0.0, 0.25, 0.5, 0.75, 0.8, 0.9, 0.95, 0.99, 1.0)
+DELTA_BUCKETS = (0, 1, 10, 50, 100, 500, 1_000, 5_000, 10_000, 50_000)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+#: The ``subject`` label of runs past the ``exporters.metric_subjects`` distinct subjects (and the
+#: ``maf_release`` label past :data:`MAX_RELEASES` releases).
+OTHER_SUBJECT = "_other"
+#: Distinct ``maf_release`` label values (MAF ships every few weeks: a process sees a handful).
+MAX_RELEASES = 20
+#: The ``maf_release`` label of runs whose spans named no release (no MAF instrumentation).
+UNKNOWN_RELEASE = "unknown"
+
+
+@dataclass(slots=True)
+class _BoundedLabel:
+    """A label's value as seen for the first ``limit`` distinct values, :data:`OTHER_SUBJECT` past
+    them, so senders cannot grow the series; none when ``limit`` is 0 or there is no value."""
+
+    limit: int
+    seen: set[str] = field(default_factory=set)
+
+    def __call__(self, value: str | None) -> str | None:
+        if value is None or not self.limit:
+            return None
+        if value in self.seen:
+            return value
+        if len(self.seen) < self.limit:
+            self.seen.add(value)
+            return value
+        return OTHER_SUBJECT
+
+
+SCOPE = InstrumentationScope("agenteval.collector")
+
+
+@lru_cache(maxsize=1)
+def build_info() -> dict[str, str]:
+    """Labels of ``agenteval_build_info``: what is running, for dashboards and support."""
+    from importlib.metadata import version
+
+    from collector.formats import decode
+
+    return {"version": version("agenteval-collector"), "python": platform.python_version(),
+            "decoder": "native" if decode.NATIVE else "python"}
+
+
+@lru_cache(maxsize=1)
+def _scope_labels() -> dict[str, str]:
+    """The labels the installed SDK's Prometheus reader puts on our scope's series (``otel_scope_*``
+    since 2026; none before), read off a counter of a throwaway provider: our histograms carry the same."""
+    registry = CollectorRegistry()
+    provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)])
+    provider.get_meter(SCOPE.name).create_counter("probe").add(1)
+    try:
+        return {k: v for family in registry.collect() for sample in family.samples
+                for k, v in sample.labels.items() if k.startswith("otel_scope_")}
+    finally:
+        provider.shutdown()
+
+
+@dataclass(slots=True)
+class _Series:
+    counts: list[int]  # per bucket, the last one above every bound
+    total: float = 0.0
+    low: float = float("inf")
+    high: float = float("-inf")
+    #: Sum and extremes since the delta exporter last took them (a delta point carries its interval's).
+    since_total: float = 0.0
+    since_low: float = float("inf")
+    since_high: float = float("-inf")
+
+
+class Histogram:
+    """A cumulative explicit-bucket histogram, by the value of at most one label.
+
+    Recorded in about a microsecond; the SDK's ``Histogram.record`` validates and hashes its
+    attributes on every call (7-10 µs), and a run records one per checked unit. Both sinks read it:
+    the Prometheus registry through :class:`_PrometheusHistograms`, the OTLP push through
+    :class:`_WithHistograms`, in the shape the SDK gives its own histograms.
+    """
+
+    def __init__(self, name: str, prometheus_name: str, unit: str, description: str,
+                 buckets: Sequence[float], label: str | None = None) -> None:
+        self.name, self.prometheus_name, self.unit, self.description = name, prometheus_name, unit, description
+        self.buckets = tuple(float(b) for b in buckets)
+        #: Bucket bounds as Prometheus labels, spelt as configured (``0`` or ``0.0``), as the SDK's reader does.
+        self.le = (*(str(b) for b in buckets), "+Inf")
+        self.label = label
+        self.start_ns = time.time_ns()
+        self._series: dict[str | None, _Series] = {}
+        self._lock = threading.Lock()
+
+    def record(self, value: float, label_value: str | None = None) -> None:
+        if value < 0:  # as the SDK's histogram: a negative measurement is dropped
+            return
+        with self._lock:
+            series = self._series.get(label_value)
+            if series is None:
+                series = self._series[label_value] = _Series([0] * (len(self.buckets) + 1))
+            series.counts[bisect_left(self.buckets, value)] += 1  # bucket i holds (bound[i-1], bound[i]]
+            series.total += value
+            series.since_total += value
+            if value < series.low:
+                series.low = value
+            if value > series.high:
+                series.high = value
+            if value < series.since_low:
+                series.since_low = value
+            if value > series.since_high:
+                series.since_high = value
+
+    def snapshot(self, interval: bool = False) -> list[tuple[str | None, _Series]]:
+        """A copy of each series by label value; with ``interval`` its sum and extremes are those
+        since the last such call (which starts a new interval), its counts still cumulative."""
+        with self._lock:
+            out = []
+            for key, s in self._series.items():
+                if interval:
+                    out.append((key, _Series(list(s.counts), s.since_total, s.since_low, s.since_high)))
+                    s.since_total, s.since_low, s.since_high = 0.0, float("inf"), float("-inf")
+                else:
+                    out.append((key, _Series(list(s.counts), s.total, s.low, s.high)))
+            return out
+
+    def attributes(self, label_value: str | None) -> dict[str, str]:
+        return {} if self.label is None or label_value is None else {self.label: label_value}
+
+
+class _PrometheusHistograms:
+    """A prometheus_client collector for :class:`Histogram` (cumulative ``le`` buckets)."""
+
+    def __init__(self, histograms: Sequence[Histogram]) -> None:
+        self.histograms = histograms
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        for h in self.histograms:
+            scope = _scope_labels()
+            labels = [*([h.label] if h.label else []), *scope]
+            family = HistogramMetricFamily(h.prometheus_name, h.description, labels=labels)
+            for key, series in h.snapshot():
+                running, buckets = 0, []
+                for le, count in zip(h.le, series.counts):
+                    running += count
+                    buckets.append((le, running))
+                family.add_metric([*([key] if h.label else []), *scope.values()], buckets, series.total)
+            yield family
+
+
+class _WithHistograms(MetricExporter):
+    """The OTLP metric exporter, with :class:`Histogram` s added to each export under our scope,
+    cumulative or delta as the exporter prefers for histograms."""
+
+    def __init__(self, inner: MetricExporter, histograms: Sequence[Histogram], resource: Resource) -> None:
+        super().__init__(preferred_temporality=inner._preferred_temporality,  # noqa: SLF001 - the reader reads them
+                         preferred_aggregation=inner._preferred_aggregation)  # noqa: SLF001
+        self.inner, self.histograms, self.resource = inner, histograms, resource
+        self.temporality = inner._preferred_temporality.get(SdkHistogram,  # noqa: SLF001
+                                                            AggregationTemporality.CUMULATIVE)
+        self._last: dict[tuple[str, str | None], list[int]] = {}  # cumulative counts at the last export
+        self._last_ns: int | None = None
+
+    def _metrics(self) -> list[Metric]:
+        now = time.time_ns()
+        delta = self.temporality is AggregationTemporality.DELTA
+        out = []
+        for h in self.histograms:
+            points = []
+            for key, series in h.snapshot(interval=delta):
+                counts, total, start = series.counts, series.total, h.start_ns
+                if delta:  # what was recorded since the last export
+                    before = self._last.get((h.name, key), [0] * len(counts))
+                    self._last[(h.name, key)] = counts
+                    counts = [a - b for a, b in zip(counts, before)]
+                    start = self._last_ns or h.start_ns
+                    if not any(counts):
+                        continue
+                points.append(HistogramDataPoint(h.attributes(key), start, now, sum(counts), total, counts,
+                                                 h.buckets, series.low, series.high))
+            if points:
+                out.append(Metric(h.name, h.description, h.unit, HistogramData(points, self.temporality)))
+        self._last_ns = now
+        return out
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: object) -> MetricExportResult:
+        ours = self._metrics()
+        if ours:
+            resources = list(metrics_data.resource_metrics) or [ResourceMetrics(self.resource, [], "")]
+            first = resources[0]
+            scopes = [s for s in first.scope_metrics if s.scope.name != SCOPE.name]
+            scope = next((s for s in first.scope_metrics if s.scope.name == SCOPE.name), ScopeMetrics(SCOPE, [], ""))
+            scopes.append(replace(scope, metrics=[*scope.metrics, *ours]))
+            metrics_data = MetricsData([replace(first, scope_metrics=scopes), *resources[1:]])
+        return self.inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: object) -> None:
+        self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+class Metrics:
+    """The collector's instruments; ``gauges`` supplies in-flight figures at collection time."""
+
+    def __init__(self, config: CollectorConfig, resource: Resource,
+                 gauges: Callable[[], dict[str, int]], scrape_auth: BearerAuth | None = None) -> None:
+        readers: list[MetricReader] = []
+        self.registry = CollectorRegistry()
+        self._http: WSGIServer | None = None
+        self.prometheus_port: int | None = None
+        self.score = Histogram("fidelity.run.score", "fidelity_run_score", "", "Run score (PENDING runs have none)",
+                               SCORE_BUCKETS)
+        self.delta = Histogram("fidelity.token.delta", "fidelity_token_delta", "{token}",
+                               "Absolute framework-vs-truth token delta per checked executor", DELTA_BUCKETS,
+                               label="direction")
+        self.latency = Histogram("fidelity.verdict.latency", "fidelity_verdict_latency_seconds", "s",
+                                 "A run's arrival (its trace's root span, or the spans re-opening a finalized "
+                                 "trace: a later human-in-the-loop turn) to its first stored verdict", LATENCY_BUCKETS)
+        histograms = (self.score, self.delta, self.latency)
+        prom = config.exporters.prometheus
+        if prom.enabled:
+            readers.append(PrometheusMetricReader(registry=self.registry))
+            self.registry.register(_PrometheusHistograms(histograms))
+            ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, _resident_memory_bytes, _open_fds
+            host, port = split_endpoint(prom.endpoint)
+            self._http = scrape_server(host, port, self.registry, scrape_auth, config.receivers.http.read_timeout)
+            self.prometheus_port = self._http.server_port
+        otlp = config.exporters.otlp
+        if otlp.endpoint and otlp.push_metrics:
+            readers.append(PeriodicExportingMetricReader(
+                _WithHistograms(_otlp_metric_exporter(otlp.endpoint, otlp.protocol, otlp.insecure), histograms,
+                                resource),
+                export_interval_millis=otlp.metrics_interval * 1000,
+            ))
+        self._shutdown_timeout = config.exporters.otlp.shutdown_timeout
+        self._subject = _BoundedLabel(config.exporters.metric_subjects)
+        self._release = _BoundedLabel(MAX_RELEASES)
+        self.provider = MeterProvider(metric_readers=readers, resource=resource)
+        meter = self.provider.get_meter(SCOPE.name)
+        self.runs = meter.create_counter("fidelity.runs", description="Run verdicts by status (revisions included)")
+        self.verdicts = meter.create_counter("fidelity.executor.verdicts", description="Executor verdicts by verdict")
+        self.no_truth = meter.create_counter("fidelity.no_truth.executors", description="NoTruth executors by reason")
+        self.received = meter.create_counter("collector.spans.received", description="Spans accepted, by transport")
+        self.refused = meter.create_counter("collector.spans.refused",
+                                            description="Spans refused with a retryable status (over capacity)")
+        self.rejected = meter.create_counter("collector.spans.rejected",
+                                             description="Spans rejected as unusable (partial_success), by reason")
+        self.requests_rejected = meter.create_counter(
+            "collector.requests.rejected",
+            description="Requests refused whole, by reason: not OTLP, not authenticated, body not received in time, "
+                        "over the size limit, over the memory budget (memory_budget: retryable)")
+        self.duplicates = meter.create_counter("collector.spans.duplicate", description="Spans already seen")
+        self.discarded = meter.create_counter(
+            "collector.signals.discarded",
+            description="OTLP metrics and logs export requests accepted and discarded (an application's "
+                        "OpenTelemetry setup sends them to the same endpoint as its traces), by signal")
+        self.ignored = meter.create_counter("collector.traces.ignored",
+                                            description="Finalized traces without executor, agent or chat spans")
+        self.own = meter.create_counter("collector.spans.own",
+                                        description="Our own verdict spans received back and ignored")
+        self.store_errors = meter.create_counter("collector.store.errors", description="Failed store writes")
+        self.shed = meter.create_counter("collector.http.connections.shed",
+                                         description="Idle HTTP connections closed to make room when the process "
+                                                     "ran out of file descriptors")
+        self.failed = meter.create_counter("collector.runs.failed",
+                                           description="Traces or runs that could not be finalized, published or "
+                                                       "stored, by stage (each also logged and shown on /runs)")
+        # Present at 0 from the start, so alerts and dashboards see a series before the first event
+        # (a rate over nothing is no data, not 0): each counter an alert watches, with its usual labels.
+        for transport in ("grpc", "http"):
+            self.received.add(0, {"transport": transport})
+            for reason in ("capacity", "journal", "store_backlog"):
+                self.refused.add(0, {"reason": reason, "transport": transport})
+            for reason in ("invalid_span", "late", "never_fits"):
+                self.rejected.add(0, {"reason": reason, "transport": transport})
+            for reason in ("undecodable", "unauthenticated"):
+                self.requests_rejected.add(0, {"reason": reason, "transport": transport})
+        self.failed.add(0, {"stage": "store"})
+        for status in Status:
+            self.runs.add(0, {"status": status.value, "maf_release": UNKNOWN_RELEASE})
+        for verdict in Verdict:
+            self.verdicts.add(0, {"verdict": verdict.value, "maf_release": UNKNOWN_RELEASE})
+        for reason in NoTruthReason:
+            self.no_truth.add(0, {"reason": reason.value, "maf_release": UNKNOWN_RELEASE})
+        meter.create_observable_gauge("agenteval.build.info", [lambda _: [Observation(1, build_info())]],
+                                      description="The collector's version and build (value 1)")
+
+        def observe(name: str):
+            def callback(_: CallbackOptions):
+                value = gauges().get(name)  # none before the pipeline exists (a start refused, metrics pushed on exit)
+                if value is not None:
+                    yield Observation(value)
+            return callback
+
+        for name, desc in [("traces_in_flight", "Traces being assembled"),
+                           ("spans_in_flight", "Spans of traces being assembled"),
+                           ("late_traces", "Finalized traces still accepting late spans"),
+                           ("late_bytes", "Estimated memory of the late window's state (bounded by max_late_bytes)"),
+                           ("journal_bytes", "Size of the crash journal (bounded by journal.max_bytes)"),
+                           ("inflight_bytes", "Memory held by requests being received and decoded (bounded by "
+                                              "receivers.max_inflight_bytes)"),
+                           ("watchers", "WatchVerdicts streams attached"),
+                           ("store_queued_runs", "Verdicts waiting for the run store (e.g. during an outage)")]:
+            meter.create_observable_gauge(f"collector.{name}", [observe(name)], description=desc)
+
+    def record_runs(self, runs: list[RunVerdict]) -> None:
+        """A sweep's verdicts: counted locally, then one ``add`` per attribute set (the SDK hashes a
+        record's attributes on every call, which per run and per unit was a tenth of the main thread);
+        scores and deltas go to our own histograms."""
+        Labels = tuple[str, str | None, str | None]
+        statuses: Counter[Labels] = Counter()
+        verdicts: Counter[Labels] = Counter()
+        reasons: Counter[Labels] = Counter()
+        for run in runs:
+            subject, release = self._subject(run.subject), self._release(run.maf_release or UNKNOWN_RELEASE)
+            statuses[run.status.value, subject, release] += 1
+            if run.score is not None:
+                self.score.record(run.score)
+            for e in run.executors:
+                verdicts[e.verdict.value, subject, release] += 1
+                if e.no_truth_reason is not None:
+                    reasons[e.no_truth_reason.value, subject, release] += 1
+                elif e.evidence.delta is not None:
+                    self.delta.record(abs(e.evidence.delta), e.evidence.direction or "equal")
+        for counter, counts, key in ((self.runs, statuses, "status"), (self.verdicts, verdicts, "verdict"),
+                                     (self.no_truth, reasons, "reason")):
+            for (value, subject, release), n in counts.items():
+                labels = {key: value, "maf_release": release}
+                if subject is not None:
+                    labels["subject"] = subject
+                counter.add(n, labels)
+
+    def shutdown(self) -> None:
+        """Stop; the last OTLP push may take ``exporters.otlp.shutdown_timeout`` (an endpoint that is
+        down is not retried past it)."""
+        self.provider.shutdown(timeout_millis=self._shutdown_timeout * 1000)
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+
+
+class _ScrapeHandler(WSGIRequestHandler):
+    """Quiet; a client that does not send its request within ``timeout`` is disconnected."""
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        pass
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (TimeoutError, ConnectionError):
+            self.close_connection = True
+
+
+class _ScrapeServer(ThreadingWSGIServer):
+    def get_request(self) -> tuple[socket.socket, object]:
+        try:
+            return super().get_request()
+        except OSError as exc:  # out of descriptors: the socket stays readable; don't spin on it
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                time.sleep(0.1)
+            raise
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """One short line, not socketserver's traceback on stderr."""
+        structlog.get_logger("agenteval.collector").warning("metrics_request_failed",
+                                                             error=repr(sys.exc_info()[1])[:200])
+
+
+def scrape_server(host: str, port: int, registry: CollectorRegistry, auth: BearerAuth | None,
+                  read_timeout: float) -> WSGIServer:
+    """The ``/metrics`` endpoint on a daemon thread (prometheus_client's app and server), with an
+    optional bearer token and a bound on how long a client may take to send its request."""
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict, start_response: Callable) -> list[bytes]:
+        if auth is not None and not auth.allows(environ.get("HTTP_AUTHORIZATION")):
+            start_response("401 Unauthorized", [("WWW-Authenticate", "Bearer"), ("Content-Type", "text/plain")])
+            return [b"missing or invalid bearer token\n"]
+        return metrics_app(environ, start_response)
+
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    # socketserver listens with a backlog of 5: a burst of scrapers would see dropped connections
+    server_class = type("ScrapeServer", (_ScrapeServer,), {"address_family": family,
+                                                           "request_queue_size": socket.SOMAXCONN})
+    handler_class = type("ScrapeHandler", (_ScrapeHandler,), {"timeout": read_timeout})
+    httpd = make_server(host, port, app, server_class, handler_class=handler_class)
+    threading.Thread(target=httpd.serve_forever, name="prometheus-scrape", daemon=True).start()
+    return httpd
+
+
+def _otlp_metric_exporter(endpoint: str, protocol: str, insecure: bool):
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        return OTLPMetricExporter(endpoint=endpoint, insecure=insecure)
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+
+    return HttpExporter(endpoint=endpoint.rstrip("/") + "/v1/metrics")

@@ -1,0 +1,164 @@
+"""The SQLite backend of the run store (docs/design.md §5): one embedded WAL file, the default."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from collector.store.base import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    STORE_ENV,
+    RunStore,
+    StoreError,
+    StoreUnavailable,
+    data_dir_store,
+)
+
+log = structlog.get_logger("agenteval.collector")
+
+
+#: Seconds between a SQLite store's background WAL checkpoints (see :meth:`SqliteRunStore._checkpoint_forever`).
+CHECKPOINT_INTERVAL = 1.0
+
+
+class SqliteRunStore(RunStore):
+    """Thread-safe: one connection behind a lock; writes of a batch share one transaction."""
+
+    def __init__(self, path: Path | str) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.display = str(self.path)
+        self._lock = threading.Lock()
+        self._checkpointer: threading.Thread | None = None
+        self._db: sqlite3.Connection | None = None
+
+    def _connect(self) -> None:
+        parent = self.path.parent
+        if self.path.is_dir():
+            raise StoreError(f"{self.path}: is a directory: the SQLite store is a file, e.g. {self.path / 'runs.db'}")
+        if not parent.is_dir():
+            if self.path != data_dir_store():  # a typo must not silently start a new, empty store
+                raise StoreError(f"{self.path}: directory {parent} does not exist: create it (mkdir -p {parent}) "
+                                 f"or fix the store path (--store, store.url or ${STORE_ENV})")
+        db = None
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            db.row_factory = sqlite3.Row
+            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=5000",
+                           "wal_autocheckpoint=0"):  # checkpoints run beside the writer: _checkpoint_forever
+                db.execute(f"PRAGMA {pragma}")
+            self._migrate(db)
+            self._inode = os.stat(self.path).st_ino
+        except (sqlite3.Error, OSError, StoreError) as exc:
+            if db is not None:
+                db.close()
+            if isinstance(exc, StoreError):
+                raise
+            # another process's write transaction holds the file past busy_timeout: it can end
+            code = getattr(exc, "sqlite_errorcode", None) or 0
+            locked = (code & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+            raise (StoreUnavailable if locked else StoreError)(f"{self.path}: {exc}") from exc
+        self._db = db
+
+    def _still_there(self) -> None:
+        """A store file deleted or replaced under a running collector would swallow every later write
+        unseen: reopen the path (a new, migrated store), and say so."""
+        try:
+            same = os.stat(self.path).st_ino == self._inode
+        except OSError:
+            same = False
+        if not same:
+            log.error("store_replaced", store=self.display,
+                      detail="the store file was deleted or replaced while in use; reopened at the same path")
+            self._db.close()
+            self._connect()
+
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(f"{self.path}: schema version {version} is newer than this agenteval knows "
+                                 f"({SCHEMA_VERSION}); upgrade agenteval")
+            for number in range(version, SCHEMA_VERSION):
+                for statement in MIGRATIONS[number]:
+                    db.execute(statement)
+                log.info("store_migrated", store=self.display, to_version=number + 1)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def _checkpoint_forever(self) -> None:
+        """Copy the WAL into the database file every :data:`CHECKPOINT_INTERVAL`, beside the writer.
+
+        SQLite's automatic checkpoint runs inside the COMMIT that takes the WAL past 1,000 pages, so
+        its fsync of the database file stalled the store writer, and every verdict queued behind it
+        (bench/latency.py's rare 100+ ms maxima). A passive checkpoint from a connection of its own
+        waits for nobody and nobody waits for it; once it has caught up, the next write starts the
+        WAL over, so the WAL stays bounded. A fresh connection each time follows a store file that
+        was replaced, and ``mode=rw`` never creates one that was deleted.
+        """
+        uri = f"{self.path.absolute().as_uri()}?mode=rw"
+        while not self._closing.wait(CHECKPOINT_INTERVAL):
+            if not self.path.exists():  # deleted under us: the writer reopens it on its next write
+                continue
+            try:
+                db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+                try:
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                finally:
+                    db.close()
+            except sqlite3.Error as exc:
+                log.warning("store_checkpoint_failed", store=self.display, error=str(exc))
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Callable[[str, Any], Any]]:
+        self._require_open()
+        with self._lock:
+            if self._checkpointer is None:  # started by the first write: a store only read needs none
+                self._checkpointer = threading.Thread(target=self._checkpoint_forever, name="store-checkpoint",
+                                                      daemon=True)
+                self._checkpointer.start()
+            self._still_there()
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                yield self._db.execute
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise StoreError(f"{self.path}: {exc}") from exc
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+
+    def _max_params(self) -> int:
+        return self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)  # 999 by default before SQLite 3.32
+
+    def _query(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        self._require_open()
+        with self._lock:
+            try:
+                return [dict(r) for r in self._db.execute(sql, params).fetchall()]
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.path}: {exc}") from exc
+
+    def close(self) -> None:
+        self._stop_opening()
+        if self._checkpointer is not None:
+            self._checkpointer.join(10)
+        with self._lock:
+            if self._db is not None:
+                self._db.close()  # the last connection: SQLite checkpoints the WAL and removes it

@@ -1,0 +1,209 @@
+"""Terminal rendering of run documents (the dicts of :mod:`collector.core.serialize`) with rich.
+
+``bench`` and ``runs show`` both render the stored shape, so what one prints the other prints too.
+"""
+
+from __future__ import annotations
+
+import time
+import unicodedata
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from collector.core.model import fmt_score
+
+STATUS_STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "PENDING": "bold magenta"}
+VERDICT_STYLE = {
+    "Agree": "green",
+    "TokenMismatch": "yellow",
+    "FinishMismatch": "yellow",
+    "Both": "red",
+    "NoTruth": "magenta",
+}
+
+
+def _visible(ch: str) -> str:
+    """A control, format (bidi override, zero-width) or line-separator character as an escape."""
+    return f"\\u{ord(ch):04x}" if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") else ch
+
+
+def shown(text: Any) -> str:
+    """Text from a trace (ids, subjects, errors) safe for a terminal: invisible or reordering
+    characters escaped so columns stay aligned and nothing is disguised; rich markup escaped."""
+    text = str(text)
+    if not text.isprintable():
+        text = "".join(_visible(ch) for ch in text)
+    return escape(text)
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def executor_table(run: dict[str, Any]) -> Table:
+    table = Table(title=f"run {run.get('run_id', '')}  trace {run.get('trace_id') or '-'}", title_justify="left")
+    for col, justify in [
+        ("unit", "left"), ("verdict", "left"), ("score", "right"), ("framework tok", "right"),
+        ("truth tok", "right"), ("delta", "right"), ("finish fw / truth", "left"), ("ledger", "left"),
+        ("no-truth reason", "left"),
+    ]:
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for e in run["executors"]:
+        ev = e["evidence"]
+        delta = "-" if ev["delta"] is None or not e["checked"] else f"{ev['delta']:+d} {ev['direction']}"
+        table.add_row(
+            shown(e["executor_id"]),
+            f"[{VERDICT_STYLE[e['verdict']]}]{e['verdict']}[/]",
+            fmt_score(e["score"]),
+            "-" if ev["ledger_missing"] else _num(ev["framework_tokens"]),
+            _num(ev["truth_tokens"]),
+            delta,
+            f"{'-' if ev['ledger_missing'] else shown(_finish(ev['framework_finish'], ev['truth_finish']))} / "
+            f"{shown(_finish(ev['truth_finish']))}",
+            shown(ev["ledger_source"]) + (" (missing)" if ev["ledger_missing"] else ""),
+            e["no_truth_reason"] or "",
+        )
+    return table
+
+
+def _finish(value: str | None, truth: str | None = None) -> str:
+    """A finish reason as the run page words it: the framework's, missing where the chat boundary
+    has one, is called out as suppressed."""
+    return value or ("none (suppressed)" if truth else "none reported")
+
+
+def _no_truth_groups(executors: list[dict[str, Any]]) -> dict[tuple, list[str]]:
+    """Units left unchecked, by what is said of them (reason, explanation, failed calls, fix): said
+    once for all the units it is true of, as the run page's cards do."""
+    groups: dict[tuple, list[str]] = {}
+    for e in executors:
+        if e["no_truth_reason"]:
+            key = (e["no_truth_reason"], e["no_truth_explanation"], e["evidence"].get("failed_turns"),
+                   e.get("no_truth_fix"))
+            groups.setdefault(key, []).append(e["executor_id"])
+    return groups
+
+
+def status_line(run: dict[str, Any]) -> str:
+    status = run["status"]
+    head = f"[{STATUS_STYLE[status]}]{status}[/]"
+    tags = f"preset {run['preset']}, cost tier {run['cost_tier']}, revision {run['revision']}"
+    if run["incomplete"]:
+        tags += ", incomplete trace"
+    if status == "PENDING":
+        return f"{head}  nothing was checked: no agent unit could be checked honestly ({tags})"
+    return (
+        f"{head}  score {fmt_score(run['score'])}  checked {run['checked']}/"
+        f"{run['checked'] + run['unchecked']} agent units ({tags})"
+    )
+
+
+def print_run(console: Console, run: dict[str, Any]) -> None:
+    if run.get("subject"):
+        console.print(f"subject [bold]{shown(run['subject'])}[/]")
+    if run["executors"]:
+        console.print(executor_table(run))
+    for (reason, explanation, failed, fix), units in _no_truth_groups(run["executors"]).items():
+        extra = f" ({failed} chat call(s) failed)" if failed else ""
+        console.print(f"  [magenta]{', '.join(map(shown, units))}[/]: {reason} - {escape(explanation)}{extra}")
+        if fix:
+            console.print(f"    fix: {escape(fix)}")
+    if not run["executors"]:
+        console.print("  no agent ran in this run")
+    if run.get("non_agent_executors"):
+        console.print(f"  not reconciled (no agent ran): {', '.join(map(shown, run['non_agent_executors']))}")
+    for chat in run.get("unattributed_chat") or ():
+        where = (f"made by {shown(chat['executor'])}, which hosts no agent" if chat["executor"]
+                 else "with no executor or agent above them")
+        tokens = f", {chat['tokens']:,} tokens," if chat["tokens"] is not None else ""
+        console.print(f"  note: {chat['calls']} chat call(s){tokens} {where} (not a unit)")
+    if run.get("maf_release") or run.get("instrumentation_version"):
+        console.print(f"  agent-framework-core {run.get('maf_release') or '-'}, opentelemetry-instrumentation-maf-fidelity "
+                      f"{run.get('instrumentation_version') or '-'} ({run.get('instrumentation_status') or '-'})",
+                      markup=False)
+    for error in run.get("workflow_errors") or ():
+        console.print(f"  [red]workflow error[/] (not scored): {shown(error)}")
+    for note in run.get("notes") or ():
+        console.print(f"  note: {shown(note)}")
+    console.print(status_line(run))
+    if run.get("coverage_note"):
+        console.print(f"  {run['coverage_note']}", markup=False)
+
+
+#: Narrower than this, `runs list` shows each run id as a prefix `runs show` takes (a live run's id
+#: is 49 characters), and leaves out the source and revision.
+WHOLE_IDS_WIDTH = 140
+
+
+def runs_table(rows: list[dict[str, Any]], width: int = 160) -> Table:
+    """Each run id on one line, to copy into ``runs show``: whole, or below WHOLE_IDS_WIDTH the
+    shortest prefix that tells it from the other runs listed (at least 16 characters)."""
+    whole = width >= WHOLE_IDS_WIDTH
+    ids = {r["run_id"]: r["run_id"] for r in rows} if whole else distinct_prefixes([r["run_id"] for r in rows])
+    table = Table(title="runs, newest first" if whole else "runs, newest first (run ids shortened to a unique prefix)")
+    table.add_column("run id", no_wrap=True)
+    table.add_column("updated (UTC)", overflow="fold", min_width=10)
+    table.add_column("subject", overflow="fold", ratio=1)
+    for col in ("status", "score", "checked"):
+        table.add_column(col, no_wrap=True)
+    if whole:
+        table.add_column("source", overflow="fold", ratio=1)
+    if width >= 100:
+        table.add_column("MAF", no_wrap=True)
+    if whole:
+        table.add_column("rev", no_wrap=True)
+    for r in rows:
+        run_id = ids[r["run_id"]]
+        if r["trace_id"] and not r["run_id"].startswith(r["trace_id"]):
+            run_id += f"\n[dim]trace {r['trace_id'] if whole else r['trace_id'][:16]}[/]"
+        updated = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r["updated_at"])) if r.get("updated_at") else "-"
+        cells = [run_id, updated, shown(r["subject"] or "-"),
+                 f"[{STATUS_STYLE[r['status']]}]{r['status']}[/]" + ("\n[dim]incomplete[/]" if r["incomplete"] else ""),
+                 fmt_score(r["score"]), f"{r['checked']}/{r['checked'] + r['unchecked']}"]
+        if whole:
+            cells.append(shown(r["source"]))
+        if width >= 100:
+            cells.append(shown(r.get("maf_release") or "-"))
+        if whole:
+            cells.append(str(r["revision"]))
+        table.add_row(*cells)
+    return table
+
+
+def distinct_prefixes(run_ids: list[str], shortest: int = 16) -> dict[str, str]:
+    """Each run id cut to the shortest prefix (at least ``shortest`` characters) no other shown id
+    starts with, so two runs of one trace (ids ``<trace id>-<span id>``) stay apart, and what
+    is shown is what ``runs show`` takes."""
+    ordered = sorted(run_ids)
+    out = {}
+    for index, run_id in enumerate(ordered):
+        length = shortest
+        for other in ordered[max(index - 1, 0):index] + ordered[index + 1:index + 2]:  # the nearest in order
+            common = next((i for i, (a, b) in enumerate(zip(run_id, other)) if a != b), min(len(run_id), len(other)))
+            length = max(length, common + 1)
+        out[run_id] = run_id[:length]
+    return out
+
+
+def demo_table(results: list, width: int = 160) -> Table:
+    """Below 100 columns the scenario text goes (it is printed under the table instead); unit
+    verdicts are one per line and never cut."""
+    narrow = width < 100
+    table = Table(title="agenteval demo: what the collector concluded", expand=narrow)
+    table.add_column("workflow", overflow="fold")
+    table.add_column("expected", no_wrap=True)
+    table.add_column("collector", no_wrap=True)
+    table.add_column("score", no_wrap=True)
+    table.add_column("units", no_wrap=True)
+    if not narrow:
+        table.add_column("scenario", ratio=1)
+    for r in results:
+        run = r.run
+        status = f"[{STATUS_STYLE[run['status']]}]{run['status']}[/]" if run else "[red]no verdict[/]"
+        units = "\n".join(f"{shown(e['executor_id'])}={e['verdict']}" for e in run["executors"]) if run else "-"
+        row = [r.name, r.expected, status, fmt_score(run["score"]) if run else "-", units]
+        table.add_row(*row, *([] if narrow else [r.about]))
+    return table

@@ -92,7 +92,7 @@ def peer(bodies: list[bytes], traces: int, n_spans: int, streams: int, tmp: Path
     collector = Otelcol([config], tmp / "peer.log", {})
     try:
         def released() -> bool:
-            return sum(v for k, v in collector.outputs.metrics().items()
+            return sum(v for k, v in collector.metrics().items()
                        if k.startswith("otelcol_processor_groupbytrace_spans_released")) >= n_spans
 
         return measure([collector.proc.pid], None, collector.grpc, bodies, streams, released)

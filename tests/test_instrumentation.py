@@ -159,13 +159,13 @@ def test_a_default_opentelemetry_instrument_setup_sends_metrics_and_logs_too_and
            "OTEL_METRIC_EXPORT_INTERVAL": "200", "PYTHONPATH": str(Path(__file__).parent.parent)}
     for key in ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER"):
         env.pop(key, None)  # the defaults: otlp for all three
-    before = collector.outputs.metrics()
+    before = collector.metrics()
     proc = subprocess.run([str(Path(sys.executable).parent / "opentelemetry-instrument"), sys.executable, str(app)],
                           capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "Failed to export" not in proc.stderr and "UNIMPLEMENTED" not in proc.stderr, proc.stderr
     assert collector.run(proc.stdout.split()[-1])["status"] == "PASS"
-    after = collector.outputs.metrics()
+    after = collector.metrics()
     transport = "grpc" if protocol == "grpc" else "http"
     for signal in ("metrics", "logs"):
         key = ("collector_signals_discarded_total", (("signal", signal), ("transport", transport)))
@@ -228,7 +228,7 @@ def test_the_installed_release_is_instrumented_announced_and_counted_by_release(
     run_doc = collector.run(format(ledger.context.trace_id, "032x"))
     assert (run_doc["maf_release"], run_doc["instrumentation_version"], run_doc["instrumentation_status"]) == (
         version("agent-framework-core"), __version__, "active")
-    counted = {labels for (name, labels), _ in collector.outputs.metrics().items() if name == "fidelity_runs_total"}
+    counted = {labels for (name, labels), _ in collector.metrics().items() if name == "fidelity_runs_total"}
     assert (("maf_release", version("agent-framework-core")), ("status", "PASS"), ("subject", run_doc["subject"])) in counted
     for release in (version("agent-framework-core"), version("agent-framework-core").rpartition(".")[0]):  # 1.26 too
         assert collector.store().list_runs(maf_release=release)[0]["run_id"] == run_doc["run_id"]

@@ -66,12 +66,12 @@ def test_a_unit_never_compared_has_no_difference_on_its_verdict_span(collector, 
 
 
 def test_path2_reasons_are_counted_in_metrics(collector):
-    before = collector.outputs.metrics()
+    before = collector.metrics()
     spans, (trace_id,) = record([SCENARIOS["path2_pending"][0]])
     export_spans(collector, spans)
     run = collector.run(trace_id)
     assert {e["no_truth_reason"] for e in run["executors"]} == {"response_missing"}
-    after = collector.outputs.metrics()
+    after = collector.metrics()
     key = ("fidelity_no_truth_executors_total", (("maf_release", "unknown"), ("reason", "response_missing"), ("subject", "path2")))
     assert after[key] - before.get(key, 0) == 2
     runs_key = ("fidelity_runs_total", (("maf_release", "unknown"), ("status", "PENDING"), ("subject", "path2")))
@@ -82,7 +82,7 @@ def test_metrics_expose_verdicts_scores_and_self_metrics(collector):
     spans, (trace_id,) = record([SCENARIOS["fail_under_report"][0]])
     export_spans(collector, spans, "http")
     collector.run(trace_id)
-    m = collector.outputs.metrics()
+    m = collector.metrics()
     names = {name for name, _ in m}
     for expected in ("fidelity_runs_total", "fidelity_executor_verdicts_total", "fidelity_run_score_bucket",
                      "fidelity_token_delta_bucket", "collector_spans_received_total", "collector_traces_in_flight",
@@ -135,13 +135,13 @@ def test_http_gzip_protobuf(collector):
 
 def test_duplicate_delivery_is_counted_once(collector):
     spans, (trace_id,) = record([SCENARIOS["pass"][0]])
-    before = collector.outputs.metrics()
+    before = collector.metrics()
     export_spans(collector, spans)
     export_spans(collector, spans)  # an exporter retry
     run = collector.run(trace_id)
     evidence = {e["executor_id"]: e["evidence"] for e in run["executors"]}
     assert evidence["writer"]["truth_tokens"] == 960 and evidence["writer"]["response_turns"] == 2
-    after = collector.outputs.metrics()
+    after = collector.metrics()
     key = ("collector_spans_duplicate_total", (("transport", "grpc"),))
     assert after[key] - before.get(key, 0) == len(spans)
 
@@ -272,7 +272,7 @@ def test_undecodable_requests_get_400_and_invalid_argument(collector):
               if e.get("event") == "request_invalid" and e["transport"] == "http"][-4:]
     assert logged == [(400, "application/x-protobuf"), (400, "application/json"), (415, "text/plain"),
                       (400, "application/x-protobuf")]  # each one logged, as the client's error
-    metrics = collector.outputs.metrics()  # counted as requests, not as spans (they hold none we could read)
+    metrics = collector.metrics()  # counted as requests, not as spans (they hold none we could read)
     assert metrics[("collector_requests_rejected_total", (("reason", "undecodable"), ("transport", "http")))] >= 4
     assert {dict(labels)["reason"] for name, labels in metrics if name == "collector_spans_rejected_total"} <= \
         {"invalid_span", "late", "never_fits"}  # spans only
@@ -290,14 +290,14 @@ def test_our_own_verdict_spans_are_never_reingested(collector, capture):
     export_spans(collector, spans)
     collector.run(trace_id)
     (run_span,) = capture.wait_spans(trace_id, "fidelity.run", 1)
-    before = collector.outputs.metrics()
+    before = collector.metrics()
     # Loop the exported verdict spans straight back in, as a mis-pointed pipeline would.
     own = [req for req in list(capture.requests) if any(
         s.trace_id.hex() == trace_id for rs in req.resource_spans for ss in rs.scope_spans for s in ss.spans)]
     for req in own:
         status, _, _ = post(collector.http, req.SerializeToString(), "application/x-protobuf")
         assert status == 200
-    after = collector.outputs.metrics()
+    after = collector.metrics()
     key = ("collector_spans_received_total", (("transport", "http"),))
     assert after.get(key, 0) == before.get(key, 0)
     own = ("collector_spans_own_total", (("transport", "http"),))

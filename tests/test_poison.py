@@ -44,7 +44,7 @@ def set_attr(span: dict, key: str, value: dict) -> None:
 
 
 def in_flight(collector) -> float:
-    return collector.outputs.metrics()[("collector_spans_in_flight", ())]
+    return collector.metrics()[("collector_spans_in_flight", ())]
 
 
 POISONS = {

@@ -148,14 +148,14 @@ def test_http_invalid_spans_are_rejected_with_reasons_and_the_rest_kept(collecto
     request = with_bad_ids()
     trace_id = request.resource_spans[0].scope_spans[0].spans[2].trace_id.hex()
     series = ("collector_spans_rejected_total", (("reason", "invalid_span"), ("transport", "http")))
-    before = collector.outputs.metrics().get(series, 0)
+    before = collector.metrics().get(series, 0)
     status, payload, _ = post(collector.http, request.SerializeToString())
     partial = ExportTraceServiceResponse.FromString(payload).partial_success
     assert status == 200 and partial.rejected_spans == 2
     assert "span_id must be 8" in partial.error_message and "trace_id must be 16" in partial.error_message
     run = collector.run(trace_id)
     assert run["executors"]  # the good spans of the trace were kept and reconciled
-    assert collector.outputs.metrics()[series] == before + 2  # counted under a reason, as every rejection is
+    assert collector.metrics()[series] == before + 2  # counted under a reason, as every rejection is
 
 
 def test_spans_of_a_trace_past_its_late_window_are_rejected_as_late(tmp_path):

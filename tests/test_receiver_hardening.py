@@ -531,6 +531,8 @@ def budgeted(tmp_path_factory):
         "receivers": {"max_inflight_bytes": BUDGET}, "assembly": {"retry_after": 1.0}})
     for answer in (post(proc.http, valid_request()[0])[0], grpc_raw(proc.grpc, valid_request()[0])[0]):
         assert answer in (200, grpc.StatusCode.OK)  # warm: what the first requests load is not load
+    yield proc
+    proc.stop()
 
 
 # --- 7. nested attribute values (issue 32, item 8) -----------------------------------------------

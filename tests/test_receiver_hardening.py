@@ -530,25 +530,6 @@ def budgeted(tmp_path_factory):
         "receivers": {"max_inflight_bytes": BUDGET}, "assembly": {"retry_after": 1.0}})
     for answer in (post(proc.http, valid_request()[0])[0], grpc_raw(proc.grpc, valid_request()[0])[0]):
         assert answer in (200, grpc.StatusCode.OK)  # warm: what the first requests load is not load
-
-
-# --- 7. nested attribute values (issue 32, item 8) -----------------------------------------------
-
-@pytest.fixture(scope="module", params=["native", "python"])
-def by_decoder(request, tmp_path_factory):
-    """A collector decoding protobuf with the compiled decoder, or with protobuf alone (an
-    ``agenteval_native`` module on PYTHONPATH that fails to import hides the compiled one)."""
-    tmp = tmp_path_factory.mktemp(f"decoder-{request.param}")
-    env = {}
-    if request.param == "python":
-        (tmp / "hide").mkdir()
-        (tmp / "hide" / "agenteval_native.py").write_text("raise ImportError('hidden by the test')\n")
-        env["PYTHONPATH"] = str(tmp / "hide")
-    proc = CollectorProcess(tmp, env=env)
-    started = next(e for e in proc.log_events() if "decoder" in e)
-    if request.param == "native" and started["decoder"] != "native":
-        pytest.skip("agenteval_native is not installed: `make install` builds it (needs Rust)")
-    assert started["decoder"] == request.param
     yield proc
     proc.stop()
 
@@ -633,6 +614,27 @@ def test_a_gzip_bomb_is_refused_at_the_size_limit(collector):
     status, payload, headers = post(collector.http, bomb, headers={"Content-Encoding": "gzip"})
     assert status == 413 and "limit" in status_message(payload, headers)
     healthy(collector)
+
+
+# --- 7. nested attribute values (issue 32, item 8) -----------------------------------------------
+
+@pytest.fixture(scope="module", params=["native", "python"])
+def by_decoder(request, tmp_path_factory):
+    """A collector decoding protobuf with the compiled decoder, or with protobuf alone (an
+    ``agenteval_native`` module on PYTHONPATH that fails to import hides the compiled one)."""
+    tmp = tmp_path_factory.mktemp(f"decoder-{request.param}")
+    env = {}
+    if request.param == "python":
+        (tmp / "hide").mkdir()
+        (tmp / "hide" / "agenteval_native.py").write_text("raise ImportError('hidden by the test')\n")
+        env["PYTHONPATH"] = str(tmp / "hide")
+    proc = CollectorProcess(tmp, env=env)
+    started = next(e for e in proc.log_events() if "decoder" in e)
+    if request.param == "native" and started["decoder"] != "native":
+        pytest.skip("agenteval_native is not installed: `make install` builds it (needs Rust)")
+    assert started["decoder"] == request.param
+    yield proc
+    proc.stop()
 
 
 def nested_value(levels: int, kind: str):

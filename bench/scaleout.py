@@ -1,4 +1,4 @@
-"""Scale-out on this box (DESIGN §7): one agenteval replica alone, against our OpenTelemetry Collector
+"""Scale-out on this box (docs/design.md §7): one agenteval replica alone, against our OpenTelemetry Collector
 distribution (otelcol/manifest.yaml, `make otelcol`) on config/otelcol.yaml routing by trace id to 1
 and to 2 replicas; beside them the same binary as a plain peer pipeline (otlp -> groupbytrace -> nop)
 on the same payload. Each variant starts fresh processes; the variants alternate for ``--rounds``

@@ -1,4 +1,4 @@
-"""AgentEval's own WorkflowTrace JSON (DESIGN §2 format 1) -> reconciler input, with AgentEval's rules.
+"""AgentEval's own WorkflowTrace JSON (docs/design.md §2 format 1) -> reconciler input, with AgentEval's rules.
 
 The file is what AgentEval's ``WorkflowTraceSerializer`` writes: ``steps`` (the framework ledger, one
 per AgentResponseEvent) and ``executorTraces`` (per executor, the chat-boundary entries). Parity

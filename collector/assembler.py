@@ -1,4 +1,4 @@
-"""Trace assembly (DESIGN §3 "Assembly"): spans grouped by trace id until the trace is complete.
+"""Trace assembly (docs/design.md §3 "Assembly"): spans grouped by trace id until the trace is complete.
 
 Spans are classified as they arrive (:class:`~collector.classify.TraceState` keeps only compact
 data), so "assembly" is mostly bookkeeping of time and counts:

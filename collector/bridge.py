@@ -1,4 +1,4 @@
-"""``FidelityBridge``: the pre-instrumentation API, kept for existing users (DESIGN §3b).
+"""``FidelityBridge``: the pre-instrumentation API, kept for existing users (docs/design.md §3b).
 
 The framework's ledger is now recorded by the MAF instrumentation
 (``opentelemetry-instrumentation-maf-fidelity``) wherever an agent runs, whatever the workflow's

@@ -1,4 +1,4 @@
-"""Span classification (DESIGN §3): compact span records in, one :class:`RunInput` per run out.
+"""Span classification (docs/design.md §3): compact span records in, one :class:`RunInput` per run out.
 
 :class:`TraceState` is incremental so spans may arrive in any order and in any number of batches
 (exporters send children before parents; late spans revise a run). A span is classified once its
@@ -134,7 +134,7 @@ class _Run:
 
 
 #: MAF's id of an agent without a name (``str(uuid4())``, also as 32 hex digits): a per-process id
-#: that never names a unit (DESIGN §1 r3).
+#: that never names a unit (docs/design.md §1).
 _PER_PROCESS_ID = re.compile(r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}", re.IGNORECASE)
 UNNAMED_AGENT = "unnamed-agent"
 
@@ -150,7 +150,7 @@ def is_per_process_id(name: str) -> bool:
 
 def workflow_name(name: str | None) -> str | None:
     """A subject, unless it holds a per-process id (MAF 1.23 names an unnamed workflow
-    ``WorkflowBuilder-{uuid}``): the run is then named by what comes next (DESIGN §1 r3)."""
+    ``WorkflowBuilder-{uuid}``): the run is then named by what comes next (docs/design.md §1)."""
     return None if name is None or _PER_PROCESS_ID.search(name) else name
 
 
@@ -418,7 +418,7 @@ class TraceState:
 
     def _join_callers(self, everything: bool) -> None:
         """Callers' ledger spans join the run under their parent that has their executor, when exactly
-        one does (DESIGN §3 r3); once the trace is complete, the others stay apart, noted."""
+        one does (docs/design.md §3); once the trace is complete, the others stay apart, noted."""
         waiting = []
         for parent_id, executor, entry in self._callers:
             runs = [r for r in self._runs.values()
@@ -518,7 +518,7 @@ class TraceState:
         parent of a span) is :attr:`RunInput.partial`: which run a lost span belonged to is unknown.
         ``final`` false (a late parent may still come): orphans are resolved on a copy and keep
         waiting here, so a parent that arrives later is attached as if it had come in order, and the
-        next revision is what in-order delivery gives (DESIGN §3 r2: delivery order never decides).
+        next revision is what in-order delivery gives (docs/design.md §3: delivery order never decides).
         """
         self._break_cycles()
         if everything and not final and self._pending:
@@ -589,7 +589,7 @@ class TraceState:
                 ledger, source, derived = (), "none", unit.derived_agent_spans > 0
             if agent is None and not ledger and not hosts_agent:
                 # chat calls with no agent above them, by an executor that hosts none (a function
-                # executor calling a chat client itself) or by none: a run note, not a unit (DESIGN §1 r3)
+                # executor calling a chat client itself) or by none: a run note, not a unit (docs/design.md §1)
                 unattributed.append(_unattributed(names[executor] if executor is not None else None, unit.turns))
                 continue
             name = self._unit_name(names, run, executor, agent, unit, units_by_executor[executor])

@@ -116,7 +116,7 @@ def _subject_filter(subject: str | None) -> str | None:
     return subject
 
 
-#: click's exit code for usage errors; DESIGN §1 wants bad arguments to exit 1 like other setup errors.
+#: click's exit code for usage errors; docs/design.md §1 wants bad arguments to exit 1 like other setup errors.
 _USAGE_EXIT = 2
 
 
@@ -418,7 +418,7 @@ def watch_command(
 
 
 def main() -> None:
-    """Entry point: usage errors and setup/IO errors both exit 1 (DESIGN §1)."""
+    """Entry point: usage errors and setup/IO errors both exit 1 (docs/design.md §1)."""
     # Decoding allocates many short-lived objects that never form cycles: collect the young
     # generation every 50,000 allocations instead of 700 (measured ~10-30% on bench/offline.py).
     gc.freeze()

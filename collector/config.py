@@ -1,4 +1,4 @@
-"""Typed configuration with defaults (DESIGN §6). The models are the single source of defaults;
+"""Typed configuration with defaults (docs/design.md §6). The models are the single source of defaults;
 ``config/collector.yaml`` documents every key and a test keeps the two equal.
 """
 

@@ -1,4 +1,4 @@
-"""Verdict spans, exported with the OpenTelemetry SDK into the *source* trace (DESIGN §3 "Outputs").
+"""Verdict spans, exported with the OpenTelemetry SDK into the *source* trace (docs/design.md §3 "Outputs").
 
 ``fidelity.run`` is a child of the workflow root span and each ``fidelity.executor {id}`` a child
 of it, linked to the executor's spans, so a trace viewer shows the verdict beside the workflow.

@@ -1,4 +1,4 @@
-"""``agenteval.fidelity.v1.FidelityService`` (DESIGN §4) on the collector's gRPC port.
+"""``agenteval.fidelity.v1.FidelityService`` (docs/design.md §4) on the collector's gRPC port.
 
 Store reads run on a worker thread so a slow disk never stalls OTLP ingest on the event loop.
 """

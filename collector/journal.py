@@ -1,4 +1,4 @@
-"""The crash journal (DESIGN §3 Durability): accepted span records are on disk before the receiver
+"""The crash journal (docs/design.md §3 Durability): accepted span records are on disk before the receiver
 answers, and replayed on start, so a kill -9 loses no acknowledged span.
 
 - What is written is the classifier's compact span record (ids, name, start, the facts it reads of

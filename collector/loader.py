@@ -1,4 +1,4 @@
-"""Offline trace files (DESIGN §2) -> reconciler input, detected by content, never by extension.
+"""Offline trace files (docs/design.md §2) -> reconciler input, detected by content, never by extension.
 
 - AgentEval's own WorkflowTrace JSON (:mod:`collector.agenteval_trace`, AgentEval's rules);
 - ``workflow-trace/v1`` JSON (validated against the shipped JSON Schema);

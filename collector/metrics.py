@@ -1,4 +1,4 @@
-"""Metrics through the OpenTelemetry SDK: a Prometheus scrape endpoint and/or OTLP push (DESIGN §3)."""
+"""Metrics through the OpenTelemetry SDK: a Prometheus scrape endpoint and/or OTLP push (docs/design.md §3)."""
 
 from __future__ import annotations
 

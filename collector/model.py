@@ -192,7 +192,7 @@ class ChatTurn:
 
 @dataclass(slots=True)
 class ExecutorRecord:
-    """One agent unit (DESIGN §1 Units): an executor's own agent, named by the executor id, or another
+    """One agent unit (docs/design.md §1 Units): an executor's own agent, named by the executor id, or another
     agent that ran inside it, named ``executor/agent``. ``executor_id`` holds that unit name.
 
     ``ledger_derived``: the framework's only ledger for this unit re-sums the same chat spans (MAF
@@ -218,7 +218,7 @@ class UnattributedChat:
 
 @dataclass(frozen=True, slots=True)
 class Announcement:
-    """What the MAF instrumentation said of itself on the run's spans (DESIGN §3b r3)."""
+    """What the MAF instrumentation said of itself on the run's spans (docs/design.md §3b)."""
 
     maf_release: str | None
     version: str | None

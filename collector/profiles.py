@@ -1,4 +1,4 @@
-"""Span-shape profiles (DESIGN §3): which span names and attribute keys mean what.
+"""Span-shape profiles (docs/design.md §3): which span names and attribute keys mean what.
 
 Profiles are data (the ``profiles`` section of the config); :class:`Matcher` compiles the union of
 the enabled ones into the few lookups the classifier makes per span.
@@ -84,13 +84,13 @@ def default_profiles() -> dict[str, ProfileConfig]:
     }
 
 
-#: Attributes the MAF instrumentation's AgentResponseEvent spans carry (DESIGN §3b). The agent is
+#: Attributes the MAF instrumentation's AgentResponseEvent spans carry (docs/design.md §3b). The agent is
 #: named by the profile's agent id attributes; ``executor.id`` names the executor of spans written
 #: by the pre-instrumentation bridge, whose spans sat outside the executor.
 LEDGER_SOURCE_ATTRIBUTE = "fidelity.ledger.source"
 LEDGER_SOURCE_BRIDGE = "AgentResponseEvent"
 BRIDGE_EXECUTOR_ATTRIBUTE = "executor.id"
-#: The instrumentation's announcement (DESIGN §3b r3), on the spans it writes and the MAF spans it
+#: The instrumentation's announcement (docs/design.md §3b), on the spans it writes and the MAF spans it
 #: stamps: the MAF release it found, its own version, and whether it records ("active...") or not
 #: ("inactive: why").
 MAF_RELEASE_ATTRIBUTE = "fidelity.maf.version"

@@ -1,4 +1,4 @@
-"""OTLP receivers (DESIGN §3): gRPC ``TraceService/Export`` and HTTP ``POST /v1/traces``.
+"""OTLP receivers (docs/design.md §3): gRPC ``TraceService/Export`` and HTTP ``POST /v1/traces``.
 
 Both follow the OTLP specification's response rules and feed one :class:`Pipeline`:
 - undecodable request: gRPC INVALID_ARGUMENT / HTTP 400 with a ``google.rpc.Status`` body;

@@ -1,4 +1,4 @@
-"""The reconciler (DESIGN §1): framework ledger vs chat truth, per executor, then per run.
+"""The reconciler (docs/design.md §1): framework ledger vs chat truth, per executor, then per run.
 
 Pure functions over :mod:`collector.model` values; the offline CLI and the live pipeline both call
 :func:`reconcile`.
@@ -127,7 +127,7 @@ def coverage_note(score: float | None, units: int, unchecked: int, no_ledger: in
 
 
 def run_status(score: float | None, unchecked: int, partial: bool = False) -> Status:
-    """DESIGN §1's table. A pass needs every unit checked: not so in a run some of whose spans never
+    """docs/design.md §1's table. A pass needs every unit checked: not so in a run some of whose spans never
     arrived (``partial``), where the units of the missing spans could not be."""
     if score is None:
         return Status.PENDING

@@ -1,4 +1,4 @@
-"""The run store (DESIGN §5): embedded SQLite (WAL) by default, PostgreSQL for a shared history.
+"""The run store (docs/design.md §5): embedded SQLite (WAL) by default, PostgreSQL for a shared history.
 
 One config value picks the backend (``store.url``: a file path, or a ``postgresql://`` URL). Both run
 the same SQL (named ``:params``, or the driver's positional mark for the batched writes), the same

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The scaled-out topology on this machine, without docker (`make scaleout`; DESIGN §7): a throwaway
+# The scaled-out topology on this machine, without docker (`make scaleout`; docs/design.md §7): a throwaway
 # PostgreSQL (initdb in a temporary directory), two agenteval replicas sharing it, each under its own
 # host name with its own journal, and our OpenTelemetry Collector distribution on config/otelcol.yaml
 # in front, all on 127.0.0.1 with the compose ports:

@@ -1,4 +1,4 @@
-"""AgentEval's own WorkflowTrace files give AgentEval's verdicts and exit codes (DESIGN §2 format 1).
+"""AgentEval's own WorkflowTrace files give AgentEval's verdicts and exit codes (docs/design.md §2 format 1).
 
 The cases are AgentEval's workflow-trace-fidelity tests (its ``WorkflowTraceFidelityReconcilerTests``,
 ``WorkflowTraceFidelityAssertionTests`` and ``BenchWorkflowTraceFidelityCommandTests``), rebuilt as the
@@ -390,7 +390,7 @@ def test_the_shipped_schema_accepts_every_agenteval_example():
         jsonschema.Draft202012Validator(schema).validate(json.loads(p.read_text()))
 
 
-# --- workflow-trace/v1 requests (DESIGN §2 r2): the same call counted once, in our own format ----------
+# --- workflow-trace/v1 requests (docs/design.md §2): the same call counted once, in our own format ----------
 
 def v1(turns: list[dict]) -> dict:
     return {"schema": "workflow-trace/v1", "steps": [{"executor_id": "a", "input_tokens": 30, "output_tokens": 10,

@@ -1,4 +1,4 @@
-"""Crash recovery (DESIGN §3 Durability): kill -9 the collector under load, restart it on the same store
+"""Crash recovery (docs/design.md §3 Durability): kill -9 the collector under load, restart it on the same store
 and config, repeat; every trace whose requests were all acknowledged is stored exactly once with its
 expected status and verdicts, as if nothing had happened."""
 

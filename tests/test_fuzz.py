@@ -1,4 +1,4 @@
-"""Property-based fuzzing of *valid* OTLP requests (DESIGN §3 r2): any attribute value of any type on
+"""Property-based fuzzing of *valid* OTLP requests (docs/design.md §3): any attribute value of any type on
 every key the classifier reads, any id, any span name, any parent chain (cycles, self-parents, missing
 parents, deep chains), any status, over OTLP/gRPC (protobuf) and OTLP/HTTP (JSON).
 
@@ -576,7 +576,7 @@ def test_collector_survived_the_fuzzing(live: Live) -> None:
     for log in live.logs:
         text = log.read_text()
         assert "Traceback" not in text, text[text.index("Traceback") - 300:][:3000]
-        # DESIGN §5: a value the store cannot hold is clamped or rejected at ingest, never left to break
+        # docs/design.md §5: a value the store cannot hold is clamped or rejected at ingest, never left to break
         # a write: no hostile run may fail a stage (it would be missing from the store and the stream).
         runs_failed = [e for e in map(_event, text.splitlines()) if e.get("event") == "run_failed"]
         assert not runs_failed, f"{len(runs_failed)} run(s) failed a stage, e.g. {runs_failed[:3]}"

@@ -1,4 +1,4 @@
-"""The MAF Python instrumentation (DESIGN §3b): every agent invocation's AgentResponse becomes an
+"""The MAF Python instrumentation (docs/design.md §3b): every agent invocation's AgentResponse becomes an
 ``agent_response`` span where that agent ran, with no call-site change, on real agent-framework-core
 agents and workflows."""
 
@@ -207,7 +207,7 @@ def test_opentelemetry_instrument_activates_it_with_no_code_change(collector, tm
     assert writer["evidence"]["ledger_source"] == "AgentResponseEvent" and run_doc["status"] == "FAIL"
 
 
-# --- releases: hooks, not a pin; the announcement (DESIGN §3b r3) ------------------------------------
+# --- releases: hooks, not a pin; the announcement (docs/design.md §3b) ------------------------------------
 
 def test_the_installed_release_is_instrumented_announced_and_counted_by_release(maf_spans, collector):
     from importlib.metadata import version

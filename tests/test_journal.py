@@ -1,4 +1,4 @@
-"""The crash journal (DESIGN §3 Durability): what a 200 means is that the spans are on disk."""
+"""The crash journal (docs/design.md §3 Durability): what a 200 means is that the spans are on disk."""
 
 from __future__ import annotations
 

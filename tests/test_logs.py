@@ -114,7 +114,7 @@ def test_timestamps_are_written_as_structlogs_time_stamper_writes_them(micros: i
     assert logs.timestamp(micros) == logs.timestamp(micros) == expected.replace("+00:00", "Z")
 
 
-# --- every line JSON, a bounded shutdown, the level set from outside the file (DESIGN §6 r3) -------
+# --- every line JSON, a bounded shutdown, the level set from outside the file (docs/design.md §6) -------
 
 def test_with_the_push_endpoint_down_every_line_is_json_and_the_stop_is_bounded(tmp_path):
     import signal

@@ -1,6 +1,6 @@
 """Real-world MAF Python shapes (agent-framework-core 1.23, orchestrations 1.4) that the builder
 patterns do not cover, exported over real OTLP to a running collector: what a user sees per unit
-and per run (DESIGN r3 §1, §3)."""
+and per run (docs/design.md §1, §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One bad span, one bad run or one bad value never costs anyone else anything (DESIGN §3 r2, §5):
+"""One bad span, one bad run or one bad value never costs anyone else anything (docs/design.md §3, §5):
 regression tests for the adversarial report of issue 14, against a running collector."""
 
 from __future__ import annotations

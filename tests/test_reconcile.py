@@ -1,4 +1,4 @@
-"""The reconciler's rules (DESIGN §1), table-driven, plus properties that must hold for any input."""
+"""The reconciler's rules (docs/design.md §1), table-driven, plus properties that must hold for any input."""
 
 from __future__ import annotations
 
@@ -154,7 +154,7 @@ def test_unaligned_fallback_compares_the_last_framework_reason_with_the_last_tru
 
 
 def test_suppressed_final_finish_is_not_masked_by_an_earlier_step():
-    # AgentEval's rule (DESIGN §1 r2): the framework reason is the last entry's, null included.
+    # AgentEval's rule (docs/design.md §1): the framework reason is the last entry's, null included.
     ledger = [entry(50, 5, finish="stop", seq=0), entry(50, 5, finish=None, seq=1)]
     turns = [resp(50, 5, finish="stop", seq=0), resp(50, 5, finish="content_filter", seq=1)]
     v = reconcile_executor(ex(ledger, turns))

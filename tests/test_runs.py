@@ -1,4 +1,4 @@
-"""Runs are workflow-run spans (DESIGN §3 Runs): several per trace, nested ones belong to the outer
+"""Runs are workflow-run spans (docs/design.md §3 Runs): several per trace, nested ones belong to the outer
 run, parents that are never exported are not waited for. Spans are made by the real SDK, encoded
 to real OTLP protobuf and decoded as the receivers do; the assembler runs on a controlled clock."""
 
@@ -134,7 +134,7 @@ def test_dotnet_runs_complete_without_the_session_span_that_is_never_exported():
     finalized = assembler.sweep()
     assert len(finalized) == 2
     for item in finalized:
-        # .NET's workflow_invoke has no workflow name: the run is named by its service (DESIGN §3 r3),
+        # .NET's workflow_invoke has no workflow name: the run is named by its service (docs/design.md §3),
         # not by workflow.id, which MAF Python fills with a per-process uuid
         assert not item.run.incomplete and item.run.subject == "app"
         (unit,) = reconcile(item.run).executors
@@ -330,7 +330,7 @@ def test_a_run_whose_spans_lost_their_parent_cannot_pass():
     assert {e.executor_id: e.verdict.value for e in verdict.executors} == {"researcher": "Agree", "writer": "Agree"}
 
 
-# --- delivery order (DESIGN §3 Assembly): the verdict does not depend on it ------------------------
+# --- delivery order (docs/design.md §3 Assembly): the verdict does not depend on it ------------------------
 
 def _pipeline_spans() -> tuple[list, str]:
     """A workflow run of two agents, the second one's executor span exported late (its children

@@ -1,4 +1,4 @@
-"""The scaled-out deployment run for real (DESIGN §7): our OpenTelemetry Collector distribution
+"""The scaled-out deployment run for real (docs/design.md §7): our OpenTelemetry Collector distribution
 (otelcol/manifest.yaml, `make otelcol`) on config/otelcol.yaml, the very file docker-compose.yml
 mounts, routing by trace id to 2 and to 3 agenteval replicas that share one PostgreSQL.
 

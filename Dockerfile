@@ -44,7 +44,8 @@ WORKDIR ${DATA_DIR}
 # OTLP/gRPC + FidelityService, OTLP/HTTP + run page, Prometheus /metrics
 EXPOSE 4317 4318 9464
 # Healthy once the gRPC port accepts connections: it opens after the journal has been replayed.
+# Healthy = ready: the journal replayed (the HTTP port opens after it) and the run store reachable.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s \
-  CMD ["python", "-c", "import socket; socket.create_connection(('127.0.0.1', 4317), 3).close()"]
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:4318/readyz', timeout=3)"]
 ENTRYPOINT ["agenteval", "collector", "serve"]
 CMD ["--config", "/etc/agenteval/collector.yaml"]

@@ -22,6 +22,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import StatusCode
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -33,6 +34,9 @@ class Call:
     input: int | None = None
     output: int | None = None
     finish: str | None = None
+    #: Set: the call raised (``error.type`` and an error status on its chat span).
+    error: str | None = None
+    provider: str | None = None
 
 
 @dataclass
@@ -96,12 +100,17 @@ def emit(tracer: trace.Tracer, sc: Scenario) -> str:
                             for call in inv.calls:
                                 attrs = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "fake-model",
                                          **_usage_attrs(call.input, call.output, call.finish)}
+                                if call.provider:
+                                    attrs["gen_ai.provider.name"] = call.provider
+                                if call.error:
+                                    attrs["error.type"] = call.error
                                 if sc.sensitive:
                                     attrs["gen_ai.input.messages"] = json.dumps([{"role": "user", "parts": [{"content": "SECRET-PROMPT"}]}])
                                     if call.input is not None:
                                         attrs["gen_ai.output.messages"] = json.dumps([{"role": "assistant", "parts": [{"content": "SECRET-ANSWER"}]}])
-                                with tracer.start_as_current_span("chat fake-model", attributes=attrs):
-                                    pass
+                                with tracer.start_as_current_span("chat fake-model", attributes=attrs) as chat:
+                                    if call.error:
+                                        chat.set_status(StatusCode.ERROR, "429 Too Many Requests")
                         if not sc.dotnet and sc.ledger == "instrumentation":
                             with tracer.start_as_current_span(
                                 f"agent_response {executor_id}",

@@ -343,7 +343,7 @@ def test_the_image_runs_as_its_non_root_user_with_everything_it_writes_on_its_vo
     ports = [split_endpoint(e) for e in (cfg.receivers.grpc.endpoint, cfg.receivers.http.endpoint,
                                          cfg.exporters.prometheus.endpoint)]
     assert all(host == "0.0.0.0" for host, _ in ports) and exposed == {port for _, port in ports}
-    assert f"('127.0.0.1', {ports[0][1]})" in _instruction("HEALTHCHECK")  # the gRPC port: open once replayed
+    assert f"http://127.0.0.1:{ports[1][1]}/readyz" in _instruction("HEALTHCHECK")  # ready: replayed, store reachable
     # The compose replicas keep their journal on their own named volume, mounted on the data dir.
     for replica in REPLICAS:
         journal = load_config(_mounted_config(replica, "/etc/agenteval/collector.yaml")).journal.path
@@ -477,6 +477,12 @@ def test_the_image_layout_starts_as_its_user_with_the_compiled_decoder_and_store
         while (doc := store.get_run(trace_id)) is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert doc is not None and doc["status"] == "PASS", log.read_text()[-2000:]
+        # the image's HEALTHCHECK, run as docker runs it (exec form), on the port chosen here
+        check = json.loads(_instruction("HEALTHCHECK").split("CMD", 1)[1])
+        port = listening["http"].rsplit(":", 1)[1]
+        healthy = subprocess.run([str(image.venv / "bin" / check[0]), *[a.replace(":4318/", f":{port}/") for a in check[1:]]],
+                                 capture_output=True, text=True, timeout=30, env=env)
+        assert healthy.returncode == 0, healthy.stderr
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, log.read_text()[-2000:]
@@ -614,7 +620,8 @@ def test_the_replicas_run_the_image_with_their_journal_on_their_own_volume(helm,
             split_endpoint(cfg.exporters.prometheus.endpoint)[1]} == set(ports.values())
     assert {p["name"]: p["port"] for p in headless["spec"]["ports"]} == ports
     assert container["livenessProbe"]["httpGet"] == CHART_VALUES["livenessProbe"]["httpGet"]
-    assert container["livenessProbe"]["httpGet"]["port"] in ports and container["readinessProbe"]["tcpSocket"]["port"] in ports
+    assert container["livenessProbe"]["httpGet"]["port"] in ports and container["readinessProbe"]["httpGet"]["port"] in ports
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     env = {e["name"]: e for e in container["env"]}
     assert env["AGENTEVAL_INSTANCE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     store = values.get("store", {})

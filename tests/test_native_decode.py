@@ -39,9 +39,9 @@ from opentelemetry.proto.common.v1.common_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
-from collector.config import CollectorConfig
+from collector import decode
 from collector.core.classify import FINISH, SpanRecord, finish_reason
-from collector.formats import decode
+from collector.config import CollectorConfig
 from collector.formats.decode import (
     MAX_ATTR_CHARS,
     MAX_VALUE_DEPTH,
@@ -56,7 +56,7 @@ from collector.formats.decode import (
     span_count,
 )
 from collector.live.journal import _decode, _encode
-
+from collector.core.profiles import LEDGER_SOURCE_BRIDGE
 from mafshape import SCENARIOS, export_request, record
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
@@ -649,6 +649,111 @@ def test_generated_wanted_attributes_are_journaled_exactly(attributes: list[list
     kept = [span(n=2 * i + 1, name=name, attributes=attrs, status=status)
             for i, (attrs, name) in enumerate(zip(attributes, names))]
     assert assert_parity(request(*kept, resource=service), native_must_answer=True)[0] == "ok"
+
+
+# --- generated profile-shaped requests -----------------------------------------------------------------
+
+# Span names and role values the classifier reads, and values nested up to 110 deep (past MAX_VALUE_NESTING,
+# where protobuf alone says what happens), encoded by hand (protobuf will not serialize a message nested
+# past 100).
+PREFIXES = sorted({*MATCHER.run_names, *MATCHER.executor_prefixes, *MATCHER.agent_prefixes, *MATCHER.chat_prefixes})
+VOCABULARY = sorted({*MATCHER.chat_operations, *MATCHER.agent_executor_types, *PREFIXES, LEDGER_SOURCE_BRIDGE,
+                     "AgentExecutor", "x.HandoffAgentExecutor", "stop", "length", " "})
+profile_names = st.tuples(st.sampled_from(PREFIXES), st.sampled_from(["", " ", "  ", "x", ".x"]), texts).map("".join)
+names = st.one_of(profile_names, profile_names, texts)
+token_values = st.one_of(
+    st.integers(-(2**63), 2**63 - 1).map(lambda i: AnyValue(int_value=i)),
+    st.sampled_from([0, 1, -1, 10**12, 10**12 + 1, 2**63 - 1, -(2**63)]).map(lambda i: AnyValue(int_value=i)),
+    st.floats().map(lambda d: AnyValue(double_value=d)),
+    st.sampled_from([0.0, -0.0, 3.0, 3.5, -2.0, 1e12, 1e12 + 1, 1e300]).map(lambda d: AnyValue(double_value=d)),
+    st.one_of(st.integers(-(10**40), 10**40).map(str), st.sampled_from(["1" * 32, "1" * 33, "+5", "٤٢", "4 2", ""]),
+              st.text("0123456789 +-\u3000\t.", max_size=36))
+    .map(lambda t: AnyValue(string_value=t)),
+)
+finish_values = st.one_of(
+    st.lists(st.none() | st.integers(-3, 3) | st.sampled_from(VOCABULARY) | texts, max_size=4)
+    .map(lambda items: AnyValue(string_value=json.dumps(items))),
+    st.lists(st.sampled_from(VOCABULARY) | texts, max_size=3).map(lambda items: AnyValue(string_value=" ".join(items))),
+    st.lists(st.one_of(st.sampled_from(VOCABULARY).map(lambda t: AnyValue(string_value=f" {t} ")), leaf_values),
+             max_size=4).map(array),
+)
+role_values = st.one_of(any_values, token_values, finish_values,
+                        st.sampled_from(VOCABULARY).map(lambda t: AnyValue(string_value=t)))
+#: Attributes: values of every kind under wanted keys, token values under token keys, finish values
+#: under finish keys, anything under other keys.
+profile_attributes = st.lists(st.one_of(
+    st.builds(KeyValue, key=st.sampled_from(TOKEN_KEYS), value=token_values),
+    st.builds(KeyValue, key=st.sampled_from(MATCHER.finish_keys), value=finish_values),
+    st.builds(KeyValue, key=st.sampled_from(KEYS), value=role_values),
+    st.builds(KeyValue, key=keys, value=any_values),
+), max_size=8)
+
+
+@st.composite
+def nested_bytes(draw: st.DrawFn, most: int) -> tuple[bytes, int]:
+    """A serialized AnyValue nested up to ``most`` arrays / kvlists deep (by hand), and how deep."""
+    deep = [levels for levels in (MAX_VALUE_DEPTH, 60, 99, 100, 101, 110) if levels <= most]
+    levels = draw(st.integers(0, most) | st.sampled_from(deep))
+    value = draw(role_values).SerializeToString()
+    for kind in draw(st.lists(st.sampled_from("ak"), min_size=levels, max_size=levels)):
+        value = ld(5, ld(1, value)) if kind == "a" else ld(6, ld(1, ld(1, b"k") + ld(2, value)))
+    return value, levels
+
+
+@st.composite
+def profile_spans(draw: st.DrawFn, most: int) -> tuple[bytes, int]:
+    """A serialized span (usable ids four times in five, else random ones; a profile's name, role
+    values, values nested up to ``most`` deep in its attributes or an event's) and the deepest nesting in it."""
+    if draw(st.integers(0, 4)):
+        good = [draw(st.binary(min_size=size, max_size=size).filter(any)) for size in (16, 8, 8)]
+        trace_id, span_id, parent_span_id = good[0], good[1], draw(st.sampled_from([b"", bytes(8), good[2]]))
+    else:
+        trace_id, span_id = draw(ids(16)), draw(ids(8))
+        parent_span_id = draw(st.one_of(st.just(b""), st.just(bytes(8)), ids(8)))
+    span = draw(st.builds(Span, trace_id=st.just(trace_id), span_id=st.just(span_id),
+                          parent_span_id=st.just(parent_span_id), name=names,
+                          start_time_unix_nano=st.integers(0, 2**64 - 1), status=st.none() | statuses,
+                          attributes=profile_attributes))
+    body, deepest = span.SerializeToString(), 0
+    for in_event, key, (value, levels) in draw(st.lists(st.tuples(st.booleans(), st.sampled_from(KEYS) | keys,
+                                                                  nested_bytes(most)), max_size=2)):
+        pair = ld(1, key.encode()) + ld(2, value)
+        body += ld(11, ld(3, pair)) if in_event else ld(9, pair)
+        deepest = max(deepest, levels)
+    return body, deepest
+
+
+@st.composite
+def profile_requests(draw: st.DrawFn) -> tuple[bytes, int]:
+    """A serialized request of profile-shaped spans (in one request of three, values nested up to 110
+    deep), and the deepest nesting in it."""
+    most = draw(st.sampled_from([MAX_VALUE_DEPTH + 2, MAX_VALUE_DEPTH + 2, 110]))
+    payload, deepest = b"", 0
+    for _ in range(draw(st.integers(1, 2))):
+        resource = draw(st.none() | st.builds(Resource, attributes=resource_attributes))
+        body = b"" if resource is None else ld(1, resource.SerializeToString())
+        for _ in range(draw(st.integers(1, 2))):
+            scope = draw(st.none() | scopes)
+            spans = draw(st.lists(profile_spans(most), min_size=1, max_size=4))
+            deepest = max([deepest, *(levels for _, levels in spans)])
+            body += ld(2, (b"" if scope is None else ld(1, scope.SerializeToString()))
+                       + b"".join(ld(2, span) for span, _ in spans))
+        payload += ld(1, body)
+    return payload, deepest
+
+
+@settings(FUZZ, max_examples=200)
+@given(case=profile_requests())
+def test_generated_profile_shaped_requests_decode_identically(case: tuple[bytes, int]) -> None:
+    """Span records (facts included), rejected ids and own spans as the reference decodes them, and
+    the journal line as ``_encode`` writes them; the native decoder answers unless a value nests near
+    or past MAX_VALUE_NESTING (it then leaves the request to protobuf, which rejects a span nested past it)."""
+    payload, deepest = case
+    expected = assert_parity(payload, native_must_answer=deepest <= 60)
+    assert expected[0] == "ok"
+    found = decode._native_decode(payload, MATCHER)
+    if found is not None and found.journal_line is not None:
+        assert found.journal_line == _encode(found.spans)
 
 
 # --- span facts -------------------------------------------------------------------------------------------

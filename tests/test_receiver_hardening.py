@@ -25,9 +25,8 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from collector.config import ConfigError, load_config
 from collector.live.budget import decode_working_set
-
+from collector.config import ConfigError, load_config
 from conftest import AGENTEVAL, JSON, PROTOBUF, CollectorProcess, post
 from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, to_otlp_json
 from test_reliability import EXPORT, grpc_raw, healthy, valid_request
@@ -535,27 +534,6 @@ def budgeted(tmp_path_factory):
     proc.stop()
 
 
-# --- 7. nested attribute values (issue 32, item 8) -----------------------------------------------
-
-@pytest.fixture(scope="module", params=["native", "python"])
-def by_decoder(request, tmp_path_factory):
-    """A collector decoding protobuf with the compiled decoder, or with protobuf alone (an
-    ``agenteval_native`` module on PYTHONPATH that fails to import hides the compiled one)."""
-    tmp = tmp_path_factory.mktemp(f"decoder-{request.param}")
-    env = {}
-    if request.param == "python":
-        (tmp / "hide").mkdir()
-        (tmp / "hide" / "agenteval_native.py").write_text("raise ImportError('hidden by the test')\n")
-        env["PYTHONPATH"] = str(tmp / "hide")
-    proc = CollectorProcess(tmp, env=env)
-    started = next(e for e in proc.log_events() if "decoder" in e)
-    if request.param == "native" and started["decoder"] != "native":
-        pytest.skip("agenteval_native is not installed: `make install` builds it (needs Rust)")
-    assert started["decoder"] == request.param
-    yield proc
-    proc.stop()
-
-
 def _http_export(collector, body: bytes) -> tuple[bool, dict]:
     status, _, headers = post(collector.http, body)
     assert status in (200, 503), status
@@ -636,6 +614,27 @@ def test_a_gzip_bomb_is_refused_at_the_size_limit(collector):
     status, payload, headers = post(collector.http, bomb, headers={"Content-Encoding": "gzip"})
     assert status == 413 and "limit" in status_message(payload, headers)
     healthy(collector)
+
+
+# --- 7. nested attribute values (issue 32, item 8) -----------------------------------------------
+
+@pytest.fixture(scope="module", params=["native", "python"])
+def by_decoder(request, tmp_path_factory):
+    """A collector decoding protobuf with the compiled decoder, or with protobuf alone (an
+    ``agenteval_native`` module on PYTHONPATH that fails to import hides the compiled one)."""
+    tmp = tmp_path_factory.mktemp(f"decoder-{request.param}")
+    env = {}
+    if request.param == "python":
+        (tmp / "hide").mkdir()
+        (tmp / "hide" / "agenteval_native.py").write_text("raise ImportError('hidden by the test')\n")
+        env["PYTHONPATH"] = str(tmp / "hide")
+    proc = CollectorProcess(tmp, env=env)
+    started = next(e for e in proc.log_events() if "decoder" in e)
+    if request.param == "native" and started["decoder"] != "native":
+        pytest.skip("agenteval_native is not installed: `make install` builds it (needs Rust)")
+    assert started["decoder"] == request.param
+    yield proc
+    proc.stop()
 
 
 def nested_value(levels: int, kind: str):

@@ -62,8 +62,13 @@ def site(tmp_path_factory):
                                          Invocation([ok(430, 20)])]}, name="second-pass")
     # MAF Python without the instrumentation: no framework ledger at all
     derived = Scenario({"writer": [Invocation([ok(420, 180)])]}, name="derived", ledger="invoke_agent")
+    # a tool loop whose second call raised, both on one provider: what the per-call table shows
+    per_call = Scenario({"writer": [Invocation([Call(400, 80, "tool_calls", provider="openai"),
+                                                Call(error="RateLimitError", provider="openai"),
+                                                Call(320, 160, "stop", provider="openai")],
+                                               reported=(300, 240, "stop"))]}, name="per-call")
     more, (hostile_id, long_id, second_id, derived_id, per_call_id) = record(
-        [hostile, long_ids, second_pass, derived, SCENARIOS["fail_under_report"][0]])
+        [hostile, long_ids, second_pass, derived, per_call])
     export_spans(proc, spans + more)
     runs = {n: proc.run(i) for n, i in zip(names, ids)}
     runs["hostile"] = proc.run(hostile_id)
@@ -77,7 +82,7 @@ def site(tmp_path_factory):
                     "--subject", "bench"], env={**os.environ, "AGENTEVAL_STORE": proc.store_url},
                    check=True, capture_output=True, timeout=60)
     runs["bench"] = proc.store().list_runs(subject="bench", with_docs=True)[0]
-    runs["per_call"] = _with_per_call_evidence(proc, proc.run(per_call_id))
+    runs["per_call"] = proc.run(per_call_id)
     yield proc, runs
     proc.stop()
 
@@ -102,35 +107,6 @@ def page(browser):
     context.set_default_timeout(5000)
     yield context.new_page()
     context.close()
-
-
-def _with_per_call_evidence(proc: CollectorProcess, run: dict) -> dict:
-    """A run document as the classifier will write it once it keeps each chat call's model, provider,
-    tokens, finish and error, the input/output split, the ledger entries and the run's service and
-    timing (issue 33; none of it is in the document yet): written into the collector's own store over
-    the run's own document, so the page is tested on the shape it will get."""
-    doc = json.loads(json.dumps(run))
-    doc.update(subject="per-call", service_name="billing-api",
-               started_at=1767225600.25, duration_s=12.5)
-    for unit in doc["executors"]:
-        ev = unit["evidence"]
-        calls = []
-        for n, span_id in enumerate(ev["chat_span_ids"]):
-            calls.append({"span_id": span_id, "model": "gpt-4o-mini", "provider": "openai",
-                          "input_tokens": 400 + n, "output_tokens": 80 + n, "total_tokens": 480 + 2 * n,
-                          "finish_reason": "stop", "error": None, "failed": False})
-        if unit["executor_id"] == "writer":
-            calls[-1].update(finish_reason=None, error="RateLimitError: 429 Too Many Requests", failed=True,
-                             output_tokens=None, total_tokens=None)
-        ev["chat_calls"] = calls
-        ev.update(framework_input_tokens=300, framework_output_tokens=240, truth_input_tokens=720,
-                  truth_output_tokens=240)
-        ev["ledger"] = [{"span_id": span_id, "input_tokens": 300, "output_tokens": 240, "total_tokens": 540,
-                         "finish_reason": "stop"} for span_id in ev["ledger_span_ids"]]
-    with sqlite3.connect(proc.store_path) as db:
-        db.execute("UPDATE runs SET doc = ?, subject = ? WHERE run_id = ?",
-                   (json.dumps(doc), "per-call", run["run_id"]))
-    return doc
 
 
 def _span_ids(run: dict) -> set[str]:
@@ -380,7 +356,7 @@ def test_run_page_states_start_and_links_the_run_document(site, page):
     stored = proc.store().get_run(run["run_id"])
     first = datetime.fromtimestamp(stored["created_at"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     assert page.locator('dl.facts dt:text-is("first verdict") + dd').inner_text() == first
-    assert page.locator("#service").count() == 0  # not in this document: not made up
+    assert stored["service_name"] and page.locator("#service").inner_text() == stored["service_name"]
     link = page.locator("a#json")
     assert link.get_attribute("href") == f"/runs/{run['run_id']}.json"
     status, body, headers = _get(f"{proc.http}{link.get_attribute('href')}")
@@ -412,45 +388,53 @@ def test_run_json_needs_the_token_when_auth_is_on(tmp_path):
         proc.stop()
 
 
-def test_a_document_without_per_call_details_says_so_and_still_links_each_chat_span(site, page):
+def test_a_document_of_an_earlier_version_without_per_call_details_says_so_and_links_each_chat_span(site, page):
     proc, runs = site
     run = runs["fail_under_report"]
-    page.goto(f"{proc.http}/runs/{run['run_id']}")
-    writer = page.locator('details[data-unit="writer"]')
-    assert writer.locator("table.chat-calls").count() == 0
-    assert "not in this run's document" in writer.locator(".no-calls").inner_text()
-    counts = writer.locator("table.unit-counts").inner_text()
-    assert "ledger entries\t1" in counts and "chat calls with a response\t2" in counts
-    _assert_span_ids_link(page, run, JAEGER)
+    older = json.loads(json.dumps(run))  # as the previous version stored it: no per-call evidence
+    for unit in older["executors"]:
+        for key in ("chat_calls", "chat_calls_more", "ledger", "ledger_more"):
+            del unit["evidence"][key]
+    with sqlite3.connect(proc.store_path) as db:
+        db.execute("UPDATE runs SET doc = ? WHERE run_id = ?", (json.dumps(older), run["run_id"]))
+    try:
+        page.goto(f"{proc.http}/runs/{run['run_id']}")
+        writer = page.locator('details[data-unit="writer"]')
+        assert writer.locator("table.chat-calls").count() == 0
+        assert "not in this run's document" in writer.locator(".no-calls").inner_text()
+        counts = writer.locator("table.unit-counts").inner_text()
+        assert "ledger entries\t1" in counts and "chat calls with a response\t2" in counts
+        _assert_span_ids_link(page, run, JAEGER)
+    finally:
+        with sqlite3.connect(proc.store_path) as db:
+            db.execute("UPDATE runs SET doc = ? WHERE run_id = ?", (json.dumps(run), run["run_id"]))
 
 
-def test_per_chat_call_table_beside_the_ledger_entries(site, page, tmp_path):
-    """Once the classifier keeps them: per call the span, model, provider, tokens, finish and error;
-    the input/output split; the service and when the run started and how long it took."""
+def test_per_chat_call_table_beside_the_ledger_entries(site, page):
+    """Debugging a divergence from the page alone: per call the span, model, provider, tokens,
+    finish and error; the ledger entry the framework reported; the input/output split; the service."""
     proc, runs = site
     run = runs["per_call"]
     page.goto(f"{proc.http}/runs/{run['run_id']}")
-    assert page.locator("#service").inner_text() == "billing-api"
-    assert page.locator("#started").inner_text() == "2026-01-01 00:00:00 UTC"
-    assert page.locator("#duration").inner_text() == "12.5 s"
+    assert page.locator("#service").inner_text() == run["service_name"] == "maf-app"
     writer = page.locator('details[data-unit="writer"]')
     assert writer.get_attribute("open") is not None  # it diverged: open
     heads = [h.inner_text() for h in writer.locator("table.chat-calls th").all()]
     assert heads == ["span id", "model", "provider", "input", "output", "total", "finish", "error"]
     ev = next(e for e in run["executors"] if e["executor_id"] == "writer")["evidence"]
     rows = writer.locator("table.chat-calls tbody tr")
-    assert rows.count() == len(ev["chat_span_ids"]) == 2
-    first = [c.inner_text() for c in rows.nth(0).locator("td").all()]
-    assert first == [ev["chat_span_ids"][0], "gpt-4o-mini", "openai", "400", "80", "480", "stop", "–"]
-    failed = rows.nth(1)
-    assert failed.get_attribute("class") == "failed"
-    assert "RateLimitError: 429 Too Many Requests" in failed.locator("td").nth(7).inner_text()
-    assert "failed" in failed.locator("td").nth(7).inner_text()
+    assert rows.count() == len(ev["chat_span_ids"]) == 3
+    cells = [[c.inner_text() for c in rows.nth(i).locator("td").all()] for i in range(3)]
+    assert cells[0] == [ev["chat_span_ids"][0], "fake-model", "openai", "400", "80", "–", "tool_calls", "–"]
+    assert cells[2] == [ev["chat_span_ids"][2], "fake-model", "openai", "320", "160", "–", "stop", "–"]
+    assert rows.nth(1).get_attribute("class") == "failed"
+    assert cells[1][3:5] == ["–", "–"] and "failed: RateLimitError 429 Too Many Requests" in cells[1][7]
     assert rows.nth(0).locator("td a").first.get_attribute("href") == JAEGER.format(trace_id=run["trace_id"])
     ledger = writer.locator("table.ledger tbody tr")
-    assert ledger.count() == len(ev["ledger_span_ids"])
+    assert ledger.count() == len(ev["ledger_span_ids"]) == 1
     assert [c.inner_text() for c in ledger.nth(0).locator("td").all()] == [ev["ledger_span_ids"][0], "300", "240",
-                                                                            "540", "stop"]
+                                                                            "–", "stop"]
     split = writer.locator("table.unit-counts").inner_text()
     assert "input tokens: framework / truth\t300 / 720" in split and "output tokens: framework / truth\t240 / 240" in split
+    assert "chat calls that failed\t1" in split
     _assert_span_ids_link(page, run, JAEGER)

@@ -430,13 +430,8 @@ class HttpTraceReceiver:
         """``POST /v1/metrics`` and ``/v1/logs``: authenticated and read as traces are (bounded, within
         the memory budget), counted, discarded."""
         ctype = request.content_type
-        if not self.auth.allows(request.headers.get("Authorization")):
-            _count_unauthenticated(self.pipeline, "http")
-            resp = self._error(401, "missing or invalid bearer token", ctype if ctype in (PROTOBUF, JSON) else JSON)
-            resp.headers["WWW-Authenticate"] = "Bearer"
-            return resp
-        if ctype not in (PROTOBUF, JSON):
-            return self._invalid(415, f"unsupported Content-Type {ctype!r}; use {PROTOBUF} or {JSON}", ctype, JSON)
+        if (refused := self._refused(request, ctype)) is not None:
+            return refused
         lease = self.budget.lease()
         try:
             await self._body(request, lease)
@@ -474,8 +469,8 @@ class HttpTraceReceiver:
             else:
                 self.busy[conn] -= 1
 
-    async def handle(self, request: web.Request) -> web.Response:
-        ctype = request.content_type
+    def _refused(self, request: web.Request, ctype: str) -> web.Response | None:
+        """401 without the token, 415 for a body that is not OTLP; None: go on."""
         if not self.auth.allows(request.headers.get("Authorization")):
             _count_unauthenticated(self.pipeline, "http")
             resp = self._error(401, "missing or invalid bearer token", ctype if ctype in (PROTOBUF, JSON) else JSON)
@@ -483,6 +478,12 @@ class HttpTraceReceiver:
             return resp
         if ctype not in (PROTOBUF, JSON):
             return self._invalid(415, f"unsupported Content-Type {ctype!r}; use {PROTOBUF} or {JSON}", ctype, JSON)
+        return None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        ctype = request.content_type
+        if (refused := self._refused(request, ctype)) is not None:
+            return refused
         if (request.content_length or 0) > self.max_body_bytes:
             return self._too_large(f"Content-Length {request.content_length} is over the "
                                    f"{self.max_body_bytes}-byte limit", ctype)

@@ -39,7 +39,7 @@ from opentelemetry.proto.common.v1.common_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
-from collector import decode
+from collector.formats import decode
 from collector.core.classify import FINISH, SpanRecord, finish_reason
 from collector.config import CollectorConfig
 from collector.formats.decode import (

@@ -129,11 +129,12 @@ class Receivers(_Section):
     @model_validator(mode="after")
     def _bodies_fit(self) -> "Receivers":
         """Every request within the size limits must fit the budget when nothing else is in flight
-        (an HTTP body is held twice while it is read: compressed and decompressed, or as read and joined)."""
-        need = max(2 * self.http.max_body_bytes, self.grpc.max_message_bytes)
+        (a request is held twice while it is read: an HTTP body compressed and decompressed, or as read
+        and joined; a gRPC message in grpc's buffer and as bytes)."""
+        need = 2 * max(self.http.max_body_bytes, self.grpc.max_message_bytes)
         if self.max_inflight_bytes < need:
-            raise ValueError(f"max_inflight_bytes must be at least {need} (twice http.max_body_bytes and at "
-                             "least grpc.max_message_bytes), or no request of the largest allowed size fits")
+            raise ValueError(f"max_inflight_bytes must be at least {need} (twice http.max_body_bytes and "
+                             "grpc.max_message_bytes), or no request of the largest allowed size fits")
         return self
 
 

@@ -534,18 +534,24 @@ def budgeted(tmp_path_factory):
     proc.stop()
 
 
-def _http_export(collector, body: bytes) -> tuple[bool, dict]:
-    status, _, headers = post(collector.http, body)
-    assert status in (200, 503), status
-    assert status == 200 or int(headers["Retry-After"]) >= 1
-    return status == 200, headers
+def _export(collector, transport: str, body: bytes) -> bool:
+    """One export over ``transport``: True when accepted; a refusal must be retryable."""
+    if transport == "http":
+        status, _, headers = post(collector.http, body)
+        assert status in (200, 503), status
+        assert status == 200 or int(headers["Retry-After"]) >= 1
+        return status == 200
+    code, _, trailers = grpc_raw(collector.grpc, body)
+    assert code in (grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE), code
+    assert code is grpc.StatusCode.OK or "google.rpc.retryinfo-bin" in dict(trailers)
+    return code is grpc.StatusCode.OK
 
 
-def test_concurrent_large_requests_stay_within_the_memory_budget(budgeted):
-    """40 HTTP requests of 2 MiB at once against a 16 MiB budget: RSS grows by at most the budget
-    plus slack, the requests over it are refused with a retryable answer, and every accepted one's
-    trace is stored (none of a refused one is). (Over gRPC, RSS is not yet held to this: see
-    bench/RESULTS.md, issue 32 items 4-5.)"""
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_concurrent_large_requests_stay_within_the_memory_budget(budgeted, transport):
+    """40 requests of 2 MiB at once against a 16 MiB budget, each on a connection of its own: RSS
+    grows by at most the budget plus slack, the requests over it are refused with a retryable answer,
+    and every accepted one's trace is stored (none of a refused one is)."""
     requests = [padded_request(2 * 1024 * 1024) for _ in range(40)]
     pid = budgeted.proc.pid
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM from here on
@@ -554,7 +560,7 @@ def test_concurrent_large_requests_stay_within_the_memory_budget(budgeted):
 
     def export(body: bytes) -> bool:
         start.wait()
-        return _http_export(budgeted, body)[0]
+        return _export(budgeted, transport, body)
 
     with ThreadPoolExecutor(len(requests)) as pool:
         accepted = list(pool.map(export, [body for body, _ in requests]))
@@ -568,7 +574,7 @@ def test_concurrent_large_requests_stay_within_the_memory_budget(budgeted):
     assert all(budgeted.store().get_run(trace_id) is None for ok_, (_, trace_id) in zip(accepted, requests) if not ok_)
     metrics = budgeted.metrics()
     assert metrics[("collector_inflight_bytes", ())] == 0
-    assert metrics[("collector_requests_rejected_total", (("reason", "memory_budget"), ("transport", "http")))] \
+    assert metrics[("collector_requests_rejected_total", (("reason", "memory_budget"), ("transport", transport)))] \
         >= accepted.count(False)
 
 
@@ -585,10 +591,14 @@ def test_a_request_needing_more_than_the_whole_budget_is_not_retryable(budgeted)
     assert "google.rpc.retryinfo-bin" not in dict(trailers)
 
 
-def test_the_budget_must_hold_the_largest_request(tmp_path):
+@pytest.mark.parametrize("receivers, need", [
+    ("max_inflight_bytes: 4194304", 8388608),  # under 2 x http.max_body_bytes
+    ("max_inflight_bytes: 25165824\n  grpc: {max_message_bytes: 16777216}", 33554432),  # 2 x the gRPC message
+])
+def test_the_budget_must_hold_the_largest_request(tmp_path, receivers, need):
     path = tmp_path / "c.yaml"
-    path.write_text("receivers:\n  max_inflight_bytes: 4194304\n")  # under 2 x http.max_body_bytes
-    with pytest.raises(ConfigError, match="max_inflight_bytes must be at least 8388608"):
+    path.write_text(f"receivers:\n  {receivers}\n")
+    with pytest.raises(ConfigError, match=f"max_inflight_bytes must be at least {need}"):
         load_config(path)
 
 

@@ -8,12 +8,21 @@ reads them until its span records are handed to the assembler, whose own bounds
 with a retryable status (:class:`~collector.live.assembler.Backpressure`) before it reads more; a request
 that alone needs more than the whole budget can never be accepted (:class:`NeverFits`).
 
+Reading takes bytes at once or is refused (:meth:`Lease.hold`). Decoding, which needs several times
+what was read, waits for its bytes in a first-come queue (:meth:`Lease.grow`): requests being read
+would otherwise keep taking what the ones already read need, and under a burst none would be
+accepted. While anyone waits, no new read is admitted; a request joins the queue only when everything
+queued fits the budget at once (what the waiters hold and want), so the queue always drains as the
+requests ahead of it finish, and is refused otherwise. See docs/design.md §3 (receivers).
+
 Everything here runs on the event loop: no lock.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
+from dataclasses import dataclass
 
 from collector.live.assembler import Backpressure
 
@@ -37,6 +46,14 @@ def decode_working_set(size: int, spans: int | None) -> int:
     return PROTOBUF_BYTE_FACTOR * size + SPAN_BYTES * spans
 
 
+@dataclass(eq=False)
+class _Waiter:
+    lease: Lease
+    size: int
+    queued: int
+    granted: asyncio.Future[None]
+
+
 class NeverFits(Exception):
     """The request alone needs more than the whole budget: retrying it cannot help."""
 
@@ -49,9 +66,33 @@ class MemoryBudget:
         self.retry_after = retry_after
         #: Bytes held by leases now.
         self.used = 0
+        #: Leases waiting to grow, first come first served: the lease, the bytes it wants, what it
+        #: counts in ``_queued`` and the future that grants them.
+        self._waiting: deque[_Waiter] = deque()
+        #: What the waiters hold and want together.
+        self._queued = 0
 
     def lease(self) -> Lease:
         return Lease(self)
+
+    def _refusal(self) -> Backpressure:
+        return Backpressure(f"receivers.max_inflight_bytes ({self.limit}) are held by requests in flight",
+                            self.retry_after)
+
+    def _admit_waiters(self) -> None:
+        """Give the bytes freed to the waiters at the head of the queue that now fit."""
+        while self._waiting:
+            waiter = self._waiting[0]
+            if self.used + waiter.size > self.limit:
+                return
+            self._dequeue(waiter)
+            self.used += waiter.size
+            waiter.lease.held += waiter.size
+            waiter.granted.set_result(None)
+
+    def _dequeue(self, waiter: _Waiter) -> None:
+        self._waiting.remove(waiter)
+        self._queued -= waiter.queued
 
 
 class Lease:
@@ -63,22 +104,50 @@ class Lease:
         self._closed = False
 
     def hold(self, size: int, what: str) -> None:
-        """Take ``size`` more bytes (``what`` names them in the refusal), or raise :class:`NeverFits` /
-        :class:`Backpressure` holding nothing more."""
+        """Take ``size`` more bytes now (``what`` names them in the refusal), or raise :class:`NeverFits` /
+        :class:`Backpressure` holding nothing more; refused too while requests wait in :meth:`grow`."""
         budget = self.budget
-        if self.held + size > budget.limit:
-            raise NeverFits(f"{what} would take this request to {self.held + size} bytes in memory, more than "
-                            f"receivers.max_inflight_bytes ({budget.limit}) allows any request; send smaller batches")
-        if budget.used + size > budget.limit:
-            raise Backpressure(f"receivers.max_inflight_bytes ({budget.limit}) are held by requests in flight",
-                               budget.retry_after)
+        self._check_fits(size, what)
+        if budget._waiting or budget.used + size > budget.limit:
+            raise budget._refusal()
         budget.used += size
         self.held += size
+
+    async def grow(self, size: int, what: str) -> None:
+        """Take ``size`` more bytes, waiting behind the requests queued before this one; raise
+        :class:`NeverFits`, or :class:`Backpressure` at once when the queue could not take this request
+        (what it holds and wants) beside the others without exceeding the budget."""
+        budget = self.budget
+        self._check_fits(size, what)
+        if not budget._waiting and budget.used + size <= budget.limit:
+            budget.used += size
+            self.held += size
+            return
+        if budget._queued + self.held + size > budget.limit:
+            raise budget._refusal()
+        waiter = _Waiter(self, size, self.held + size, asyncio.get_running_loop().create_future())
+        budget._waiting.append(waiter)
+        budget._queued += waiter.queued
+        try:
+            await waiter.granted
+        except asyncio.CancelledError:
+            if waiter in budget._waiting:  # not granted (granted, the bytes are held: close() frees them)
+                budget._dequeue(waiter)
+                budget._admit_waiters()  # those behind it may fit now
+            raise
+
+    def _check_fits(self, size: int, what: str) -> None:
+        limit = self.budget.limit
+        if self.held + size > limit:
+            raise NeverFits(f"{what} would take this request to {self.held + size} bytes in memory, more than "
+                            f"receivers.max_inflight_bytes ({limit}) allows any request; send smaller batches")
 
     def free(self, size: int) -> None:
         size = min(size, self.held)
         self.held -= size
         self.budget.used -= size
+        if size:
+            self.budget._admit_waiters()
 
     def close(self) -> None:
         if not self._closed:

@@ -1,0 +1,82 @@
+"""The memory budget's queue (collector/live/budget.py): decoding waits for bytes in arrival order
+while no new read is admitted, and is refused when the queue could not drain."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from collector.live.assembler import Backpressure
+from collector.live.budget import MemoryBudget, NeverFits
+
+
+def test_a_decode_waits_for_bytes_a_finished_request_frees_while_new_reads_are_refused():
+    async def scenario() -> None:
+        budget = MemoryBudget(100, retry_after=1.0)
+        first, second, newcomer = budget.lease(), budget.lease(), budget.lease()
+        first.hold(60, "the body")
+        second.hold(10, "the body")
+        waiting = asyncio.ensure_future(second.grow(50, "decoding it"))
+        await asyncio.sleep(0)
+        assert not waiting.done() and budget.used == 70
+        with pytest.raises(Backpressure):  # room for it, but the queue's decode comes first
+            newcomer.hold(10, "the body")
+        first.close()
+        await waiting
+        assert second.held == 60 and budget.used == 60
+        newcomer.hold(10, "the body")  # queue empty: reads are admitted again
+        assert budget.used == 70
+
+    asyncio.run(scenario())
+
+
+def test_a_decode_that_could_not_fit_beside_the_queue_is_refused_at_once():
+    async def scenario() -> None:
+        budget = MemoryBudget(100, retry_after=2.0)
+        reader, first, second = budget.lease(), budget.lease(), budget.lease()
+        reader.hold(40, "the body")
+        first.hold(20, "the body")
+        second.hold(20, "the body")
+        waiting = asyncio.ensure_future(first.grow(50, "decoding it"))  # queued: 20 + 50 <= 100
+        await asyncio.sleep(0)
+        with pytest.raises(Backpressure) as refused:  # 70 queued + 20 + 50 > 100: it would never drain
+            await second.grow(50, "decoding it")
+        assert refused.value.retry_after == 2.0 and second.held == 20
+        second.close()
+        reader.close()
+        await waiting
+        assert budget.used == 70
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_waiter_leaves_the_queue_and_those_behind_it_move_up():
+    async def scenario() -> None:
+        budget = MemoryBudget(100, retry_after=1.0)
+        reader, big, small = budget.lease(), budget.lease(), budget.lease()
+        reader.hold(50, "the body")
+        big.hold(10, "the body")
+        small.hold(10, "the body")
+        first = asyncio.ensure_future(big.grow(45, "decoding it"))  # 70 + 45 > 100: waits
+        second = asyncio.ensure_future(small.grow(20, "decoding it"))  # behind it, though it would fit
+        await asyncio.sleep(0)
+        assert not first.done() and not second.done()
+        first.cancel()
+        await asyncio.wait_for(second, 5)  # granted once the cancelled waiter left
+        assert first.cancelled() and small.held == 30 and budget.used == 90
+        big.close()
+        assert budget.used == 80
+
+    asyncio.run(scenario())
+
+
+def test_a_request_over_the_whole_budget_never_fits():
+    async def scenario() -> None:
+        lease = MemoryBudget(100, retry_after=1.0).lease()
+        lease.hold(40, "the body")
+        with pytest.raises(NeverFits, match="decoding it would take this request to 101 bytes"):
+            await lease.grow(61, "decoding it")
+        assert lease.held == 40
+
+    asyncio.run(scenario())

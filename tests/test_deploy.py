@@ -544,27 +544,16 @@ def helm() -> Path:
     return _built([str(ROOT / "deploy/helm/helm.sh"), "path"], "helm", "AGENTEVAL_REQUIRE_HELM")
 
 
-@pytest.fixture(scope="module")
-def chart(tmp_path_factory) -> Path:
-    """The chart as helm renders it with the postgresql subchart off: its dependency is not vendored
-    (helm refuses a chart whose listed dependency is missing, even one turned off)."""
-    copy = tmp_path_factory.mktemp("chart") / "agenteval"
-    shutil.copytree(CHART, copy)
-    meta = yaml.safe_load((copy / "Chart.yaml").read_text())
-    assert [(d["name"], d["condition"]) for d in meta.pop("dependencies")] == [("postgresql", "postgresql.enabled")]
-    (copy / "Chart.yaml").write_text(yaml.safe_dump(meta))
-    return copy
+def _helm(helm: Path, command: str, values: dict) -> subprocess.CompletedProcess:
+    """`helm template` or `helm lint --strict` of the chart as it is in the repository (no copy: what
+    `helm install deploy/helm/agenteval` reads), offline, with ``values`` over its own."""
+    args = ["template", "rel"] if command == "template" else ["lint", "--strict"]
+    return subprocess.run([str(helm), *args, str(CHART), "--namespace", NAMESPACE, "-f", "-"],
+                          input=yaml.safe_dump(values), capture_output=True, text=True)
 
 
-def _template(helm: Path, chart: Path, values: dict) -> subprocess.CompletedProcess:
-    values_file = chart.parent / "values.yaml"
-    values_file.write_text(yaml.safe_dump(values))
-    return subprocess.run([str(helm), "template", "rel", str(chart), "--namespace", NAMESPACE, "-f", str(values_file)],
-                          capture_output=True, text=True)
-
-
-def _objects(helm: Path, chart: Path, values: dict) -> dict[tuple[str, str], dict]:
-    result = _template(helm, chart, values)
+def _objects(helm: Path, values: dict) -> dict[tuple[str, str], dict]:
+    result = _helm(helm, "template", values)
     assert result.returncode == 0, result.stderr
     return {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(result.stdout) if o}
 
@@ -575,8 +564,8 @@ def _one(objects: dict[tuple[str, str], dict], kind: str, suffix: str = "") -> d
 
 
 @pytest.mark.parametrize("values", VARIANTS.values(), ids=VARIANTS.keys())
-def test_the_chart_renders_objects_valid_against_the_kubernetes_schemas(helm, chart, values):
-    objects = _objects(helm, chart, values)
+def test_the_chart_renders_objects_valid_against_the_kubernetes_schemas(helm, values):
+    objects = _objects(helm, values)
     custom = []
     for obj in objects.values():
         try:
@@ -593,8 +582,8 @@ def test_the_chart_renders_objects_valid_against_the_kubernetes_schemas(helm, ch
 
 
 @pytest.mark.parametrize("values", VARIANTS.values(), ids=VARIANTS.keys())
-def test_the_replicas_run_the_image_with_their_journal_on_their_own_volume(helm, chart, values):
-    objects = _objects(helm, chart, values)
+def test_the_replicas_run_the_image_with_their_journal_on_their_own_volume(helm, values, tmp_path):
+    objects = _objects(helm, values)
     sts = _one(objects, "StatefulSet")
     headless = _one(objects, "Service", sts["spec"]["serviceName"])
     assert sts["spec"]["replicas"] == values.get("replicas", 1)
@@ -610,7 +599,7 @@ def test_the_replicas_run_the_image_with_their_journal_on_their_own_volume(helm,
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     (config_volume,) = [v for v in pod["volumes"] if mounts.get(v["name"]) == str(config_path.parent)]
     configmap = _one(objects, "ConfigMap", config_volume["configMap"]["name"])
-    config_file = chart.parent / config_path.name
+    config_file = tmp_path / config_path.name
     config_file.write_text(configmap["data"][config_path.name])
     cfg = load_config(config_file)
     (claim,) = sts["spec"]["volumeClaimTemplates"]
@@ -649,8 +638,8 @@ def _otelcol_config(objects: dict[tuple[str, str], dict]) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize("replicas", [1, 3])
-def test_the_load_balancer_routes_by_trace_id_to_the_headless_service_it_may_watch(helm, chart, replicas):
-    objects = _objects(helm, chart, {"replicas": replicas, "store": {"url": PG_URL}})
+def test_the_load_balancer_routes_by_trace_id_to_the_headless_service_it_may_watch(helm, replicas):
+    objects = _objects(helm, {"replicas": replicas, "store": {"url": PG_URL}})
     sts = _one(objects, "StatefulSet")
     deployment, config = _otelcol_config(objects)
     lb = config["exporters"]["load_balancing"]
@@ -669,20 +658,30 @@ def test_the_load_balancer_routes_by_trace_id_to_the_headless_service_it_may_wat
             "verbs": ["get", "list", "watch"]} in role["rules"]
 
 
-def test_our_otelcol_distribution_accepts_the_charts_config(helm, chart, tmp_path):
+def test_our_otelcol_distribution_accepts_the_charts_config(helm, tmp_path):
     otelcol = _built([str(ROOT / "otelcol/path.sh")], "otelcol", "AGENTEVAL_REQUIRE_OTELCOL")
-    _, config = _otelcol_config(_objects(helm, chart, VARIANTS[list(VARIANTS)[2]]))
+    _, config = _otelcol_config(_objects(helm, VARIANTS[list(VARIANTS)[2]]))
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     result = subprocess.run([str(otelcol), "validate", f"--config={tmp_path / 'config.yaml'}"],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.parametrize("values", VARIANTS.values(), ids=VARIANTS.keys())
+def test_helm_lint_finds_nothing_to_warn_about(helm, values):
+    """--strict: a warning (e.g. a listed dependency missing from charts/) fails the lint."""
+    result = _helm(helm, "lint", values)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.mark.parametrize(("values", "error"), [
-    ({"replicas": 3}, "replicas > 1 need one shared PostgreSQL store"),
+    ({"replicas": 3}, "replicas > 1 need one shared PostgreSQL store: set store.url"),
     ({"store": {"url": "postgresql://agenteval:secret@db:5432/agenteval"}}, "store.url: has a password"),
-    ({"store": {"url": PG_URL}, "postgresql": {"enabled": True}}, "not both"),
+    ({"store": {"url": "/var/lib/agenteval/runs.db"}}, "store.url: expected postgresql://"),
+    ({"store": {"url": PG_URL, "password": "pw", "existingSecret": "agenteval-db"}}, "not both"),
+    ({"store": {"existingSecret": "agenteval-db"}}, "store.existingSecret: needs store.url"),
+    ({"store": {"password": "pw"}}, "store.password: needs store.url"),
 ])
-def test_the_chart_refuses_a_setup_that_cannot_work(helm, chart, values, error):
-    result = _template(helm, chart, values)
-    assert result.returncode != 0 and error in result.stderr
+def test_the_chart_refuses_a_setup_that_cannot_work(helm, values, error):
+    result = _helm(helm, "template", values)
+    assert result.returncode != 0 and error in result.stderr, result.stderr

@@ -36,11 +36,8 @@ app.kubernetes.io/instance: {{ $root.Release.Name }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
-{{/* The run store's URL: store.url, else the subchart's PostgreSQL, else SQLite on the volume. */}}
+{{/* The run store's URL: store.url (a PostgreSQL), else SQLite on the volume (one replica). */}}
 {{- define "agenteval.storeUrl" -}}
-{{- if and .Values.store.url .Values.postgresql.enabled -}}
-{{- fail "set store.url (an external PostgreSQL) or postgresql.enabled (the subchart), not both" -}}
-{{- end -}}
 {{- if .Values.store.url -}}
 {{- if not (hasPrefix "postgresql://" .Values.store.url) -}}
 {{- fail "store.url: expected postgresql://user@host:5432/database (without store.url, one replica keeps SQLite on its volume)" -}}
@@ -49,11 +46,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- fail "store.url: has a password: put it in store.password or a Secret (store.existingSecret) instead" -}}
 {{- end -}}
 {{- .Values.store.url -}}
-{{- else if .Values.postgresql.enabled -}}
-{{- printf "postgresql://%s@%s-postgresql:5432/%s" .Values.postgresql.auth.username .Release.Name .Values.postgresql.auth.database -}}
 {{- else -}}
 {{- if gt (int .Values.replicas) 1 -}}
-{{- fail "replicas > 1 need one shared PostgreSQL store: set store.url or postgresql.enabled" -}}
+{{- fail "replicas > 1 need one shared PostgreSQL store: set store.url (postgresql://user@host:5432/database)" -}}
 {{- end -}}
 {{- printf "%s/runs.db" .Values.dataDir -}}
 {{- end -}}
@@ -64,12 +59,15 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if and .Values.store.password .Values.store.existingSecret -}}
 {{- fail "set store.password or store.existingSecret, not both" -}}
 {{- end -}}
-{{- if and .Values.store.url .Values.store.existingSecret -}}
+{{- range $key := list "password" "existingSecret" -}}
+{{- if and (get $.Values.store $key) (not $.Values.store.url) -}}
+{{- fail (printf "store.%s: needs store.url, the PostgreSQL it is the password of (without store.url, one replica keeps SQLite on its volume)" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.store.existingSecret -}}
 {{- dict "name" .Values.store.existingSecret "key" .Values.store.existingSecretKey | toJson -}}
-{{- else if and .Values.store.url .Values.store.password -}}
+{{- else if .Values.store.password -}}
 {{- dict "name" (printf "%s-store" (include "agenteval.fullname" .)) "key" "password" | toJson -}}
-{{- else if .Values.postgresql.enabled -}}
-{{- dict "name" (default (printf "%s-postgresql" .Release.Name) .Values.postgresql.auth.existingSecret) "key" "password" | toJson -}}
 {{- else -}}
 {{- dict | toJson -}}
 {{- end -}}

@@ -288,6 +288,18 @@ class RunStore(ABC):
         """Called first in a batch's transaction with every run id it touches: keeps other writers
         off those runs until it commits (SQLite's transaction already holds the write lock)."""
 
+    def _migrate_from(self, version: int, execute: Callable[[str], Any], reached: Callable[[int], Any]) -> None:
+        """Bring a store at schema ``version`` to :data:`SCHEMA_VERSION`, inside the caller's
+        transaction: ``execute`` runs one statement, ``reached`` records each version reached."""
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{self.display}: schema version {version} is newer than this agenteval knows "
+                             f"({SCHEMA_VERSION}); upgrade agenteval")
+        for number in range(version, SCHEMA_VERSION):
+            for statement in MIGRATIONS[number]:
+                execute(statement)
+            reached(number + 1)
+            log.info("store_migrated", store=self.display, to_version=number + 1)
+
     @abstractmethod
     def close(self) -> None: ...
 

@@ -23,7 +23,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from collector.store.base import CHANNEL, MIGRATIONS, SCHEMA_VERSION, RunStore, SeenRuns, StoreError, StoreUnavailable
+from collector.store.base import CHANNEL, RunStore, SeenRuns, StoreError, StoreUnavailable
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -96,14 +96,9 @@ class PostgresRunStore(RunStore):
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             conn.execute("CREATE TABLE IF NOT EXISTS agenteval_schema (version INTEGER NOT NULL)")
             version = conn.execute("SELECT COALESCE(MAX(version), 0) AS v FROM agenteval_schema").fetchone()["v"]
-            if version > SCHEMA_VERSION:
-                raise StoreError(f"{self.display}: schema version {version} is newer than this agenteval knows "
-                                 f"({SCHEMA_VERSION}); upgrade agenteval")
-            for number in range(version, SCHEMA_VERSION):
-                for statement in MIGRATIONS[number]:
-                    conn.execute(statement)
-                conn.execute("INSERT INTO agenteval_schema (version) VALUES (%s)", (number + 1,))
-                log.info("store_migrated", store=self.display, to_version=number + 1)
+            self._migrate_from(version, conn.execute,
+                               lambda number: conn.execute("INSERT INTO agenteval_schema (version) VALUES (%s)",
+                                                           (number,)))
 
     @contextmanager
     def _transaction(self) -> Iterator[Callable[[str, Any], Any]]:

@@ -13,8 +13,6 @@ from typing import Any
 import structlog
 
 from collector.store.base import (
-    MIGRATIONS,
-    SCHEMA_VERSION,
     STORE_ENV,
     RunStore,
     StoreError,
@@ -85,15 +83,8 @@ class SqliteRunStore(RunStore):
     def _migrate(self, db: sqlite3.Connection) -> None:
         db.execute("BEGIN IMMEDIATE")
         try:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise StoreError(f"{self.path}: schema version {version} is newer than this agenteval knows "
-                                 f"({SCHEMA_VERSION}); upgrade agenteval")
-            for number in range(version, SCHEMA_VERSION):
-                for statement in MIGRATIONS[number]:
-                    db.execute(statement)
-                log.info("store_migrated", store=self.display, to_version=number + 1)
-            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._migrate_from(db.execute("PRAGMA user_version").fetchone()[0], db.execute,
+                               lambda number: db.execute(f"PRAGMA user_version={number}"))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")

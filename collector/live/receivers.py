@@ -39,6 +39,8 @@ from typing import Any
 import grpc
 import structlog
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 from aiohttp.http_exceptions import (
     BadHttpMessage,
     BadHttpMethod,
@@ -429,6 +431,28 @@ def parse_error(exc: HttpProcessingError) -> str:
     return next((text for cls, text in _PARSE_ERRORS if isinstance(exc, cls)), type(exc).__name__)
 
 
+class _AnswerWithoutEcho(RequestHandler):
+    """aiohttp's connection handler, answering a request it cannot parse with the reason
+    (:func:`parse_error`) instead of the parser's message, which quotes the request's bytes (a header
+    line with its token): a proxy or client that logs response bodies would keep them."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if isinstance(exc, HttpProcessingError):
+            message = f"{status}, message: {parse_error(exc)}"
+        return super().handle_error(request, status, exc, message)
+
+
+def _answering_without_echo(server: web.Server) -> RequestHandler:
+    """The handler ``server`` makes for a connection, as :class:`_AnswerWithoutEcho` (aiohttp has no
+    option for the handler's class; the subclass adds no state)."""
+    handler = server()
+    handler.__class__ = _AnswerWithoutEcho
+    return handler
+
+
 class HttpTraceReceiver:
     """``POST /v1/traces``. Request headers and idle keep-alive are bounded by aiohttp's keep-alive
     timer (see :meth:`runner`), the body by ``read_timeout`` here."""
@@ -755,7 +779,8 @@ class HttpListener:
             conn.close()
             return
         try:
-            await loop.connect_accepted_socket(server, conn, ssl=self.ssl_context,
+            await loop.connect_accepted_socket(functools.partial(_answering_without_echo, server), conn,
+                                               ssl=self.ssl_context,
                                                ssl_handshake_timeout=self.receiver.read_timeout
                                                if self.ssl_context else None)
         except OSError as exc:  # e.g. a failed or timed-out TLS handshake: that connection's problem only

@@ -64,6 +64,16 @@ def verdicts(run: dict) -> dict[str, str]:
     return {e["executor_id"]: e["verdict"] for e in run["executors"]}
 
 
+#: A duration shown in µs, ms or s (the run page, `runs show`): its unit in seconds.
+_SHOWN_UNITS = {"µs": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def shown_seconds(text: str) -> float:
+    """A duration as shown under a second's minutes ("2.34 ms"), read back in seconds."""
+    number, unit = text.split()
+    return float(number) * _SHOWN_UNITS[unit]
+
+
 class _MetricsCapture(metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self) -> None:
         self.requests: list[metrics_service_pb2.ExportMetricsServiceRequest] = []

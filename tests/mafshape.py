@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 
 from google.protobuf import json_format
 from opentelemetry import trace
@@ -143,6 +144,15 @@ def record(scenarios: list[Scenario], service: str = "maf-app") -> tuple[list, l
     ids = [emit(tracer, sc) for sc in scenarios]
     provider.shutdown()
     return list(exporter.get_finished_spans()), ids
+
+
+def sent_times(spans: list, trace_id: str) -> tuple[datetime, float]:
+    """When the trace's workflow run started (its workflow-run span's start, to the microsecond) and
+    how long it took (to its spans' latest end, in seconds), worked out from the spans sent."""
+    mine = [s for s in spans if format(s.context.trace_id, "032x") == trace_id]
+    (root,) = [s for s in mine if s.parent is None]
+    started = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=root.start_time // 1000)
+    return started, (max(s.end_time for s in mine) - root.start_time) / 1e9
 
 
 def export_request(spans) -> ExportTraceServiceRequest:

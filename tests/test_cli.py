@@ -7,11 +7,13 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, to_otlp_json
+from conftest import shown_seconds
+from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, sent_times, to_otlp_json
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
@@ -112,6 +114,27 @@ def test_reading_a_failed_run_exits_0_and_its_own_code_is_in_the_json(tmp_path):
     shown = run("runs", "show", doc["run_id"][:12], "--json", store=store)
     assert shown.returncode == 0 and json.loads(shown.stdout)["exit_code"] == doc["exit_code"] == 9
     assert run("runs", "show", doc["run_id"][:12], store=store).returncode == 0
+
+
+def test_runs_show_says_when_a_run_started_and_how_long_it_took(tmp_path):
+    """From an OTLP/JSON trace file's spans, as the run page says it; a file without span times
+    (workflow-trace/v1) knows neither: null in the document, no line in `runs show`."""
+    spans, (trace_id,) = record([SCENARIOS["fail_under_report"][0]])
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps(to_otlp_json(export_request(spans))))
+    assert bench(trace, tmp_path / "runs.db").returncode == 9
+    (doc,) = json.loads(run("runs", "list", "--json", store=tmp_path / "runs.db").stdout)
+    started, duration = sent_times(spans, trace_id)
+    assert datetime.fromisoformat(doc["started_at"]) == started
+    assert doc["duration_s"] == pytest.approx(duration, abs=1e-9)
+    shown = run("runs", "show", doc["run_id"], store=tmp_path / "runs.db").stdout
+    head, took = next(line for line in shown.splitlines() if line.startswith("started ")).split(", duration ")
+    assert head == f"started {started:%Y-%m-%d %H:%M:%S}.{started.microsecond // 1000:03d} UTC"
+    assert shown_seconds(took) == pytest.approx(duration, rel=5e-3)  # three digits
+    assert bench(ROOT / "examples/pass_all_agree.json", tmp_path / "v1.db").returncode == 0
+    (doc,) = json.loads(run("runs", "list", "--json", store=tmp_path / "v1.db").stdout)
+    assert (doc["started_at"], doc["duration_s"]) == (None, None)
+    assert "started" not in run("runs", "show", doc["run_id"], store=tmp_path / "v1.db").stdout
 
 
 def test_a_unit_without_a_ledger_shows_no_framework_tokens_not_zero(tmp_path):

@@ -14,12 +14,13 @@ import time
 import urllib.error
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import grpc
 
 from conftest import CollectorProcess, free_port, post
-from mafshape import SCENARIOS, export_request, record, run_id
+from mafshape import SCENARIOS, export_request, record, run_id, sent_times
 from test_reliability import grpc_raw
 
 SEED = 20261203
@@ -41,6 +42,8 @@ class Trace:
     chunks: list[bytes]
     #: Per chunk: the collector life (0, 1, ...) that acknowledged it, or None.
     acked_by: list[int | None] = field(default_factory=list)
+    #: When its run started and how long it took, from its spans (:func:`mafshape.sent_times`).
+    times: tuple[datetime, float] | None = None
 
 
 def make_traces(rng: random.Random, n: int) -> list[Trace]:
@@ -54,7 +57,7 @@ def make_traces(rng: random.Random, n: int) -> list[Trace]:
         ss = by_trace[tid]
         cuts = sorted(rng.sample(range(1, len(ss)), rng.choice([1, 2])))
         chunks = [export_request(ss[a:b]).SerializeToString() for a, b in zip([0, *cuts], [*cuts, len(ss)])]
-        traces.append(Trace(tid, name, chunks, [None] * len(chunks)))
+        traces.append(Trace(tid, name, chunks, [None] * len(chunks), sent_times(ss, tid)))
     return traces
 
 
@@ -199,6 +202,11 @@ def test_kill_9_under_load_loses_no_acknowledged_trace(tmp_path: Path) -> None:
         report = [f"{tid} ({'across a crash' if tid in straddled else 'one life'}): {p}" for tid, p in wrong.items()]
         assert not wrong, (f"{len(wrong)} of {len(acknowledged)} acknowledged traces ({len(across)} straddling one of "
                            f"{KILLS} kill -9) not stored exactly once as expected:\n" + "\n".join(report[:15]))
+        # a run whose spans straddled a crash (the first ones replayed from the journal) keeps its
+        # start and duration, the spans' end times journaled with them
+        kept = {t.trace_id: (datetime.fromisoformat(doc["started_at"]), doc["duration_s"])
+                for t in across for *_, doc in rows[t.trace_id]}
+        assert kept == {t.trace_id: t.times for t in across}
         for log in [*logs, proc.stderr_path]:
             assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
     finally:

@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -28,7 +30,7 @@ from collector.formats import decode
 from collector.live.journal import Journal, _decode, _encode
 
 from conftest import AGENTEVAL, CollectorProcess, export_spans, free_port, post
-from mafshape import SCENARIOS, export_request, record, run_id
+from mafshape import SCENARIOS, export_request, record, run_id, sent_times
 from test_crash import NAMES as CRASH_SCENARIOS
 from test_crash import RETRYABLE_HTTP, problems, runs_by_trace
 from test_crash import Trace as CrashTrace
@@ -247,8 +249,36 @@ def test_a_journal_of_the_previous_format_replays_with_its_spans_facts(tmp_path)
         (replayed,) = journal.replay(matcher)
     finally:
         journal.close()
-    assert fields(replayed) == fields(decoded.spans)
+    assert fields(replayed) == fields([replace(s, end_ns=None) for s in decoded.spans])  # no end times then
     assert {s.facts[FINISH] for s in replayed} >= {"stop"} and any(s.facts[INPUT] for s in replayed)
+
+
+def test_a_journal_line_without_end_times_replays_with_the_ends_unknown(tmp_path):
+    """An upgrade over a journal an earlier version left at a crash, whose rows (nine values) hold no
+    end time: its spans replay whole with their ends unknown, and the run they make says when it
+    started and that how long it took is not known (null, never a duration made up)."""
+    matcher = CollectorConfig().matcher()
+    spans, (trace_id,) = record([SCENARIOS["fail_under_report"][0]])
+    decoded = decode.decode_request(export_request(spans), matcher).spans
+    assert all(s.end_ns for s in decoded)
+    line = orjson.dumps([[s.trace_id.hex(), s.span_id.hex(), s.parent_id.hex(), s.name, s.start_ns, s.facts,
+                          s.resource_subject, s.status_error, s.sdk_language] for s in decoded]) + b"\n"
+    for directory in (tmp_path / "replayed", tmp_path / "served" / "runs.db.journal"):
+        directory.mkdir(parents=True)
+        (directory / f"{1:012d}.jsonl").write_bytes(line)
+    journal = Journal(tmp_path / "replayed", 1 << 20, 1 << 30)
+    try:
+        (replayed,) = journal.replay(matcher)
+    finally:
+        journal.close()
+    assert fields(replayed) == fields([replace(s, end_ns=None) for s in decoded])
+    proc = CollectorProcess(tmp_path / "served")  # replays the line on start
+    try:
+        run = proc.run(trace_id)
+    finally:
+        proc.stop()
+    assert run["status"] == "FAIL" and run["duration_s"] is None
+    assert datetime.fromisoformat(run["started_at"]) == sent_times(spans, trace_id)[0]
 
 
 def test_a_segment_that_cannot_be_started_fails_that_request_only(tmp_path, monkeypatch):

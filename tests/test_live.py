@@ -7,12 +7,17 @@ import json
 import os
 import subprocess
 import time
+import urllib.request
+from datetime import datetime
 
+import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from collector.api.v1 import fidelity_pb2 as pb
+from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
 from conftest import AGENTEVAL, CollectorProcess, export_spans, post, verdicts
-from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, to_otlp_json
+from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, sent_times, to_otlp_json
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
@@ -49,6 +54,29 @@ def test_maf_python_shaped_workflow_gets_its_verdict_over_grpc(collector, captur
         for attr, key in (("fidelity.framework.tokens", "framework_tokens"), ("fidelity.truth.tokens", "truth_tokens"),
                           ("fidelity.delta", "delta")):
             assert (cattrs[attr].int_value if attr in cattrs else None) == evidence[key], (eid, attr)
+
+
+def test_a_run_says_when_it_started_and_how_long_it_took(collector):
+    """An SRE debugging a FAIL: the run document (the store, /runs/{id}.json, the gRPC API) carries
+    the run's start and duration, from the spans, whichever decoder read them (the compiled one for
+    OTLP protobuf, the OTLP/JSON one for JSON)."""
+    spans, ids = record([SCENARIOS["fail_under_report"][0], SCENARIOS["pass"][0]])
+    by_grpc = [s for s in spans if format(s.context.trace_id, "032x") == ids[0]]
+    export_spans(collector, by_grpc)
+    body = json.dumps(to_otlp_json(export_request([s for s in spans if s not in by_grpc]))).encode()
+    assert post(collector.http, body, "application/json")[0] == 200
+    with grpc.insecure_channel(collector.grpc) as channel:
+        for trace_id in ids:
+            run = collector.run(trace_id)
+            started, duration = sent_times(spans, trace_id)
+            assert run["started_at"].endswith(("Z", "+00:00"))  # said in UTC
+            assert datetime.fromisoformat(run["started_at"]) == started
+            assert run["duration_s"] == pytest.approx(duration, abs=1e-9) and run["duration_s"] > 0
+            with urllib.request.urlopen(f"{collector.http}/runs/{run['run_id']}.json", timeout=10) as resp:
+                served = json.load(resp)
+            assert (served["started_at"], served["duration_s"]) == (run["started_at"], run["duration_s"])
+            got = FidelityServiceStub(channel).GetRun(pb.GetRunRequest(run_id=run["run_id"]), timeout=10)
+            assert (got.started_at, got.duration_s) == (run["started_at"], run["duration_s"])
 
 
 def test_a_unit_never_compared_has_no_difference_on_its_verdict_span(collector, capture):
@@ -257,7 +285,6 @@ def test_invalid_spans_are_rejected_in_partial_success_and_the_rest_kept(collect
 
 
 def test_undecodable_requests_get_400_and_invalid_argument(collector):
-    import grpc
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 
     status, payload, _ = post(collector.http, b"\xff\xfe not protobuf", "application/x-protobuf")

@@ -356,7 +356,7 @@ def request_of(span: bytes, scope: bytes = ld(1, b"agent_framework"), resource: 
 #: A span without a status, and with an error status.
 BARE = Span(trace_id=bytes(range(1, 17)), span_id=bytes(range(1, 9)), parent_span_id=bytes(range(9, 17)),
             name="chat gpt-4o", start_time_unix_nano=1_700_000_000_000_000_000,
-            attributes=[KeyValue(key="gen_ai.operation.name", value=AnyValue(string_value="chat"))]).SerializeToString()
+            end_time_unix_nano=1_700_000_000_250_000_000, attributes=[KeyValue(key="gen_ai.operation.name", value=AnyValue(string_value="chat"))]).SerializeToString()
 SPAN = BARE + ld(15, ld(2, b"boom") + tag(3, 0) + varint(Status.STATUS_CODE_ERROR))
 RESOURCE = Resource(attributes=[KeyValue(key=SERVICE_NAME, value=AnyValue(string_value="svc"))]).SerializeToString()
 WANTED_KEY = b"gen_ai.operation.name"
@@ -422,6 +422,9 @@ CASES: dict[str, tuple[bytes, str]] = {
     "field 1000 (instrumentation_library_spans)": (ld(1, ld(1000, ld(2, SPAN))), "protobuf"),
     "name as a varint": (request_of(SPAN + tag(5, 0) + varint(1)), "protobuf"),
     "start time as a varint": (request_of(SPAN + tag(7, 0) + varint(5)), "protobuf"),
+    "end time as a varint": (request_of(SPAN + tag(8, 0) + varint(5)), "protobuf"),
+    "end time twice (the last counts)": (request_of(SPAN + tag(8, 1) + struct.pack("<Q", 2**64 - 1)), "native"),
+    "end time zero (unset)": (request_of(SPAN + tag(8, 1) + bytes(8)), "native"),
     "status as a varint": (request_of(SPAN + tag(15, 0) + varint(5)), "protobuf"),
     "unknown group": (request_of(SPAN + tag(99, 3) + tag(1, 0) + varint(1) + tag(99, 4)), "protobuf"),
     "nested 31 deep": (request_of(SPAN + attr(nested(31), b"other")), "native"),
@@ -548,7 +551,8 @@ def span(*values: AnyValue, n: int = 1, **fields: Any) -> Span:
     """A span with ``values`` as its wanted attributes (a key each), ids from ``n`` and other ``fields``."""
     attributes = [KeyValue(key=KEYS[i % len(KEYS)], value=v) for i, v in enumerate(values)]
     return Span(**{"trace_id": bytes([n]) * 16, "span_id": bytes([n + 1]) * 8, "parent_span_id": bytes([n + 2]) * 8,
-                   "name": "chat", "start_time_unix_nano": 1_700_000_000_000_000_000, "attributes": attributes,
+                   "name": "chat", "start_time_unix_nano": 1_700_000_000_000_000_000,
+                   "end_time_unix_nano": 1_700_000_001_500_000_000, "attributes": attributes,
                    **fields})
 
 
@@ -575,6 +579,9 @@ JOURNAL_CASES: dict[str, bytes] = {
     "unwanted attributes only": request(span(attributes=[KeyValue(key="x", value=AnyValue(string_value="y"))])),
     "names": request(*(span(n=n, name=t) for n, t in enumerate(TEXTS, 1))),
     "start times": request(span(start_time_unix_nano=0), span(n=3, start_time_unix_nano=2**64 - 1)),
+    "end times: unset, least, greatest, before the start": request(
+        span(end_time_unix_nano=0), span(n=3, end_time_unix_nano=1), span(n=5, end_time_unix_nano=2**64 - 1),
+        span(n=7, start_time_unix_nano=2**62, end_time_unix_nano=2**61)),
     "parents: none, zero, self": request(span(parent_span_id=b""), span(n=3, parent_span_id=bytes(8)),
                                          span(n=5, parent_span_id=b"\x06" * 8)),
     "status errors": request(*(span(n=n, status=Status(code=code, message=message)) for n, (code, message) in
@@ -605,6 +612,17 @@ def test_hand_made_requests_journal_lines_replay_as_their_spans(name: str) -> No
     assert assert_parity(payload, native_must_answer=True)[0] == "ok"  # checks the line, too
     found = decode._native_decode(payload, MATCHER)
     assert (found.journal_line is None) == (name in NO_LINE)
+
+
+def test_span_end_times_are_compared_and_journaled() -> None:
+    """Each span's end time (None where unset) is a field of the records compared above, and of the
+    journal line: both decoders read it from the wire, not only agree on leaving it out."""
+    assert "end_ns" in SpanRecord.__slots__
+    payload = JOURNAL_CASES["end times: unset, least, greatest, before the start"]
+    found = decode._native_decode(payload, MATCHER)
+    assert [s.end_ns for s in found.spans] == [s.end_ns for s in decode_protobuf(payload, MATCHER).spans] \
+        == [None, 1, 2**64 - 1, 2**61]
+    assert [s.end_ns for s in _decode(found.journal_line, MATCHER)] == [None, 1, 2**64 - 1, 2**61]
 
 
 def test_journal_lines_are_orjsons_bytes() -> None:
@@ -712,7 +730,8 @@ def profile_spans(draw: st.DrawFn, most: int) -> tuple[bytes, int]:
         parent_span_id = draw(st.one_of(st.just(b""), st.just(bytes(8)), ids(8)))
     span = draw(st.builds(Span, trace_id=st.just(trace_id), span_id=st.just(span_id),
                           parent_span_id=st.just(parent_span_id), name=names,
-                          start_time_unix_nano=st.integers(0, 2**64 - 1), status=st.none() | statuses,
+                          start_time_unix_nano=st.integers(0, 2**64 - 1),
+                          end_time_unix_nano=st.integers(0, 2**64 - 1) | st.just(0), status=st.none() | statuses,
                           attributes=profile_attributes))
     body, deepest = span.SerializeToString(), 0
     for in_event, key, (value, levels) in draw(st.lists(st.tuples(st.booleans(), st.sampled_from(KEYS) | keys,

@@ -22,8 +22,8 @@ from collector.core.reconcile import reconcile
 from collector.formats.loader import workflow_trace_run
 from collector.store import StoredRun
 
-from conftest import AGENTEVAL, CollectorProcess, export_spans
-from mafshape import SCENARIOS, Call, Invocation, Scenario, export_request, ok, record, to_otlp_json
+from conftest import AGENTEVAL, CollectorProcess, export_spans, shown_seconds
+from mafshape import SCENARIOS, Call, Invocation, Scenario, export_request, ok, record, sent_times, to_otlp_json
 
 JAEGER = "http://localhost:16686/trace/{trace_id}"
 #: Jaeger's trace view with one span highlighted.
@@ -46,11 +46,19 @@ def _get(url: str, headers: dict | None = None) -> tuple[int, str, dict]:
         return exc.code, exc.read().decode(), dict(exc.headers)
 
 
+NAMES = ["pass", "fail_under_report", "path2_pending", "partial_warn", "finish_mismatch"]
+
+
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def sent():
+    """The spans of the shared scenarios' runs (:data:`NAMES`) and their trace ids, as sent to ``site``."""
+    return record([SCENARIOS[n][0] for n in NAMES])
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, sent):
     proc = CollectorProcess(tmp_path_factory.mktemp("page"), {"receivers": {"http": {"trace_link": JAEGER}}})
-    names = ["pass", "fail_under_report", "path2_pending", "partial_warn", "finish_mismatch"]
-    spans, ids = record([SCENARIOS[n][0] for n in names])
+    spans, ids = sent
     hostile = Scenario({"w<i>": [Invocation([ok(10, 5)])]}, name="<script>alert(1)</script>")
     # a unit over the token tolerance with its finish reason suppressed (three invocations), beside a Path-2 unit
     long_ids = Scenario({LONG_UNIT: [Invocation([ok(300, 120, "tool_calls"), ok(310, 230, "content_filter")],
@@ -70,7 +78,7 @@ def site(tmp_path_factory):
     more, (hostile_id, long_id, second_id, derived_id, per_call_id) = record(
         [hostile, long_ids, second_pass, derived, per_call])
     export_spans(proc, spans + more)
-    runs = {n: proc.run(i) for n, i in zip(names, ids)}
+    runs = {n: proc.run(i) for n, i in zip(NAMES, ids)}
     runs["hostile"] = proc.run(hostile_id)
     runs["long_ids"] = proc.run(long_id)
     runs["second_pass"] = proc.run(second_id)
@@ -348,12 +356,16 @@ def test_span_ids_link_to_the_span_when_the_template_names_it(site, page, tmp_pa
         spans.stop()
 
 
-def test_run_page_states_start_and_links_the_run_document(site, page):
-    """An operator opening a run: when it was first reconciled and its JSON, behind the page's auth."""
+def test_run_page_states_start_and_links_the_run_document(site, sent, page):
+    """An operator opening a run: when it started and how long it took (from the spans sent), when it
+    was first reconciled and its JSON, behind the page's auth."""
     proc, runs = site
     run = runs["fail_under_report"]
     page.goto(f"{proc.http}/runs/{run['run_id']}")
     stored = proc.store().get_run(run["run_id"])
+    started, duration = sent_times(sent[0], run["trace_id"])
+    assert page.locator("#started").inner_text() == f"{started:%Y-%m-%d %H:%M:%S}.{started.microsecond // 1000:03d} UTC"
+    assert shown_seconds(page.locator("#duration").inner_text()) == pytest.approx(duration, rel=5e-3)  # 3 digits
     first = datetime.fromtimestamp(stored["created_at"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     assert page.locator('dl.facts dt:text-is("first verdict") + dd').inner_text() == first
     assert stored["service_name"] and page.locator("#service").inner_text() == stored["service_name"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -17,6 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from collector.config import CollectorConfig
 from collector.core.reconcile import reconcile
 from collector.formats.decode import decode_bytes, decode_request
+from collector.formats.loader import iter_runs
 from collector.live.assembler import Assembler
 
 CONFIG = CollectorConfig()
@@ -414,3 +416,48 @@ def test_the_bench_workload_traces_pass():
     for item in finalized:
         result = reconcile(item.run)
         assert {e.verdict.value for e in result.executors} == {"Agree"} and result.status.value == "PASS"
+
+
+def test_a_run_starts_with_its_workflow_run_span_and_lasts_until_its_last_span_ends():
+    """When a run started is its workflow-run span's start, even where a span timed by another
+    process's clock starts earlier; how long it took runs to the latest end of its spans (one ending
+    after the workflow-run span included), not of the caller's span around it. A run without a
+    workflow-run span (a direct agent call) starts with its earliest span. A file without times
+    (workflow-trace/v1) says neither (null)."""
+    from opentelemetry import trace
+
+    clock, rec = Clock(), Recorder()
+    assembler = Assembler(CONFIG.assembly, MATCHER, clock)
+    base = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z, in ns
+    ms = 1_000_000
+
+    def span(name: str, parent, start: int, end: int, attrs: dict | None = None):
+        made = rec.tracer.start_span(name, context=trace.set_span_in_context(parent) if parent else None,
+                                     attributes=attrs, start_time=base + start * ms)
+        made.end(end_time=base + end * ms)
+        return made
+
+    # a caller's span around the workflow run; an executor starting 500 ms "before" its run; a chat call ending after it
+    caller = rec.tracer.start_span("session", start_time=base)
+    run = span("workflow.run", caller, 1_000, 5_000, {"workflow.name": "timed"})
+    executor = span("executor.process w", run, 500, 4_000, {"executor.id": "w", "executor.type": "AgentExecutor"})
+    agent = span("invoke_agent w", executor, 600, 3_900, {"gen_ai.operation.name": "invoke_agent",
+                                                          "gen_ai.agent.name": "w"})
+    span("chat m", agent, 700, 7_250, {"gen_ai.operation.name": "chat", **_usage(10, 1)})
+    span("agent_response w", agent, 3_800, 3_850, {"fidelity.ledger.source": "AgentResponseEvent",
+                                                   "gen_ai.agent.name": "w", **_usage(10, 1)})
+    caller.end(end_time=base + 100_000 * ms)
+    # a direct agent call: its chat span starts 250 ms before the agent span (another clock)
+    direct = span("invoke_agent solo", None, 20_000, 21_000, {"gen_ai.operation.name": "invoke_agent",
+                                                               "gen_ai.agent.name": "solo"})
+    span("chat m", direct, 19_750, 20_900, {"gen_ai.operation.name": "chat", **_usage(5, 1)})
+    offer(assembler, rec.take())
+    clock.now += CONFIG.assembly.quiet_period
+    verdicts_by_subject = {v.subject: v for v in (reconcile(item.run) for item in assembler.sweep())}
+    timed, solo = verdicts_by_subject["timed"], verdicts_by_subject["app"]
+    assert datetime.fromisoformat(timed.started_at) == datetime(2026, 1, 1, 0, 0, 1, tzinfo=timezone.utc)
+    assert timed.duration_s == 6.25
+    assert datetime.fromisoformat(solo.started_at) == datetime(2026, 1, 1, 0, 0, 19, 750_000, tzinfo=timezone.utc)
+    assert solo.duration_s == 1.25
+    (v1,) = iter_runs(Path(__file__).parents[1] / "examples" / "pass_all_agree.json", MATCHER)
+    assert (reconcile(v1).started_at, reconcile(v1).duration_s) == (None, None)

@@ -74,6 +74,8 @@ class SpanRecord:
     status_error: str | None = None
     #: The resource's ``telemetry.sdk.language`` (which runtime, hence which profile, wrote it).
     sdk_language: str | None = None
+    #: The span's end (Unix ns); None when unknown (unset on the wire, or journaled by an earlier version).
+    end_ns: int | None = None
 
 
 #: A chat call while its trace is assembled and in the late window: (input, output and total tokens,
@@ -84,6 +86,9 @@ class SpanRecord:
 #: 425 -> 377 for agents of 3 (before model and provider: two references more now).
 _Turn = tuple[int | None, int | None, int | None, str | None, int, str | None, bytes, str | None, str | None,
               str | None]
+
+#: Past every span start (a fixed64): a run's earliest start while none is known.
+_NO_START = 2**64
 
 #: What a span's children inherit: (run span id, executor key, agent key, agent invocation span id).
 #: Keys are case-folded; the first spelling seen is kept for display.
@@ -129,6 +134,8 @@ class _Run:
     parent_id: bytes = b""
     #: Callers' ledger spans that joined no workflow run (this is the trace's run apart from them).
     caller_ledgers_apart: int = 0
+    #: Its workflow-run span's start (Unix ns; None: none arrived, or it had none).
+    start_ns: int | None = None
     dirty: bool = False
     revision: int = 0
 
@@ -242,7 +249,7 @@ class TraceState:
 
     __slots__ = ("matcher", "trace_id", "root_span_id", "subject", "_context", "_pending", "_pending_ids",
                  "_runs", "_names", "_fallback_subject", "run_spans_seen", "unusable", "orphaned", "_callers",
-                 "_published", "_provisional", "_shared")
+                 "_published", "_provisional", "_shared", "_times")
 
     def __init__(self, matcher: Matcher, trace_id: bytes) -> None:
         self.matcher = matcher
@@ -273,6 +280,10 @@ class TraceState:
         self._provisional = False
         #: One object per distinct model or provider name of the trace, shared by its chat calls.
         self._shared: dict[str, str] = {}
+        #: Per run key, the earliest known start and the latest known end of its spans (Unix ns;
+        #: :data:`_NO_START` and 0 while none is known), kept apart from the runs: a span outside any
+        #: run makes none.
+        self._times: dict[str | None, list[int]] = {}
 
     def add(self, span: SpanRecord) -> bool:
         """Classify one span now if its parent is known (or it has none), else park it.
@@ -303,6 +314,7 @@ class TraceState:
     def _resolve(self, span: SpanRecord, inherited: Context) -> None:
         # Iterative so that absurdly deep parent chains cannot exhaust the stack.
         stack = [(span, inherited)]
+        run_times = self._times
         while stack:
             s, parent = stack.pop()
             try:
@@ -311,6 +323,13 @@ class TraceState:
                 self.unusable += 1
                 context = parent
             self._context[s.span_id] = context
+            times = run_times.get(context[0])
+            if times is None:
+                times = run_times[context[0]] = [_NO_START, 0]
+            if 0 < s.start_ns < times[0]:  # 0: unset
+                times[0] = s.start_ns
+            if s.end_ns is not None and s.end_ns > times[1]:
+                times[1] = s.end_ns
             children = self._pending.pop(s.span_id, ())
             if children and self._provisional:  # spans published as parentless got their parent
                 self._provisional = False
@@ -343,6 +362,7 @@ class TraceState:
                 run = self._run(s.span_id.hex())
                 run.seen = True
                 run.subject = workflow_name(subject)
+                run.start_ns = s.start_ns or None
                 run.parent_id = s.parent_id
                 self._announce(run, s)
                 if error := self._error(s):
@@ -613,6 +633,7 @@ class TraceState:
             notes.append(f"{run.caller_ledgers_apart} ledger span(s) recorded beside a workflow run named an "
                          "executor that no single workflow run under the same parent ran: reconciled apart.")
         trace_id = self.trace_id.hex()
+        earliest, latest = self._times.get(run.span_id, (_NO_START, 0))
         return RunInput(
             executors=tuple(records),
             trace_id=trace_id,
@@ -627,6 +648,8 @@ class TraceState:
             notes=tuple(notes),
             announcement=run.announcement,
             service_name=self._fallback_subject,
+            start_ns=run.start_ns or (earliest if earliest < _NO_START else None),
+            end_ns=latest or None,
         )
 
     def _subject(self, run: _Run) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Literal
 
 
@@ -253,6 +254,10 @@ class RunInput:
     announcement: Announcement | None = None
     #: The resource's ``service.name`` (live).
     service_name: str | None = None
+    #: When the run started (Unix ns): its workflow-run span's start, else its earliest span's; and
+    #: the latest end of its spans. None: unknown (a file format without span times).
+    start_ns: int | None = None
+    end_ns: int | None = None
 
     @property
     def is_workflow(self) -> bool:
@@ -349,6 +354,10 @@ class RunVerdict:
     instrumentation_version: str | None = None
     instrumentation_status: str | None = None
     service_name: str | None = None
+    #: When the run started (ISO 8601, UTC) and how long it took (seconds, to the latest end of its
+    #: spans); None: unknown (a file format without span times, spans without end times).
+    started_at: str | None = None
+    duration_s: float | None = None
 
     @property
     def checked(self) -> int:
@@ -375,3 +384,23 @@ class Failure:
 def fmt_score(score: float | None) -> str:
     """A score as people read it (terminal tables, watch lines, a failed run's span status)."""
     return "-" if score is None else f"{score:.3f}"
+
+
+def fmt_started(started_at: str) -> str:
+    """A run's ``started_at`` (ISO 8601) as people read it: UTC, to the millisecond, said so."""
+    when = datetime.fromisoformat(started_at).astimezone(timezone.utc)
+    return when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def fmt_duration(seconds: float) -> str:
+    """A run's ``duration_s`` as people read it: three significant digits in µs, ms or s, then
+    minutes and hours."""
+    if seconds < 0.9995e-3:
+        return f"{seconds * 1e6:.3g} µs"
+    if seconds < 0.9995:
+        return f"{seconds * 1e3:.3g} ms"
+    if seconds < 99.95:
+        return f"{seconds:.3g} s"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min {secs:02d} s" if hours else f"{minutes} min {secs:02d} s"

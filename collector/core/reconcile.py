@@ -7,6 +7,7 @@ Pure functions over :mod:`collector.core.model` values; the offline CLI and the 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta, timezone
 from fractions import Fraction
 from functools import lru_cache
 from operator import attrgetter
@@ -60,8 +61,29 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
                                     run.partial),
         revision=revision,
         service_name=run.service_name,
+        started_at=_utc(run.start_ns),
+        duration_s=_duration(run.start_ns, run.end_ns),
         **_announcement(run.announcement),
     )
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _utc(nanos: int | None) -> str | None:
+    """A span time (Unix ns) as ISO 8601 in UTC, to the microsecond; None when unknown: unset (0), or
+    outside what a span time (a fixed64) holds."""
+    if nanos is None or not 0 < nanos < 2**64:
+        return None
+    return (_EPOCH + timedelta(microseconds=nanos // 1000)).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _duration(start: int | None, end: int | None) -> float | None:
+    """Seconds from ``start`` to ``end`` (Unix ns); None when either is unknown, or the end comes
+    before the start (spans timed by clocks that disagree: no duration to tell)."""
+    if start is None or end is None or _utc(start) is None or end < start:
+        return None
+    return (end - start) / 1e9
 
 
 def _announcement(said: Announcement | None) -> dict[str, str | None]:

@@ -343,7 +343,8 @@ def decode_request(request: ExportTraceServiceRequest, matcher: Matcher) -> Deco
                     error = span.status.message[:MAX_ERROR_CHARS]
                 out.spans.append(
                     SpanRecord(tid, sid, pid if pid != _ZERO_SPAN else b"", name, span.start_time_unix_nano,
-                               span_facts(matcher, name, attrs), subject, error, language)
+                               span_facts(matcher, name, attrs), subject, error, language,
+                               span.end_time_unix_nano or None)
                 )
     return out
 
@@ -468,6 +469,13 @@ def _json_int(value: Any) -> int | None:
     return None
 
 
+def _json_time(value: Any) -> int | None:
+    """An OTLP/JSON span time (Unix ns, a fixed64): None when unset (0) or not one (as protobuf's
+    decoder reads it, a time outside the fixed64 range is no time)."""
+    nanos = _json_int(value)
+    return nanos if nanos is not None and 0 < nanos < 2**64 else None
+
+
 def _scopes(doc: Any) -> Iterator[tuple[dict, dict, str]]:
     """(resource span, scope span, path) for every scope in a request document."""
     for i, rs in enumerate(_list(doc, "resourceSpans", "$")):
@@ -537,6 +545,7 @@ def decode_otlp_json(doc: Any, matcher: Matcher, location: str = "", strict: boo
                     if key in wanted:
                         attrs[key] = json_any_value(kv.get("value"))
                 start = _json_int(span.get("startTimeUnixNano") or 0) or 0
+                end = _json_time(span.get("endTimeUnixNano"))
                 error = _json_status_error(span.get("status"))
             except _BadSpan as exc:
                 if strict:
@@ -546,7 +555,7 @@ def decode_otlp_json(doc: Any, matcher: Matcher, location: str = "", strict: boo
             except (AttributeError, TypeError, ValueError, binascii.Error) as exc:
                 raise DecodeError(f"malformed span: {exc}", f"{where}{span_path}") from exc
             out.spans.append(SpanRecord(tid, sid, pid if pid != _ZERO_SPAN else b"", name, start,
-                                        span_facts(matcher, name, attrs), subject, error, language))
+                                        span_facts(matcher, name, attrs), subject, error, language, end))
     return out
 
 

@@ -1,8 +1,8 @@
 """The crash journal (docs/design.md §3 Durability): accepted span records are on disk before the receiver
 answers, and replayed on start, so a kill -9 loses no acknowledged span.
 
-- What is written is the classifier's compact span record (ids, name, start, the facts it reads of
-  the span's attributes), never the request: prompt and response text never reach the disk.
+- What is written is the classifier's compact span record (ids, name, start and end, the facts it
+  reads of the span's attributes), never the request: prompt and response text never reach the disk.
 - Group commit: requests append to a shared buffer; one writer thread writes whatever accumulated
   while the previous fsync ran, fsyncs once, and then releases every request of that group.
 - Segments: files of about ``segment_bytes``; a segment is deleted once every trace with spans in it
@@ -55,9 +55,16 @@ class JournalError(Exception):
     """The journal cannot be opened (in use, unwritable) or a write failed."""
 
 
+#: Values in a journal row (a span record).
+ROW = 10
+#: How many values rows of journals of earlier versions hold (replayed with the later values unknown:
+#: 9, before the span's end time).
+EARLIER_ROWS = (9,)
+
+
 def _encode(spans: list[SpanRecord]) -> bytes:
     rows = [[s.trace_id.hex(), s.span_id.hex(), s.parent_id.hex(), s.name, s.start_ns, s.facts, s.resource_subject,
-             s.status_error, s.sdk_language] for s in spans]
+             s.status_error, s.sdk_language, s.end_ns] for s in spans]
     return to_json(rows) + b"\n"
 
 
@@ -65,8 +72,14 @@ def _decode(line: bytes, matcher: Matcher) -> list[SpanRecord]:
     """The records of a journal line. A line of an older collector holds a span's wanted attributes (a
     dict) where its facts now stand: they are worked out from them."""
     return [SpanRecord(bytes.fromhex(t), bytes.fromhex(s), bytes.fromhex(p), name, start, _facts(facts, name, matcher),
-                       subject, error, lang)
-            for t, s, p, name, start, facts, subject, error, lang in from_json(line)]
+                       subject, error, lang, end)
+            for t, s, p, name, start, facts, subject, error, lang, end in map(_row, from_json(line))]
+
+
+def _row(row: list) -> list:
+    if isinstance(row, list) and len(row) in EARLIER_ROWS:  # a journal of an earlier version
+        return row + [None] * (ROW - len(row))
+    return row
 
 
 def _facts(value: list | dict, name: str, matcher: Matcher) -> Facts:

@@ -16,7 +16,7 @@ import jinja2
 import structlog
 from aiohttp import web
 
-from collector.core.model import Failure, Status
+from collector.core.model import Failure, Status, fmt_duration, fmt_started
 from collector.core.serialize import to_json
 from collector.security import BearerAuth
 from collector.store import RETRY_READ_AFTER, UNREADABLE, RunStore, StoreError
@@ -31,7 +31,8 @@ _env = jinja2.Environment(loader=jinja2.PackageLoader("collector.outputs", "temp
 _env.filters["score"] = lambda v: "–" if v is None else f"{v:.3f}"
 _env.filters["num"] = lambda v: "–" if v is None else f"{v:,}"
 _env.filters["when"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t else "–"
-_env.filters["seconds"] = lambda s: "–" if s is None else f"{s:,.3g} s" if s < 100 else f"{s:,.0f} s"
+_env.filters["started"] = fmt_started
+_env.filters["duration"] = fmt_duration
 _env.globals["statuses"] = [s.value for s in Status]
 
 

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from collector.core.model import fmt_score
+from collector.core.model import fmt_duration, fmt_score, fmt_started
 
 STATUS_STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "PENDING": "bold magenta"}
 VERDICT_STYLE = {
@@ -104,6 +104,9 @@ def status_line(run: dict[str, Any]) -> str:
 def print_run(console: Console, run: dict[str, Any]) -> None:
     if run.get("subject"):
         console.print(f"subject [bold]{shown(run['subject'])}[/]")
+    if run.get("started_at"):
+        took = "unknown" if run.get("duration_s") is None else fmt_duration(run["duration_s"])
+        console.print(f"started {fmt_started(run['started_at'])}, duration {took}", markup=False)
     if run["executors"]:
         console.print(executor_table(run))
     for (reason, explanation, failed, fix), units in _no_truth_groups(run["executors"]).items():

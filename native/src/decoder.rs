@@ -278,7 +278,7 @@ impl Decoder {
 
     fn span<'py>(&self, py: Python<'py>, buf: &[u8], resource: &Resource<'py>, out: &mut Out<'py>) -> R<(), Stop> {
         let (mut trace_id, mut span_id, mut parent_id): (&[u8], &[u8], &[u8]) = (&[], &[], &[]);
-        let (mut name, mut start, mut status) = ("", 0u64, None);
+        let (mut name, mut start, mut end, mut status) = ("", 0u64, 0u64, None);
         let mut values: Vec<Member<'_>> = vec![None; self.slots.len()];
         for field in fields(buf, 4)? {
             match field? {
@@ -287,6 +287,7 @@ impl Decoder {
                 (4, Value::Len(bytes)) => parent_id = bytes,
                 (5, Value::Len(bytes)) => name = utf8(bytes)?,
                 (7, Value::I64(nanos)) => start = nanos,
+                (8, Value::I64(nanos)) => end = nanos,
                 (9, Value::Len(attribute)) => self.attribute(attribute, &mut values)?,
                 (15, Value::Len(bytes)) => {
                     if status.replace(bytes).is_some() {
@@ -345,6 +346,11 @@ impl Decoder {
         write::opt_str(line, error);
         line.push(b',');
         line.extend_from_slice(&resource.language_json);
+        line.push(b',');
+        match end {
+            0 => line.extend_from_slice(b"null"),
+            nanos => write::int(line, false, nanos),
+        }
         line.extend_from_slice(b"],");
         let record = self.record.bind(py).call1((
             PyBytes::new(py, trace_id),
@@ -356,6 +362,7 @@ impl Decoder {
             &resource.subject,
             error.map(|message| PyString::new(py, message)),
             &resource.language,
+            (end != 0).then_some(end), // unset: unknown
         ))?;
         out.spans.append(record)?;
         Ok(())

@@ -80,3 +80,24 @@ def test_a_request_over_the_whole_budget_never_fits():
         assert lease.held == 40
 
     asyncio.run(scenario())
+
+
+def test_a_body_being_read_goes_on_while_decodes_wait_but_no_new_one_starts():
+    """A chunked or gzip body takes its bytes as they arrive: refusing it half-read while a decode
+    waits would waste what it has read; a request not yet started waits its turn."""
+    async def scenario() -> None:
+        budget = MemoryBudget(100, retry_after=1.0)
+        reading, decoding, newcomer = budget.lease(), budget.lease(), budget.lease()
+        reading.hold(10, "the body")
+        decoding.hold(30, "the body")
+        waiting = asyncio.ensure_future(decoding.grow(65, "decoding it"))  # 40 + 65 > 100: waits
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        reading.hold(5, "the body")  # there is room, and it has begun
+        with pytest.raises(Backpressure):
+            newcomer.hold(5, "the body")
+        reading.close()
+        await asyncio.wait_for(waiting, 5)
+        assert budget.used == decoding.held == 95
+
+    asyncio.run(scenario())

@@ -11,7 +11,8 @@ that alone needs more than the whole budget can never be accepted (:class:`Never
 Reading takes bytes at once or is refused (:meth:`Lease.hold`). Decoding, which needs several times
 what was read, waits for its bytes in a first-come queue (:meth:`Lease.grow`): requests being read
 would otherwise keep taking what the ones already read need, and under a burst none would be
-accepted. While anyone waits, no new read is admitted; a request joins the queue only when everything
+accepted. While anyone waits, no new request is admitted (one being read goes on while there is
+room: it ends, bounded by the size limit); a request joins the queue only when everything
 queued fits the budget at once (what the waiters hold and want), so the queue always drains as the
 requests ahead of it finish, and is refused otherwise. See docs/design.md §3 (receivers).
 
@@ -105,10 +106,11 @@ class Lease:
 
     def hold(self, size: int, what: str) -> None:
         """Take ``size`` more bytes now (``what`` names them in the refusal), or raise :class:`NeverFits` /
-        :class:`Backpressure` holding nothing more; refused too while requests wait in :meth:`grow`."""
+        :class:`Backpressure` holding nothing more. A request holding nothing yet is refused too while
+        requests wait in :meth:`grow`."""
         budget = self.budget
         self._check_fits(size, what)
-        if budget._waiting or budget.used + size > budget.limit:
+        if (budget._waiting and not self.held) or budget.used + size > budget.limit:
             raise budget._refusal()
         budget.used += size
         self.held += size

@@ -117,7 +117,7 @@ def test_reading_a_failed_run_exits_0_and_its_own_code_is_in_the_json(tmp_path):
 
 
 def test_runs_show_says_when_a_run_started_and_how_long_it_took(tmp_path):
-    """From an OTLP/JSON trace file's spans, as the run page says it; a file without span times
+    """From an OTLP/JSON trace file's spans, as the run page says it (and its service); a file without span times
     (workflow-trace/v1) knows neither: null in the document, no line in `runs show`."""
     spans, (trace_id,) = record([SCENARIOS["fail_under_report"][0]])
     trace = tmp_path / "trace.json"
@@ -128,6 +128,7 @@ def test_runs_show_says_when_a_run_started_and_how_long_it_took(tmp_path):
     assert datetime.fromisoformat(doc["started_at"]) == started
     assert doc["duration_s"] == pytest.approx(duration, abs=1e-9)
     shown = run("runs", "show", doc["run_id"], store=tmp_path / "runs.db").stdout
+    assert f"service.name {doc['service_name']}" in shown and doc["service_name"]
     head, took = next(line for line in shown.splitlines() if line.startswith("started ")).split(", duration ")
     assert head == f"started {started:%Y-%m-%d %H:%M:%S}.{started.microsecond // 1000:03d} UTC"
     assert shown_seconds(took) == pytest.approx(duration, rel=5e-3)  # three digits

@@ -11,6 +11,7 @@ import os
 import shutil
 import sqlite3
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from datetime import datetime, timezone
@@ -437,16 +438,48 @@ def test_per_chat_call_table_beside_the_ledger_entries(site, page):
     rows = writer.locator("table.chat-calls tbody tr")
     assert rows.count() == len(ev["chat_span_ids"]) == 3
     cells = [[c.inner_text() for c in rows.nth(i).locator("td").all()] for i in range(3)]
-    assert cells[0] == [ev["chat_span_ids"][0], "fake-model", "openai", "400", "80", "–", "tool_calls", "–"]
-    assert cells[2] == [ev["chat_span_ids"][2], "fake-model", "openai", "320", "160", "–", "stop", "–"]
+    # total: input + output, as compared (MAF's chat spans report no total of their own)
+    assert cells[0] == [ev["chat_span_ids"][0], "fake-model", "openai", "400", "80", "480", "tool_calls", "–"]
+    assert cells[2] == [ev["chat_span_ids"][2], "fake-model", "openai", "320", "160", "480", "stop", "–"]
     assert rows.nth(1).get_attribute("class") == "failed"
-    assert cells[1][3:5] == ["–", "–"] and "failed: RateLimitError 429 Too Many Requests" in cells[1][7]
+    assert cells[1][3:6] == ["–", "–", "–"] and "failed: RateLimitError 429 Too Many Requests" in cells[1][7]
     assert rows.nth(0).locator("td a").first.get_attribute("href") == JAEGER.format(trace_id=run["trace_id"])
     ledger = writer.locator("table.ledger tbody tr")
     assert ledger.count() == len(ev["ledger_span_ids"]) == 1
     assert [c.inner_text() for c in ledger.nth(0).locator("td").all()] == [ev["ledger_span_ids"][0], "300", "240",
-                                                                            "–", "stop"]
+                                                                            "540", "stop"]
     split = writer.locator("table.unit-counts").inner_text()
     assert "input tokens: framework / truth\t300 / 720" in split and "output tokens: framework / truth\t240 / 240" in split
     assert "chat calls that failed\t1" in split
     _assert_span_ids_link(page, run, JAEGER)
+
+
+def test_a_trace_id_of_a_trace_holding_several_runs_lists_them(tmp_path):
+    """A caller span around two workflow runs makes one trace of two runs: its trace id, pasted from a
+    trace UI, leads to both (the page lists them, linked); the JSON API names them in its 404."""
+    from test_runs import Recorder
+
+    proc = CollectorProcess(tmp_path)
+    try:
+        rec = Recorder()
+        runs = []
+        with rec.tracer.start_as_current_span("session") as session:
+            for name, reported in (("triage", (400, 40)), ("summary", (100, 10))):
+                with rec.tracer.start_as_current_span("workflow.run", attributes={"workflow.name": name}) as run:
+                    rec.agent("worker", "worker", [(400, 40)], reported)
+                runs.append(f"{session.get_span_context().trace_id:032x}-{run.get_span_context().span_id:016x}")
+        export_spans(proc, rec.take())
+        trace_id = runs[0].split("-")[0]
+        deadline = time.monotonic() + 15
+        while len(proc.store().runs_matching(trace_id, 3)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        status, body, _ = _get(f"{proc.http}/runs/{trace_id}")  # follows the redirect
+        assert status == 200
+        assert [proc.store().get_run(r)["status"] for r in runs] == ["PASS", "FAIL"]
+        for run_id in runs:
+            assert f'href="/runs/{run_id}"' in body
+        assert body.count('<tr data-run-id=') == 2 and 'data-status="FAIL"' in body
+        status, body, _ = _get(f"{proc.http}/runs/{trace_id}.json")
+        assert status == 404 and all(r in json.loads(body)["error"] for r in runs)
+    finally:
+        proc.stop()

@@ -94,13 +94,14 @@ NO_TRUTH_FIXES: dict[NoTruthReason, str] = {
     ),
     NoTruthReason.LEDGER_MISSING: (
         "if the agent failed, see the failed chat calls and the run's workflow errors; otherwise record "
-        "its responses: MAF Python, install opentelemetry-instrumentation-maf-fidelity and call "
-        "MafFidelityInstrumentor().instrument(); MAF .NET, wrap the agent with UseOpenTelemetry()"
+        "its responses: MAF Python, call MafFidelityInstrumentor().instrument() or run under "
+        "opentelemetry-instrument (pip install opentelemetry-instrumentation-maf-fidelity if it is not "
+        "installed); MAF .NET, wrap the agent with UseOpenTelemetry()"
     ),
     NoTruthReason.LEDGER_DERIVED: (
-        "record the AgentResponse the caller receives: install opentelemetry-instrumentation-maf-fidelity "
-        "and call MafFidelityInstrumentor().instrument() (or run under opentelemetry-instrument), "
-        "no call-site change needed"
+        "record the AgentResponse the caller receives: call MafFidelityInstrumentor().instrument() or "
+        "run under opentelemetry-instrument (pip install opentelemetry-instrumentation-maf-fidelity if it "
+        "is not installed; nothing announced it), no call-site change needed"
     ),
 }
 

@@ -11,12 +11,13 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 import jinja2
 import structlog
 from aiohttp import web
 
-from collector.core.model import Failure, Status, fmt_duration, fmt_started
+from collector.core.model import Failure, Status, Usage, fmt_duration, fmt_started
 from collector.core.serialize import to_json
 from collector.security import BearerAuth
 from collector.store import RETRY_READ_AFTER, UNREADABLE, RunStore, StoreError
@@ -30,6 +31,8 @@ _env = jinja2.Environment(loader=jinja2.PackageLoader("collector.outputs", "temp
                           autoescape=jinja2.select_autoescape(default=True), undefined=jinja2.StrictUndefined)
 _env.filters["score"] = lambda v: "–" if v is None else f"{v:.3f}"
 _env.filters["num"] = lambda v: "–" if v is None else f"{v:,}"
+#: A usage's total as it is compared: input + output where either is known, else the reported total.
+_env.filters["total"] = lambda usage: Usage(**usage).total
 _env.filters["when"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t else "–"
 _env.filters["started"] = fmt_started
 _env.filters["duration"] = fmt_duration
@@ -78,6 +81,7 @@ class RunPage:
             return denied
         status = request.query.get("status", "").upper()
         subject = request.query.get("subject") or None
+        prefix = request.query.get("run_id") or None
         if status and status not in Status.__members__:
             return self._page("error.html", 400, title="bad request",
                               message=f"unknown status {status!r}: use PASS, WARN, FAIL or PENDING")
@@ -86,9 +90,9 @@ class RunPage:
         except ValueError:
             return self._page("error.html", 400, title="bad request", message="limit must be a number")
         rows = await self._read(self.store.list_runs, [status] if status else (), subject, limit,
-                                True)  # with each run's units and reasons
-        return self._page("runs.html", rows=rows, status=status, subject=subject or "", limit=limit,
-                          failures=list(self.failures())[::-1])
+                                True, None, prefix)  # with each run's units and reasons
+        return self._page("runs.html", rows=rows, status=status, subject=subject or "", run_id=prefix or "",
+                          limit=limit, failures=list(self.failures())[::-1])
 
     async def run_json(self, request: web.Request) -> web.Response:
         """The stored run document, as ``agenteval runs show --json`` prints it."""
@@ -109,6 +113,9 @@ class RunPage:
         run_id = request.match_info["run_id"]
         doc = await self._read(self.store.get_run, run_id)
         if doc is None:
+            if len(await self._read(self.store.runs_matching, run_id, 2)) > 1:
+                # a trace id of a trace with several workflow runs: list them
+                raise web.HTTPSeeOther(f"/runs?{urlencode({'run_id': run_id, 'limit': MAX_ROWS})}")
             message = await self._read(self.store.missing_run, run_id, True)
             return self._page("error.html", 404, title="not found", message=message)
         no_truth: dict[str, list[dict[str, Any]]] = {}  # unchecked units by reason, each reason explained once

@@ -413,21 +413,24 @@ class RunStore(ABC):
         return [rows[i][0] for i in written]
 
     def list_runs(self, statuses: Iterable[str] = (), subject: str | None = None, limit: int = 50,
-                  with_docs: bool = False, maf_release: str | None = None) -> list[dict[str, Any]]:
+                  with_docs: bool = False, maf_release: str | None = None,
+                  run_id_prefix: str | None = None) -> list[dict[str, Any]]:
         """Newest first; summary rows, or whole run documents with ``with_docs``. Several statuses
         are read as one index walk each, merged (``status IN`` read every run of those statuses and
-        sorted them all, for the newest few)."""
+        sorted them all, for the newest few). ``run_id_prefix`` (e.g. a trace id) scans the runs."""
         wanted = sorted({s.upper() for s in statuses})
         # a release is matched whole or as a prefix of dotted parts: 1.26 matches 1.26.0 and 1.26.1
         params: dict[str, Any] = {"limit": limit, "subject": subject, "release": maf_release,
                                   "releases": _like_prefix(f"{maf_release}.") if maf_release else None,
+                                  "prefix": _like_prefix(run_id_prefix) if run_id_prefix else None,
                                   **{f"s{i}": s for i, s in enumerate(wanted)}}
         columns = f"{_DOC}, run_id" if with_docs else _SUMMARY
         newest = "ORDER BY updated_at DESC, run_id DESC LIMIT :limit"
 
         def walk(status: str | None) -> str:
             clauses = [c for c in (status and f"status = :{status}", subject and "subject = :subject",
-                                   maf_release and "(maf_release = :release OR maf_release LIKE :releases ESCAPE '\\')")
+                                   maf_release and "(maf_release = :release OR maf_release LIKE :releases ESCAPE '\\')",
+                                   run_id_prefix and "run_id LIKE :prefix ESCAPE '\\'")
                        if c]
             return f"SELECT {columns} FROM runs {'WHERE ' + ' AND '.join(clauses) if clauses else ''} {newest}"
 
@@ -466,15 +469,20 @@ class RunStore(ABC):
     def missing_run(self, run_id: str, remote: bool = False) -> str:
         """Why :meth:`get_run` found nothing: no such run, or a prefix that names several. ``remote``:
         for a client of the collector's API, which is not told where the store is."""
-        rows = self._query("SELECT run_id FROM runs WHERE run_id LIKE :prefix ESCAPE '\\' ORDER BY run_id LIMIT 4",
-                           {"prefix": _like_prefix(run_id)})
+        rows = self.runs_matching(run_id, 4)
         if len(rows) < 2:
             if remote:
                 return f"no run {run_id!r} in this collector's store"
             return f"no run {run_id!r} in {self.display}: `agenteval runs list` shows the stored runs"
         more = " and more" if len(rows) > 3 else ""
-        shown = ", ".join(r["run_id"] for r in rows[:3])
+        shown = ", ".join(rows[:3])
         return f"{run_id!r} matches several runs ({shown}{more}): give more characters of the run id"
+
+    def runs_matching(self, prefix: str, limit: int) -> list[str]:
+        """The ids of at most ``limit`` runs whose id starts with ``prefix``, in order (a scan)."""
+        rows = self._query("SELECT run_id FROM runs WHERE run_id LIKE :prefix ESCAPE '\\' ORDER BY run_id LIMIT :limit",
+                           {"prefix": _like_prefix(prefix), "limit": limit})
+        return [r["run_id"] for r in rows]
 
     def docs(self, run_ids: Iterable[str]) -> list[dict[str, Any]]:
         ids = sorted(set(run_ids))

@@ -102,8 +102,9 @@ def status_line(run: dict[str, Any]) -> str:
 
 
 def print_run(console: Console, run: dict[str, Any]) -> None:
-    if run.get("subject"):
-        console.print(f"subject [bold]{shown(run['subject'])}[/]")
+    if run.get("subject") or run.get("service_name"):
+        service = f"  service.name {shown(run['service_name'])}" if run.get("service_name") else ""
+        console.print(f"subject [bold]{shown(run.get('subject') or '-')}[/]{service}")
     if run.get("started_at"):
         took = "unknown" if run.get("duration_s") is None else fmt_duration(run["duration_s"])
         console.print(f"started {fmt_started(run['started_at'])}, duration {took}", markup=False)

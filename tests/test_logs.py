@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import PurePosixPath
@@ -22,14 +23,21 @@ FIELDS = {"run_id": "0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7", "trace_
 
 @pytest.fixture
 def output() -> Iterator[io.BytesIO]:
-    """structlog and this module configured as the CLI does, writing to a buffer; restored after."""
+    """structlog and this module configured as the CLI does, writing to a buffer; restored after,
+    the root logger and the warnings hook (which configure also takes over) included, so the tests
+    that run next in this process log to pytest again, not into an ``_Output`` left behind."""
     config, level, file = structlog.get_config(), logs._level, logs._OUT.file
+    root = logging.getLogger()
+    handlers, root_level = root.handlers[:], root.level
     try:
         yield _configured("info")
     finally:
         logs.flush()
         structlog.configure(**config)
         logs._level, logs._OUT.file = level, file
+        root.handlers[:] = handlers
+        root.setLevel(root_level)
+        logging.captureWarnings(False)
 
 
 def _configured(level: str) -> io.BytesIO:

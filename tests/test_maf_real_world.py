@@ -44,23 +44,29 @@ def trace_ids(spans: list[Any], prefix: str = "invoke_agent") -> list[str]:
     return list(dict.fromkeys(format(s.context.trace_id, "032x") for s in spans if s.name.startswith(prefix)))
 
 
-def runs_of(collector, traces: list[str], settle: float = 3.0, timeout: float = 20.0) -> list[dict]:
-    """Every run stored for these traces, once at least one is stored and none has been added for
-    ``settle`` seconds (longer than the collector's quiet period and max trace wait)."""
+def runs_of(collector, traces: list[str], timeout: float = 20.0) -> list[dict]:
+    """Every run stored for these traces, once the collector holds nothing more of them: no trace in
+    assembly and no verdict waiting for the store (its gauges), twice in a row with the same runs
+    stored (a sweep closes traces, then hands their runs to the store: the gauges can read 0
+    between the two)."""
     wanted = set(traces)
     deadline = time.monotonic() + timeout
     found: list[dict] = []
-    stable_since = time.monotonic()
+    seen_idle: list[tuple[str, int]] | None = None
     while time.monotonic() < deadline:
-        docs = [d for d in collector.store().list_runs(limit=1000, with_docs=True) if d["trace_id"] in wanted]
-        if len(docs) != len(found):
-            found, stable_since = docs, time.monotonic()
-        elif found and time.monotonic() - stable_since >= settle:
-            return sorted(found, key=lambda d: d["run_id"])
-        time.sleep(0.1)
+        gauges = collector.metrics()
+        idle = all(gauges.get((name, ()), 1) == 0
+                   for name in ("collector_traces_in_flight", "collector_store_queued_runs"))
+        found = sorted((d for d in collector.store().list_runs(limit=1000, with_docs=True) if d["trace_id"] in wanted),
+                       key=lambda d: d["run_id"])
+        stored = [(d["run_id"], d["revision"]) for d in found]
+        if idle and found and stored == seen_idle:
+            return found
+        seen_idle = stored if idle else None
+        time.sleep(0.2)
     if not found:
         raise AssertionError(f"no stored run for traces {sorted(wanted)}")
-    return sorted(found, key=lambda d: d["run_id"])
+    return found
 
 
 def one_run(maf_spans, collector, target: Any, stream: bool) -> dict:

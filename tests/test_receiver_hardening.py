@@ -286,7 +286,8 @@ def test_metrics_stay_open_by_default_with_auth_on(authed):
 def test_metrics_auth_without_a_token_is_a_setup_error(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("exporters:\n  prometheus:\n    require_auth: true\n    endpoint: 127.0.0.1:0\n"
-                   "receivers:\n  grpc:\n    endpoint: 127.0.0.1:0\n  http:\n    endpoint: 127.0.0.1:0\n")
+                   "receivers:\n  grpc:\n    endpoint: 127.0.0.1:0\n  http:\n    endpoint: 127.0.0.1:0\n"
+                   f"store:\n  url: {tmp_path / 'runs.db'}\n")  # not the user's store in their data dir
     proc = subprocess.run([AGENTEVAL, "collector", "serve", "--config", str(cfg)], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 1 and "exporters.prometheus.require_auth" in proc.stderr

@@ -34,6 +34,7 @@ from collector.config import CollectorConfig
 from collector.formats.decode import decode_request
 from collector.live.journal import Journal, JournalError
 from collector.formats.loader import workflow_trace_run
+from collector.outputs.export_queue import RetryingSpanExporter
 from collector.outputs.metrics import Metrics
 from collector.live.pipeline import IngestResult, Pipeline, StoreWriter
 from collector.core.reconcile import reconcile
@@ -507,6 +508,37 @@ def test_verdict_spans_are_exported_when_the_endpoint_comes_back(tmp_path):
             capture.server.stop(0)
     finally:
         proc.stop()
+
+
+class _ClosedUnderneath(GrpcExporter):
+    """The SDK's OTLP/gRPC exporter as its shutdown() leaves a call already past its shutdown check
+    (the endpoint down, the shutdown timeout up while the call waits out a retry backoff): the
+    channel closed, so the call raises ValueError ("Cannot invoke RPC on closed channel!"), seen as
+    a traceback in a collector's log. Counts the calls."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(endpoint=endpoint, insecure=True)
+        self._channel.close()
+        self.calls = threading.Semaphore(0)
+
+    def export(self, spans):
+        self.calls.release()
+        return super().export(spans)
+
+
+def test_an_export_call_that_raises_costs_the_sender_thread_nothing(monkeypatch):
+    died: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+    inner = _ClosedUnderneath(f"127.0.0.1:{free_port()}")
+    exporter = RetryingSpanExporter(inner, retry_interval=0.05, shutdown_timeout=0.5)
+    spans, _ = record([SCENARIOS["pass"][0]])
+    try:
+        exporter.export(spans)
+        assert inner.calls.acquire(timeout=10)
+        assert inner.calls.acquire(timeout=10), f"no second try: {[str(d.exc_value) for d in died]}"
+    finally:
+        exporter.shutdown()
+    assert not died
 
 
 # --- crash and restart --------------------------------------------------------------------------

@@ -64,7 +64,14 @@ class RetryingSpanExporter(SpanExporter):
                     self._idle.set()
                     return True
                 batch = self._backlog[0]
-            if self._inner.export(batch) is not SpanExportResult.SUCCESS:
+            try:
+                result = self._inner.export(batch)
+            except Exception as exc:  # noqa: BLE001 - e.g. the OTLP/gRPC exporter's channel, closed by its
+                # shutdown under a call past its checks: a failed try, never the end of this thread
+                log.warning("verdict_spans_export_failed", error=f"{type(exc).__name__}: {exc}"[:200],
+                            spans=len(batch))
+                return False
+            if result is not SpanExportResult.SUCCESS:
                 return False
             with self._lock:
                 if self._backlog and self._backlog[0] is batch:

@@ -42,7 +42,7 @@ PROTOBUF, JSON = "application/x-protobuf", "application/json"
 
 #: pytest-xdist workers for the suite (pyproject addopts: -n auto). The tests mostly wait on the
 #: processes they start, so more workers than cores; on 2 cores, 4 ran the suite as fast as 5 and
-#: 6 was slower (issue 34: about 4.8 minutes, against 15.5 serially).
+#: 6 was slower (issue 34: about 4.5 minutes, against 15.5 serially).
 WORKERS = 4
 
 

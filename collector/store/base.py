@@ -334,8 +334,10 @@ class RunStore(ABC):
                     log.warning("store_unavailable", store=self.display, error=error)
                 delay = min(delay * 2, OPEN_RETRY[1])
                 continue
-            self._opened.set()
+            # Logged before anything can see it open (readiness, the first run stored): the log line
+            # comes first in the log, as the change of state came first.
             log.info("store_opened", store=self.display, unavailable_for=round(time.monotonic() - since, 1))
+            self._opened.set()
             return
 
     @property

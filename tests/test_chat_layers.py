@@ -11,25 +11,33 @@ from an OTLP JSON file, each giving the same verdicts.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import random
+import subprocess
+import urllib.request
 from dataclasses import dataclass, field
 
 import pytest
+from agent_framework import Message, WorkflowBuilder, WorkflowContext, executor
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
+from collector.api.v1.fidelity_pb2 import RunVerdict
 from collector.config import CollectorConfig
 from collector.core.classify import TraceState
 from collector.core.reconcile import reconcile
 from collector.core.serialize import run_to_dict
+from collector.demo.maf_fakes import InstrumentedChatClient, Turn
 from collector.formats.decode import decode_bytes, decode_protobuf
 from collector.formats.loader import iter_runs
 from collector.live.journal import _decode, _encode
-from conftest import export_spans, verdicts
+from collector.outputs.wire import run_message, to_doc
+from conftest import AGENTEVAL, export_spans, verdicts
 from mafshape import export_request, to_otlp_json
 
 CONFIG = CollectorConfig()
@@ -346,3 +354,63 @@ def test_the_live_collector_stores_one_truth_per_call(collector):
     run = collector.run(trace_id)
     assert run["status"] == "PASS" and verdicts(run) == {"writer": "Agree", "reviewer": "Agree"}
     assert unit(run, "reviewer")["evidence"]["truth_tokens"] == 170
+
+
+def test_the_run_page_and_runs_show_show_stacked_layers_parts_and_disagreement(collector):
+    parts = {"gen_ai.usage.cache_read.input_tokens": 30, "gen_ai.usage.reasoning.output_tokens": 5}
+    writer = Agent("writer", [maf_chat(openai_v2(i=120, o=40, finish="stop"), i=60, o=20, finish="stop", **parts)],
+                   (60, 20, "stop"))
+    spans, trace_id = trace_of(writer, name="layers-shown")
+    export_spans(collector, spans)
+    run = collector.run(trace_id)
+    evidence = unit(run, "writer")["evidence"]
+    assert evidence["stacked_chat_spans"] == 1 and evidence["truth_cache_read_tokens"] == 30
+    (found,) = evidence["chat_layers_disagree"]
+    assert (found["tokens"], found["inner_tokens"]) == (80, 160)
+    with urllib.request.urlopen(f"{collector.http}/runs/{run['run_id']}", timeout=10) as page:
+        html = page.read().decode()
+    assert "Chat layers disagree" in html and found["span_id"] in html and found["inner_span_ids"][0] in html
+    assert "of which cache read 30" in html and "of which reasoning 5" in html
+    shown = subprocess.run([AGENTEVAL, "runs", "show", run["run_id"], "--store", collector.store_url],
+                           capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    assert "chat layers disagree (not a verdict)" in text and "reports 80 tokens" in text and "160" in text
+    assert "1 chat span(s) recorded calls another chat span already records" in text
+    assert "cache read 30, reasoning 5" in text
+    # the gRPC API carries the same evidence
+    message = RunVerdict.FromString(run_message(run).SerializeToString())
+    wire = to_doc(message)["executors"][0]["evidence"]
+    assert wire["chat_layers_disagree"] == [found] and wire["truth_cache_read_tokens"] == 30
+
+
+def test_a_real_maf_workflow_whose_executors_call_a_chat_client_directly_is_stored_pending(maf_spans, collector):
+    """MAF's reflection sample's shape: function executors call an instrumented chat client directly;
+    no agent runs. The run is stored PENDING with its unattributed chat and why."""
+    client = InstrumentedChatClient(turns=[Turn(400, 120), Turn(90, 30, "length")])
+
+    @executor(id="draft")
+    async def draft(task: str, ctx: WorkflowContext[str]) -> None:
+        response = await client.get_response([Message("user", [task])])
+        await ctx.send_message(response.text or "draft")
+
+    @executor(id="reflect")
+    async def reflect(text: str, ctx: WorkflowContext[None, str]) -> None:
+        response = await client.get_response([Message("user", [f"Critique: {text}"])])
+        await ctx.yield_output(response.text or "done")
+
+    workflow = WorkflowBuilder(name="reflection", start_executor=draft).add_edge(draft, reflect).build()
+    maf_spans.clear()
+    asyncio.run(workflow.run("Write a haiku."))
+    spans = list(maf_spans.get_finished_spans())
+    assert not any(s.name.startswith("invoke_agent") for s in spans)
+    export_spans(collector, spans)
+    (trace_id,) = {format(s.context.trace_id, "032x") for s in spans if s.name.startswith("chat")}
+    run = collector.run(trace_id)
+    assert run["status"] == "PENDING" and run["score"] is None and run["executors"] == []
+    assert run["subject"] == "reflection"
+    assert sorted((u["executor"], u["calls"], u["tokens"]) for u in run["unattributed_chat"]) == [
+        ("draft", 1, 520), ("reflect", 1, 120)]
+    (note,) = run["notes"]
+    assert "No agent ran in this run: its 2 chat call(s), 640 tokens were made by draft, reflect" in note
+    assert "through a MAF agent" in note

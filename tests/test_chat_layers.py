@@ -19,6 +19,7 @@ import subprocess
 import urllib.request
 from dataclasses import dataclass, field
 
+import orjson
 import pytest
 from agent_framework import Message, WorkflowBuilder, WorkflowContext, executor
 from opentelemetry.sdk.resources import Resource
@@ -414,3 +415,13 @@ def test_a_real_maf_workflow_whose_executors_call_a_chat_client_directly_is_stor
     (note,) = run["notes"]
     assert "No agent ran in this run: its 2 chat call(s), 640 tokens were made by draft, reflect" in note
     assert "through a MAF agent" in note
+
+
+def test_a_journal_of_the_previous_version_replays_with_the_count_parts_unknown():
+    """Rows journaled before the count parts (18 facts) replay whole: the parts unknown, the calls the same."""
+    recs = records(trace_of(*SEQUENTIAL)[0])
+    line = orjson.dumps([[s.trace_id.hex(), s.span_id.hex(), s.parent_id.hex(), s.name, s.start_ns, s.facts[:18],
+                          s.resource_subject, s.status_error, s.sdk_language, s.end_ns] for s in recs]) + b"\n"
+    replayed = _decode(line, MATCHER)
+    assert [r.facts for r in replayed] == [r.facts[:18] + (None, None, None) for r in recs]
+    assert classify(replayed) == classify(recs)

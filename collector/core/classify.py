@@ -129,6 +129,8 @@ class _Unit:
     turns: list[_Turn] = field(default_factory=list)
     #: The agent ran directly in its executor (no other agent between): a candidate for "own agent".
     top_level: bool = False
+    #: A chat span of the unit lies beneath another (stacked instrumentations): see :func:`_calls`.
+    stacked: bool = False
 
 
 @dataclass(slots=True)
@@ -432,8 +434,11 @@ class TraceState:
             facts = s.facts
             parts = (None if facts[CACHE_READ] is None and facts[CACHE_WRITE] is None and facts[REASONING] is None
                      else facts[CACHE_READ:])
-            self._run(run_key).units[(executor, agent)].turns.append((
-                i, o, t, finish, s.start_ns, invocation, s.span_id, self._error(s), model, provider, outer, parts))
+            unit = self._run(run_key).units[(executor, agent)]
+            unit.turns.append((i, o, t, finish, s.start_ns, invocation, s.span_id, self._error(s), model, provider,
+                               outer, parts))
+            if outer is not None:
+                unit.stacked = True
             return (run_key, executor, agent, invocation, s.span_id)  # a chat span beneath is this call
         return parent
 
@@ -634,7 +639,7 @@ class TraceState:
                 ledger, source, derived = tuple(unit.agent_spans), LEDGER_SOURCE_AGENT_SPAN, False
             else:
                 ledger, source, derived = (), "none", unit.derived_agent_spans > 0
-            calls, stacked, disagree = _calls(unit.turns)
+            calls, stacked, disagree = _calls(unit.turns) if unit.stacked else (unit.turns, 0, ())
             if agent is None and not ledger and not hosts_agent:
                 # chat calls with no agent above them, by an executor that hosts none (a function
                 # executor calling a chat client itself) or by none: a run note, not a unit (docs/design.md §1)
@@ -743,8 +748,6 @@ def _calls(turns: list[_Turn]) -> tuple[list[_Turn], int, tuple[LayerDisagreemen
     its attempts beneath saw without an answer is part of that failure, never a bare request (so
     never the Path-2 gap). Count parts a call lacks are taken from beneath (shown, never counted).
     """
-    if all(t[_T_OUTER] is None for t in turns):
-        return turns, 0, ()
     ids = {t[_T_SPAN] for t in turns}
     beneath: dict[bytes, list[_Turn]] = defaultdict(list)
     for t in turns:

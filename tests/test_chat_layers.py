@@ -54,6 +54,9 @@ class Span:
     attrs: dict = field(default_factory=dict)
     error: str | None = None
     children: list[Span] = field(default_factory=list)
+    #: Its children run side by side (each started before the previous one ends), as two
+    #: instrumentations of one request do when neither is the other's parent.
+    side_by_side: bool = False
 
 
 def usage(i: int | None = None, o: int | None = None, finish: str | None = None, **more) -> dict:
@@ -105,8 +108,13 @@ def trace_of(*agents: Agent, functions: dict[str, list[Span]] | None = None,
 
     def emit(span: Span) -> None:
         with tracer.start_as_current_span(span.name, attributes=span.attrs) as s:
-            for child in span.children:
-                emit(child)
+            if span.side_by_side:
+                opened = [tracer.start_span(child.name, attributes=child.attrs) for child in span.children]
+                for child in reversed(opened):
+                    child.end()
+            else:
+                for child in span.children:
+                    emit(child)
             if span.error:
                 s.set_attribute("error.type", span.error)
                 s.set_status(StatusCode.ERROR, span.error)
@@ -247,6 +255,33 @@ def test_a_failed_call_recorded_by_two_layers_is_one_failed_call_never_path2():
     evidence = unit(run, "writer")["evidence"]
     assert verdicts(run) == {"writer": "Agree"}
     assert (evidence["failed_turns"], evidence["request_turns"], evidence["response_turns"]) == (1, 0, 1)
+
+
+def anthropic_records(i: int, o: int) -> list[Span]:
+    """OpenLLMetry's anthropic.chat and the Anthropic SDK's own span: side by side beneath MAF's chat
+    span, both counting cached input in."""
+    attrs = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "anthropic", **usage(i, o),
+             "gen_ai.usage.cache_read.input_tokens": 30}
+    return [Span("anthropic.chat", {**attrs, "gen_ai.response.finish_reasons": json.dumps(["stop"])}),
+            Span("anthropic.messages.create", dict(attrs))]
+
+
+def test_two_records_of_one_attempt_side_by_side_count_once():
+    """MAF's Anthropic chat span counts input without the cache reads (70 of 100); beneath it,
+    OpenLLMetry's span and the SDK's own record the same request side by side."""
+    outer = maf_chat(i=70, o=20, finish="stop")
+    outer.children, outer.side_by_side = anthropic_records(100, 20), True
+    bare = maf_chat()  # a framework span that saw no response: the records beneath supply it, once
+    bare.children, bare.side_by_side = anthropic_records(130, 40), True
+    spans, _ = trace_of(Agent("writer", [outer, bare], (240, 60, "stop")))
+    run = the_run(spans)
+    evidence = unit(run, "writer")["evidence"]
+    assert verdicts(run) == {"writer": "Agree"}
+    assert (evidence["truth_tokens"], evidence["response_turns"], evidence["stacked_chat_spans"]) == (260, 2, 4)
+    (found,) = evidence["chat_layers_disagree"]
+    assert (found["tokens"], found["inner_tokens"], len(found["inner_span_ids"])) == (90, 120, 1)
+    # 30 a call: the first's own span reported none (taken from beneath, once), the second's from beneath
+    assert evidence["truth_cache_read_tokens"] == 60
 
 
 def test_a_provider_only_stack_takes_its_truth_from_the_provider_spans():

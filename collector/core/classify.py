@@ -95,15 +95,16 @@ class SpanRecord:
 #: A chat call while its trace is assembled and in the late window: (input, output and total tokens,
 #: finish reason, start, invocation, span id bytes, error, model, provider, the span id of the chat
 #: span it is beneath in its unit (None: it is outermost), the parts of its counts (cache read, cache
-#: write, reasoning; None: none known)): ~100 bytes less than a ChatTurn with its Usage and hex id
-#: (the span id is the very object the trace keys the span by; model and provider strings are shared
-#: per trace), and a tuple of atoms the garbage collector stops tracking. bench/late_memory.py: 286 ->
-#: 194 bytes a span held for agents of 50 chat calls, 425 -> 377 for agents of 3 (before model,
-#: provider, outer call and parts: four references more now).
+#: write, reasoning; None: none known), its end where it is beneath another (else None)): ~100 bytes
+#: less than a ChatTurn with its Usage and hex id (the span id is the very object the trace keys the
+#: span by; model and provider strings are shared per trace), and a tuple of atoms the garbage
+#: collector stops tracking. bench/late_memory.py: 286 -> 194 bytes a span held for agents of 50 chat
+#: calls, 425 -> 377 for agents of 3 (before model, provider, outer call, parts and end: five
+#: references more now, None unless reported or stacked).
 _Turn = tuple[int | None, int | None, int | None, str | None, int, str | None, bytes, str | None, str | None,
-              str | None, bytes | None, tuple[int | None, int | None, int | None] | None]
+              str | None, bytes | None, tuple[int | None, int | None, int | None] | None, int | None]
 #: Positions in :data:`_Turn`.
-_T_FINISH, _T_SPAN, _T_ERROR, _T_OUTER, _T_PARTS = 3, 6, 7, 10, 11
+_T_FINISH, _T_START, _T_SPAN, _T_ERROR, _T_OUTER, _T_PARTS, _T_END = 3, 4, 6, 7, 10, 11, 12
 
 #: Past every span start (a fixed64): a run's earliest start while none is known.
 _NO_START = 2**64
@@ -435,9 +436,12 @@ class TraceState:
             parts = (None if facts[CACHE_READ] is None and facts[CACHE_WRITE] is None and facts[REASONING] is None
                      else facts[CACHE_READ:])
             unit = self._run(run_key).units[(executor, agent)]
-            unit.turns.append((i, o, t, finish, s.start_ns, invocation, s.span_id, self._error(s), model, provider,
-                               outer, parts))
-            if outer is not None:
+            if outer is None:
+                unit.turns.append((i, o, t, finish, s.start_ns, invocation, s.span_id, self._error(s), model,
+                                   provider, None, parts, None))
+            else:
+                unit.turns.append((i, o, t, finish, s.start_ns, invocation, s.span_id, self._error(s), model,
+                                   provider, outer, parts, s.end_ns))
                 unit.stacked = True
             return (run_key, executor, agent, invocation, s.span_id)  # a chat span beneath is this call
         return parent
@@ -656,7 +660,7 @@ class TraceState:
                 ledger=ledger,
                 turns=tuple([ChatTurn(Usage(i, o, t, *parts) if parts else Usage(i, o, t), finish, start, invocation,
                                       sid.hex(), error, model, provider)
-                             for i, o, t, finish, start, invocation, sid, error, model, provider, _, parts in calls]),
+                             for i, o, t, finish, start, invocation, sid, error, model, provider, _, parts, _ in calls]),
                 ledger_source=source,
                 span_ids=tuple([sid for _, sid in sorted(spans)]),
                 ledger_derived=derived,
@@ -747,6 +751,9 @@ def _calls(turns: list[_Turn]) -> tuple[list[_Turn], int, tuple[LayerDisagreemen
     (a retried or fallen-back call: each attempt once), never both. A failed call stays failed: what
     its attempts beneath saw without an answer is part of that failure, never a bare request (so
     never the Path-2 gap). Count parts a call lacks are taken from beneath (shown, never counted).
+    One call's attempts follow one another: records beneath it whose times overlap are two records of
+    one attempt (two instrumentations side by side, as Anthropic's SDK beside OpenLLMetry's), counted
+    once (:func:`_attempts`).
     """
     ids = {t[_T_SPAN] for t in turns}
     beneath: dict[bytes, list[_Turn]] = defaultdict(list)
@@ -761,7 +768,7 @@ def _calls(turns: list[_Turn]) -> tuple[list[_Turn], int, tuple[LayerDisagreemen
         if not inner:
             resolved[t[_T_SPAN]] = [t]
             continue
-        records = [r for turn in inner for r in resolved.pop(turn[_T_SPAN])]
+        records = _attempts([(turn, resolved.pop(turn[_T_SPAN])) for turn in inner])
         if _responded(t):
             totals = [_tokens(r) for r in records if _responded(r) or r[_T_ERROR] is None]  # failed attempts: 0
             own = _tokens(t)
@@ -769,7 +776,7 @@ def _calls(turns: list[_Turn]) -> tuple[list[_Turn], int, tuple[LayerDisagreemen
                 disagree.append(LayerDisagreement(t[_T_SPAN].hex(), own, tuple(r[_T_SPAN].hex() for r in records),
                                                   sum(totals)))
             if t[_T_PARTS] is None:
-                t = t[:_T_PARTS] + (_sum_parts(records),)
+                t = (*t[:_T_PARTS], _sum_parts(records), t[_T_END])
             resolved[t[_T_SPAN]] = [t]
         elif t[_T_ERROR] is not None:
             resolved[t[_T_SPAN]] = [r for r in records if _responded(r) or r[_T_ERROR] is not None] or [t]
@@ -777,6 +784,37 @@ def _calls(turns: list[_Turn]) -> tuple[list[_Turn], int, tuple[LayerDisagreemen
             resolved[t[_T_SPAN]] = records
     calls = [r for t in turns if t[_T_SPAN] in resolved for r in resolved[t[_T_SPAN]]]
     return calls, len(turns) - len(calls), tuple(reversed(disagree))
+
+
+def _attempts(inner: list[tuple[_Turn, list[_Turn]]]) -> list[_Turn]:
+    """The records beneath one call (each inner turn with what it resolved to), one attempt once:
+    inner turns whose times overlap record the same attempt, whose record is the first of them that
+    carries a token count, else a response, else the first."""
+    inner.sort(key=lambda pair: pair[0][_T_START])
+    out: list[_Turn] = []
+    group: list[list[_Turn]] = []
+    group_end = -1
+    for turn, records in inner:
+        end = turn[_T_END]
+        if group and turn[_T_START] < group_end:
+            group.append(records)
+        else:
+            if group:
+                out += _one_record(group)
+            group = [records]
+            group_end = -1
+        if end is not None and end > group_end:
+            group_end = end
+    if group:
+        out += _one_record(group)
+    return out
+
+
+def _one_record(group: list[list[_Turn]]) -> list[_Turn]:
+    if len(group) == 1:
+        return group[0]
+    return (next((g for g in group if any(_tokens(r) is not None for r in g)), None)
+            or next((g for g in group if any(_responded(r) for r in g)), group[0]))
 
 
 def _sum_parts(records: list[_Turn]) -> tuple[int | None, int | None, int | None] | None:

@@ -14,7 +14,7 @@ import platformdirs
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from collector.core.model import Policy, Preset
+from collector.core.model import FINISH_REASON_MAP, Policy, Preset
 from collector.core.profiles import Matcher, ProfileConfig, default_profiles
 from collector.core.serialize import MAX_ITEMS
 
@@ -153,8 +153,15 @@ class Assembly(_Section):
 class Scoring(_Section):
     tolerance: float = Field(0.02, ge=0, lt=1)
     flag_over_reporting: bool = False
-    finish_aliases: dict[str, str] = Field(default_factory=dict)
+    finish_aliases: dict[str, str] = Field(default_factory=lambda: dict(FINISH_REASON_MAP))
     preset: Preset = "standard"
+
+    @field_validator("finish_aliases")
+    @classmethod
+    def _over_the_shipped_map(cls, aliases: dict[str, str]) -> dict[str, str]:
+        """Entries given are added to the shipped map (a vendor's reason maps to itself to drop one):
+        a config naming one alias keeps every vendor's. Compared case-insensitively."""
+        return FINISH_REASON_MAP | {key.strip().lower(): value.strip().lower() for key, value in aliases.items()}
 
     def policy(self) -> Policy:
         return Policy(self.tolerance, self.flag_over_reporting, tuple(sorted(self.finish_aliases.items())))

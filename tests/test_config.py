@@ -89,3 +89,11 @@ def test_a_collector_started_on_a_config_of_environment_references_listens_there
         assert proc.grpc == f"127.0.0.1:{grpc_port}"
     finally:
         assert proc.stop() == 0
+
+
+def test_finish_aliases_given_are_added_to_the_shipped_map(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("scoring:\n  finish_aliases:\n    Done: STOP\n    load: load\n")
+    aliases = dict(load_config(path).scoring.policy().finish_aliases)
+    assert aliases["done"] == "stop" and aliases["end_turn"] == "stop"  # a vendor's kept
+    assert aliases["load"] == "load"  # one dropped by mapping it to itself

@@ -40,7 +40,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from collector.formats import decode
-from collector.core.classify import FINISH, SpanRecord, finish_reason
+from collector.core.classify import CACHE_READ, CHAT, FINISH, TOTAL, SpanRecord, finish_reason
 from collector.config import CollectorConfig
 from collector.formats.decode import (
     MAX_ATTR_CHARS,
@@ -636,7 +636,8 @@ def test_journal_lines_are_orjsons_bytes() -> None:
         assert line == encoded
 
 
-TOKEN_KEYS = [*MATCHER.input_keys, *MATCHER.output_keys, *MATCHER.total_keys]
+TOKEN_KEYS = [*MATCHER.input_keys, *MATCHER.output_keys, *MATCHER.total_keys, *MATCHER.cache_read_keys,
+              *MATCHER.cache_write_keys, *MATCHER.reasoning_keys]
 
 
 @FUZZ
@@ -674,7 +675,8 @@ def test_generated_wanted_attributes_are_journaled_exactly(attributes: list[list
 # Span names and role values the classifier reads, and values nested up to 110 deep (past MAX_VALUE_NESTING,
 # where protobuf alone says what happens), encoded by hand (protobuf will not serialize a message nested
 # past 100).
-PREFIXES = sorted({*MATCHER.run_names, *MATCHER.executor_prefixes, *MATCHER.agent_prefixes, *MATCHER.chat_prefixes})
+PREFIXES = sorted({*MATCHER.run_names, *MATCHER.executor_prefixes, *MATCHER.agent_prefixes, *MATCHER.chat_prefixes,
+                   *MATCHER.chat_names})
 VOCABULARY = sorted({*MATCHER.chat_operations, *MATCHER.agent_executor_types, *PREFIXES, LEDGER_SOURCE_BRIDGE,
                      "AgentExecutor", "x.HandoffAgentExecutor", "stop", "length", " "})
 profile_names = st.tuples(st.sampled_from(PREFIXES), st.sampled_from(["", " ", "  ", "x", ".x"]), texts).map("".join)
@@ -799,13 +801,13 @@ FACT_VALUES = [
     array([AnyValue(), AnyValue(string_value="length")]), kvlist([("stop", AnyValue(string_value="x"))]),
 ]
 NAMES = ["chat gpt", "chat", "workflow.run", "workflow.run x", "workflow.runner", "executor.process e",
-         "invoke_agent a", "invoke_agent", "other"]
+         "invoke_agent a", "invoke_agent", "other", "openai.chat", "openai.chat x", "anthropic.chat", "POST"]
 
 
 #: Each role's keys (those of a role are read in this order, the first one present counting).
 ROLES = [MATCHER.agent_id_keys, MATCHER.executor_id_keys, MATCHER.executor_type_keys, MATCHER.subject_keys,
          MATCHER.error_keys, MATCHER.input_keys, MATCHER.output_keys, MATCHER.total_keys, MATCHER.finish_keys,
-         MATCHER.operation_keys]
+         MATCHER.operation_keys, MATCHER.cache_read_keys, MATCHER.cache_write_keys, MATCHER.reasoning_keys]
 
 
 @pytest.mark.parametrize("key", sorted(WANTED))
@@ -870,3 +872,28 @@ def test_threads_sharing_a_decoder_never_wait_for_each_other_forever() -> None:
     done = subprocess.run([sys.executable, "-c", THREADS], cwd=Path(__file__).parent, timeout=60,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_stacked_instrumentations_spans_read_alike() -> None:
+    """Provider instrumentations' chat spans (OpenLLMetry names them by API, with or without an
+    operation attribute; an HTTP span between is none) and the count parts, as strings and numbers."""
+    def value(v: Any) -> AnyValue:
+        return AnyValue(string_value=v) if isinstance(v, str) else AnyValue(int_value=v)
+
+    shapes = [("openai.chat", {"gen_ai.operation.name": "chat", "gen_ai.usage.reasoning_tokens": 5}),
+              ("openai.response", {"gen_ai.operation.name": "response", "gen_ai.usage.cache_read_input_tokens": "30"}),
+              ("anthropic.chat", {"gen_ai.usage.cache_creation.input_tokens": 0,
+                                  "gen_ai.usage.cache_write.input_tokens": "7"}),
+              ("POST", {"http.request.method": "POST"}),
+              ("chat m", {"gen_ai.usage.cache_read.input_tokens": " 12 ", "gen_ai.usage.reasoning.output_tokens": 3,
+                          "llm.usage.total_tokens": "99"}),
+              ("generate_content m", {"gen_ai.operation.name": "generate_content"})]
+    spans = [span(n=n + 1, name=name, attributes=[KeyValue(key=k, value=value(v)) for k, v in attrs.items()])
+             for n, (name, attrs) in enumerate(shapes)]
+    decoded = decode_bytes(request(*spans), MATCHER)
+    assert assert_parity(request(*spans), native_must_answer=True)[0] == "ok"
+    facts = [s.facts for s in decoded.spans]
+    assert [f[CHAT] for f in facts] == [True, True, True, False, True, True]
+    assert [f[CACHE_READ:] for f in facts] == [(None, None, 5), (30, None, None), (None, 7, None),
+                                               (None, None, None), (12, None, 3), (None, None, None)]
+    assert facts[4][TOTAL] == 99

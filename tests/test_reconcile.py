@@ -191,8 +191,10 @@ def test_unaligned_all_null_framework_reasons_diverge():
 
 def test_finish_aliases_map_reasons_before_comparing():
     record = ex([entry(10, 10, finish="end_turn")], [resp(10, 10, finish="stop")])
-    assert reconcile_executor(record).verdict is Verdict.FINISH_MISMATCH
+    assert reconcile_executor(record, Policy(finish_aliases=())).verdict is Verdict.FINISH_MISMATCH
     assert reconcile_executor(record, Policy(finish_aliases=(("end_turn", "stop"),))).verdict is Verdict.AGREE
+    assert reconcile_executor(record).verdict is Verdict.AGREE  # the shipped map (Anthropic's end_turn)
+    assert reconcile_executor(record).evidence.framework_finish == "end_turn"  # raw values are kept
 
 
 @pytest.mark.parametrize("derived", [False, True], ids=["missing", "derived"])

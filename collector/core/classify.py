@@ -6,7 +6,10 @@ parent is known; until then it waits in ``_pending``. Classification gives every
 that its children inherit: the run it belongs to (its outermost workflow-run span), the executor,
 and the nearest agent (name and invocation span). From that context:
 
-- a chat span is a turn of its nearest agent's unit (never an outer agent's);
+- a chat span is a turn of its nearest agent's unit (never an outer agent's); a chat span under another
+  chat span of the unit (no agent span between) records the same call (stacked instrumentations), so
+  each turn keeps its nearest chat-call ancestor and the run is built from outermost calls
+  (:func:`_calls`);
 - an AgentResponseEvent span (our MAF instrumentation) is a ledger entry of the agent it names;
 - an agent span is the ledger only where the profile says the runtime's agent span is independent
   (MAF .NET); MAF Python's re-sums the chat spans under it, which makes the unit ``ledger_derived``.
@@ -25,7 +28,16 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from collector.core.model import Announcement, ChatTurn, ExecutorRecord, LedgerEntry, RunInput, UnattributedChat, Usage
+from collector.core.model import (
+    Announcement,
+    ChatTurn,
+    ExecutorRecord,
+    LayerDisagreement,
+    LedgerEntry,
+    RunInput,
+    UnattributedChat,
+    Usage,
+)
 from collector.core.profiles import (
     AGENT,
     ANNOUNCEMENT_ATTRIBUTES,
@@ -46,16 +58,18 @@ LEDGER_SOURCE_AGENT_SPAN = "invoke_agent"
 #: whether it is an AgentResponseEvent, whether it is a chat call, the agent, executor and bridge
 #: executor names, whether its executor type hosts an agent, the subject, the error type, the input,
 #: output and total tokens, the finish reason, the instrumentation's announcement (the MAF release,
-#: its version and status), and a chat call's model and provider.
+#: its version and status), a chat call's model and provider, and the parts of its counts (cached
+#: input read and written, reasoning output).
 Facts = tuple[int, bool, bool, str | None, str | None, str | None, bool, str | None, str | None,
               int | None, int | None, int | None, str | None, str | None, str | None, str | None, str | None,
-              str | None]
+              str | None, int | None, int | None, int | None]
 #: Positions in :data:`Facts` (the compiled decoder writes them in this order).
 (KIND, BRIDGE, CHAT, AGENT_ID, EXECUTOR_ID, BRIDGE_EXECUTOR, HOSTS_AGENT, SUBJECT, ERROR_TYPE, INPUT, OUTPUT, TOTAL,
- FINISH, MAF_RELEASE, INSTRUMENTATION_VERSION, INSTRUMENTATION_STATUS, MODEL, PROVIDER) = range(18)
-FACTS = 18  # values in Facts
+ FINISH, MAF_RELEASE, INSTRUMENTATION_VERSION, INSTRUMENTATION_STATUS, MODEL, PROVIDER, CACHE_READ, CACHE_WRITE,
+ REASONING) = range(21)
+FACTS = 21  # values in Facts
 #: How many facts journals of earlier versions wrote (replayed with the later facts unknown).
-EARLIER_FACTS = (13, 16)
+EARLIER_FACTS = (13, 16, 18)
 
 
 @dataclass(slots=True)
@@ -79,21 +93,27 @@ class SpanRecord:
 
 
 #: A chat call while its trace is assembled and in the late window: (input, output and total tokens,
-#: finish reason, start, invocation, span id bytes, error, model, provider): ~100 bytes less than a
-#: ChatTurn with its Usage and hex id (the span id is the very object the trace keys the span by;
-#: model and provider strings are shared per trace), and a tuple of atoms the garbage collector
-#: stops tracking. bench/late_memory.py: 286 -> 194 bytes a span held for agents of 50 chat calls,
-#: 425 -> 377 for agents of 3 (before model and provider: two references more now).
+#: finish reason, start, invocation, span id bytes, error, model, provider, the span id of the chat
+#: span it is beneath in its unit (None: it is outermost), the parts of its counts (cache read, cache
+#: write, reasoning; None: none known), its end where it is beneath another (else None)): ~100 bytes
+#: less than a ChatTurn with its Usage and hex id (the span id is the very object the trace keys the
+#: span by; model and provider strings are shared per trace), and a tuple of atoms the garbage
+#: collector stops tracking. bench/late_memory.py: 286 -> 194 bytes a span held for agents of 50 chat
+#: calls, 425 -> 377 for agents of 3 (before model, provider, outer call, parts and end: five
+#: references more now, None unless reported or stacked).
 _Turn = tuple[int | None, int | None, int | None, str | None, int, str | None, bytes, str | None, str | None,
-              str | None]
+              str | None, bytes | None, tuple[int | None, int | None, int | None] | None, int | None]
+#: Positions in :data:`_Turn`.
+_T_FINISH, _T_START, _T_SPAN, _T_ERROR, _T_OUTER, _T_PARTS, _T_END = 3, 4, 6, 7, 10, 11, 12
 
 #: Past every span start (a fixed64): a run's earliest start while none is known.
 _NO_START = 2**64
 
-#: What a span's children inherit: (run span id, executor key, agent key, agent invocation span id).
-#: Keys are case-folded; the first spelling seen is kept for display.
-Context = tuple[str | None, str | None, str | None, str | None]
-_NO_CONTEXT: Context = (None, None, None, None)
+#: What a span's children inherit: (run span id, executor key, agent key, agent invocation span id,
+#: the nearest chat span above it in the same unit (an agent span starts afresh)). Keys are
+#: case-folded; the first spelling seen is kept for display.
+Context = tuple[str | None, str | None, str | None, str | None, bytes | None]
+_NO_CONTEXT: Context = (None, None, None, None, None)
 
 
 @dataclass(slots=True)
@@ -110,6 +130,8 @@ class _Unit:
     turns: list[_Turn] = field(default_factory=list)
     #: The agent ran directly in its executor (no other agent between): a candidate for "own agent".
     top_level: bool = False
+    #: A chat span of the unit lies beneath another (stacked instrumentations): see :func:`_calls`.
+    stacked: bool = False
 
 
 @dataclass(slots=True)
@@ -241,6 +263,9 @@ def span_facts(m: Matcher, name: str, attrs: dict[str, Any]) -> Facts:
         *(_text(attrs.get(key)) for key in ANNOUNCEMENT_ATTRIBUTES),
         _text(_first(attrs, m.model_keys)),
         _text(_first(attrs, m.provider_keys)),
+        _int(_first(attrs, m.cache_read_keys)),
+        _int(_first(attrs, m.cache_write_keys)),
+        _int(_first(attrs, m.reasoning_keys)),
     )
 
 
@@ -353,7 +378,7 @@ class TraceState:
 
     def _classify(self, s: SpanRecord, parent: Context) -> Context:
         kind, bridge, chat, agent_id, executor_id, _, hosts_agent, subject, _, i, o, t, finish = s.facts[:FINISH + 1]
-        run_key, executor, agent, invocation = parent
+        run_key, executor, agent, invocation, outer = parent
         if bridge:
             self._ledger_span(s, parent)
             return parent
@@ -367,7 +392,7 @@ class TraceState:
                 self._announce(run, s)
                 if error := self._error(s):
                     run.errors.append(f"workflow: {error}")
-                return (run.span_id, None, None, None)
+                return (run.span_id, None, None, None, None)
             if error := self._error(s):
                 self._run(run_key).errors.append(f"sub-workflow: {error}")
             return parent
@@ -382,7 +407,7 @@ class TraceState:
             seen.hosts_agent = seen.hosts_agent or hosts_agent
             if error := self._error(s):
                 run.errors.append(f"{name}: {error}")
-            return (run_key, key, None, None)
+            return (run_key, key, None, None, None)
         if kind == AGENT:
             name = agent_id or _suffix(s.name, self.matcher.agent_prefixes)
             if not name:
@@ -399,7 +424,7 @@ class TraceState:
                 else:
                     unit.derived_agent_spans += 1
                     unit.derived_reported = unit.derived_reported or bool(i or o or t) or finish is not None
-            return (run_key, executor, key, s.span_id.hex())
+            return (run_key, executor, key, s.span_id.hex(), None)
         if chat:  # with no agent above it, the unit (executor, None) is a run note, not a unit
             shared = self._shared
             model, provider = s.facts[MODEL], s.facts[PROVIDER]
@@ -407,13 +432,23 @@ class TraceState:
                 model = shared.setdefault(model, model)
             if provider is not None:
                 provider = shared.setdefault(provider, provider)
-            self._run(run_key).units[(executor, agent)].turns.append((i, o, t, finish, s.start_ns, invocation,
-                                                                      s.span_id, self._error(s), model, provider))
+            facts = s.facts
+            parts = (None if facts[CACHE_READ] is None and facts[CACHE_WRITE] is None and facts[REASONING] is None
+                     else facts[CACHE_READ:])
+            unit = self._run(run_key).units[(executor, agent)]
+            if outer is None:
+                unit.turns.append((i, o, t, finish, s.start_ns, invocation, s.span_id, self._error(s), model,
+                                   provider, None, parts, None))
+            else:
+                unit.turns.append((i, o, t, finish, s.start_ns, invocation, s.span_id, self._error(s), model,
+                                   provider, outer, parts, s.end_ns))
+                unit.stacked = True
+            return (run_key, executor, agent, invocation, s.span_id)  # a chat span beneath is this call
         return parent
 
     def _ledger_span(self, s: SpanRecord, parent: Context) -> None:
         """An AgentResponseEvent: the response the agent's caller received, where that agent ran."""
-        run_key, executor, agent, invocation = parent
+        run_key, executor, agent, invocation, _ = parent
         _, _, _, name, _, bridge_executor, _, _, _, i, o, t, finish = s.facts[:FINISH + 1]
         entry = LedgerEntry(Usage(i, o, t), finish, s.start_ns, None, s.span_id.hex())
         if name is None:  # written by the caller (the seed's bridge): names its executor instead
@@ -533,7 +568,8 @@ class TraceState:
         ``cut``: why the caller finalizes the trace before it could be complete (the runs are then
         flagged incomplete, with that reason in their notes). ``everything``: the trace is complete
         (or timed out), so orphans are resolved too; otherwise only runs whose workflow-run span has
-        arrived are finalized, the rest keep waiting. Runs in which no agent ran are not runs.
+        arrived are finalized, the rest keep waiting. Runs in which no agent ran and no chat call was
+        made are not runs; nor are chat calls outside any workflow and agent (an application's own).
         Every run of a trace some of whose spans are known never to have arrived (its root, or the
         parent of a span) is :attr:`RunInput.partial`: which run a lost span belonged to is unknown.
         ``final`` false (a late parent may still come): orphans are resolved on a copy and keep
@@ -563,7 +599,7 @@ class TraceState:
             else:
                 cut_short = cut
             built = self._run_input(run, cut_short, rootless or self.orphaned > 0)
-            if built.is_workflow:
+            if built.is_workflow and (built.executors or run.span_id is not None or run.executors):
                 run.revision += 1
                 self._published[key] = run.revision
                 out.append((built, run.revision))
@@ -607,10 +643,11 @@ class TraceState:
                 ledger, source, derived = tuple(unit.agent_spans), LEDGER_SOURCE_AGENT_SPAN, False
             else:
                 ledger, source, derived = (), "none", unit.derived_agent_spans > 0
+            calls, stacked, disagree = _calls(unit.turns) if unit.stacked else (unit.turns, 0, ())
             if agent is None and not ledger and not hosts_agent:
                 # chat calls with no agent above them, by an executor that hosts none (a function
                 # executor calling a chat client itself) or by none: a run note, not a unit (docs/design.md §1)
-                unattributed.append(_unattributed(names[executor] if executor is not None else None, unit.turns))
+                unattributed.append(_unattributed(names[executor] if executor is not None else None, calls))
                 continue
             name = self._unit_name(names, run, executor, agent, unit, units_by_executor[executor])
             if not unit.turns and not unit.derived_reported and not any(_reports(e) for e in ledger):
@@ -621,11 +658,14 @@ class TraceState:
             records.append(ExecutorRecord(
                 executor_id=name,
                 ledger=ledger,
-                turns=tuple([ChatTurn(Usage(i, o, t), finish, start, invocation, sid.hex(), error, model, provider)
-                             for i, o, t, finish, start, invocation, sid, error, model, provider in unit.turns]),
+                turns=tuple([ChatTurn(Usage(i, o, t, *parts) if parts else Usage(i, o, t), finish, start, invocation,
+                                      sid.hex(), error, model, provider)
+                             for i, o, t, finish, start, invocation, sid, error, model, provider, _, parts, _ in calls]),
                 ledger_source=source,
                 span_ids=tuple([sid for _, sid in sorted(spans)]),
                 ledger_derived=derived,
+                stacked_chat_spans=stacked,
+                chat_layers_disagree=disagree,
             ))
         non_agent = tuple(sorted(idle | {names[k] for k in run.executors if k not in scored}, key=str.casefold))
         notes = [f"Trace incomplete: {cut}; spans that had not arrived are not in this verdict."] if cut else []
@@ -691,6 +731,98 @@ class TraceState:
 def _reports(entry: LedgerEntry) -> bool:
     """The framework reported something for this response: tokens or a finish reason."""
     return bool(entry.usage.total) or entry.finish_reason is not None
+
+
+def _responded(turn: _Turn) -> bool:
+    """The turn carries a response of its own: usage or a finish reason."""
+    return turn[0] is not None or turn[1] is not None or turn[2] is not None or turn[_T_FINISH] is not None
+
+
+def _tokens(turn: _Turn) -> int | None:
+    return Usage(*turn[:3]).total
+
+
+def _calls(turns: list[_Turn]) -> tuple[list[_Turn], int, tuple[LayerDisagreement, ...]]:
+    """One truth entry per model call (docs/design.md §1): the unit's turns as calls, how many chat
+    spans were folded into a call another records, and where two records of a call disagree.
+
+    A turn beneath another (stacked instrumentations) records that call. The outermost is the call:
+    its response is its own where it carries one, else the responses of its nearest records beneath
+    (a retried or fallen-back call: each attempt once), never both. A failed call stays failed: what
+    its attempts beneath saw without an answer is part of that failure, never a bare request (so
+    never the Path-2 gap). Count parts a call lacks are taken from beneath (shown, never counted).
+    One call's attempts follow one another: records beneath it whose times overlap are two records of
+    one attempt (two instrumentations side by side, as Anthropic's SDK beside OpenLLMetry's), counted
+    once (:func:`_attempts`).
+    """
+    ids = {t[_T_SPAN] for t in turns}
+    beneath: dict[bytes, list[_Turn]] = defaultdict(list)
+    for t in turns:
+        if t[_T_OUTER] in ids:
+            beneath[t[_T_OUTER]].append(t)
+    disagree: list[LayerDisagreement] = []
+    resolved: dict[bytes, list[_Turn]] = {}
+    # A turn is classified after its parent, so in reverse the records beneath come first.
+    for t in reversed(turns):
+        inner = beneath.get(t[_T_SPAN])
+        if not inner:
+            resolved[t[_T_SPAN]] = [t]
+            continue
+        records = _attempts([(turn, resolved.pop(turn[_T_SPAN])) for turn in inner])
+        if _responded(t):
+            totals = [_tokens(r) for r in records if _responded(r) or r[_T_ERROR] is None]  # failed attempts: 0
+            own = _tokens(t)
+            if own is not None and totals and None not in totals and sum(totals) != own:
+                disagree.append(LayerDisagreement(t[_T_SPAN].hex(), own, tuple(r[_T_SPAN].hex() for r in records),
+                                                  sum(totals)))
+            if t[_T_PARTS] is None:
+                t = (*t[:_T_PARTS], _sum_parts(records), t[_T_END])
+            resolved[t[_T_SPAN]] = [t]
+        elif t[_T_ERROR] is not None:
+            resolved[t[_T_SPAN]] = [r for r in records if _responded(r) or r[_T_ERROR] is not None] or [t]
+        else:
+            resolved[t[_T_SPAN]] = records
+    calls = [r for t in turns if t[_T_SPAN] in resolved for r in resolved[t[_T_SPAN]]]
+    return calls, len(turns) - len(calls), tuple(reversed(disagree))
+
+
+def _attempts(inner: list[tuple[_Turn, list[_Turn]]]) -> list[_Turn]:
+    """The records beneath one call (each inner turn with what it resolved to), one attempt once:
+    inner turns whose times overlap record the same attempt, whose record is the first of them that
+    carries a token count, else a response, else the first."""
+    inner.sort(key=lambda pair: pair[0][_T_START])
+    out: list[_Turn] = []
+    group: list[list[_Turn]] = []
+    group_end = -1
+    for turn, records in inner:
+        end = turn[_T_END]
+        if group and turn[_T_START] < group_end:
+            group.append(records)
+        else:
+            if group:
+                out += _one_record(group)
+            group = [records]
+            group_end = -1
+        if end is not None and end > group_end:
+            group_end = end
+    if group:
+        out += _one_record(group)
+    return out
+
+
+def _one_record(group: list[list[_Turn]]) -> list[_Turn]:
+    if len(group) == 1:
+        return group[0]
+    return (next((g for g in group if any(_tokens(r) is not None for r in g)), None)
+            or next((g for g in group if any(_responded(r) for r in g)), group[0]))
+
+
+def _sum_parts(records: list[_Turn]) -> tuple[int | None, int | None, int | None] | None:
+    known = [r[_T_PARTS] for r in records if r[_T_PARTS] is not None]
+    if not known:
+        return None
+    read, write, reasoning = ([p[n] for p in known if p[n] is not None] for n in range(3))
+    return (sum(read) if read else None, sum(write) if write else None, sum(reasoning) if reasoning else None)
 
 
 def _unattributed(executor: str | None, turns: list[_Turn]) -> UnattributedChat:

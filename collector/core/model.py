@@ -153,9 +153,15 @@ COST_TIER = "Free"
 # not frozen ones (building a frozen ChatTurn with its Usage took 4x as long). Nothing mutates them.
 @dataclass(slots=True)
 class Usage:
+    """Token counts. The parts (cached input read and written, reasoning output) are included in the
+    input and output counts, as the GenAI conventions count them: shown, never added on top."""
+
     input_tokens: int | None = None
     output_tokens: int | None = None
     total_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    reasoning_tokens: int | None = None
 
     @property
     def total(self) -> int | None:
@@ -192,6 +198,17 @@ class ChatTurn:
     provider: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class LayerDisagreement:
+    """Two records of one chat call (stacked instrumentations) that report different token totals: the
+    call's own span and total, and the records beneath it that gave theirs (docs/design.md §1)."""
+
+    span_id: str | None
+    tokens: int
+    inner_span_ids: tuple[str, ...]
+    inner_tokens: int
+
+
 @dataclass(slots=True)
 class ExecutorRecord:
     """One agent unit (docs/design.md §1 Units): an executor's own agent, named by the executor id, or another
@@ -207,6 +224,10 @@ class ExecutorRecord:
     ledger_source: str = "none"
     span_ids: tuple[str, ...] = ()
     ledger_derived: bool = False
+    #: Chat spans that recorded a call another chat span of the unit records (stacked
+    #: instrumentations): folded into that call, never counted twice.
+    stacked_chat_spans: int = 0
+    chat_layers_disagree: tuple[LayerDisagreement, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,8 +283,44 @@ class RunInput:
 
     @property
     def is_workflow(self) -> bool:
-        """False when no agent ran at all (e.g. MAF's separate ``workflow.build`` trace): not a run."""
-        return bool(self.executors)
+        """False when no agent ran and no chat call was made (e.g. MAF's separate ``workflow.build``
+        trace): not a run. Chat calls no agent made are a run: spend nothing checks is shown."""
+        return bool(self.executors or self.unattributed_chat)
+
+
+#: Finish reasons of providers and instrumentations -> the GenAI conventions' values (stop, length,
+#: content_filter, tool_calls, error), compared after this mapping (keys lower case; a reason not
+#: listed compares as itself). The default of ``scoring.finish_aliases``, documented key by key in
+#: config/collector.yaml.
+FINISH_REASON_MAP: dict[str, str] = {
+    # OpenAI (Chat Completions: tool_calls; the legacy function_call) and OpenLLMetry (tool_call)
+    "function_call": "tool_calls",
+    "tool_call": "tool_calls",
+    # Anthropic Messages, and Bedrock Converse (which uses the same words)
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+    "model_context_window_exceeded": "length",
+    # Bedrock Converse
+    "guardrail_intervened": "content_filter",
+    "content_filtered": "content_filter",
+    # Gemini (upper case on the wire, compared case-insensitively)
+    "blocklist": "content_filter",
+    "prohibited_content": "content_filter",
+    "spii": "content_filter",
+    "safety": "content_filter",
+    "recitation": "content_filter",
+    "image_safety": "content_filter",
+    "language": "content_filter",
+    "malformed_function_call": "error",
+    "unexpected_tool_call": "error",
+    # Ollama done_reason (stop and length are the conventions' own): a request that only loaded or
+    # unloaded the model generated nothing and ended normally
+    "load": "stop",
+    "unload": "stop",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +329,7 @@ class Policy:
 
     tolerance: float = 0.02
     flag_over_reporting: bool = False
-    finish_aliases: tuple[tuple[str, str], ...] = ()
+    finish_aliases: tuple[tuple[str, str], ...] = tuple(sorted(FINISH_REASON_MAP.items()))
 
 
 @dataclass(slots=True)
@@ -313,6 +370,15 @@ class Evidence:
     framework_output_tokens: int | None = None
     truth_input_tokens: int | None = None
     truth_output_tokens: int | None = None
+    #: Parts of the truth's input and output (included in them, never added on top): cached input
+    #: read and written, reasoning output (None: no call reported that part).
+    truth_cache_read_tokens: int | None = None
+    truth_cache_write_tokens: int | None = None
+    truth_reasoning_tokens: int | None = None
+    #: Chat spans folded into a call another chat span of the unit records (stacked instrumentations).
+    stacked_chat_spans: int = 0
+    #: Records of one call that report different token totals: a finding about the instrumentation.
+    chat_layers_disagree: tuple[LayerDisagreement, ...] = ()
 
 
 @dataclass(slots=True)

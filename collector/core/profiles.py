@@ -11,6 +11,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+#: OpenLLMetry's model-call spans (opentelemetry-instrumentation-openai / -anthropic).
+OPENLLMETRY_CHAT_SPANS = ("openai.chat", "openai.response", "anthropic.chat")
+
+
 class ProfileConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -39,8 +43,13 @@ class ProfileConfig(BaseModel):
     agent_id_attributes: list[str] = Field(
         default_factory=lambda: ["fidelity.agent.name", "gen_ai.agent.name", "gen_ai.agent.id"]
     )
-    chat_operation_names: list[str] = Field(default_factory=lambda: ["chat"])
+    #: Chat truth: a span whose operation is one of these, or whose name is one of ``chat_span_names``,
+    #: or (without an operation) whose name starts with one of ``chat_span_prefixes``.
+    chat_operation_names: list[str] = Field(default_factory=lambda: ["chat", "generate_content", "text_completion"])
     chat_span_prefixes: list[str] = Field(default_factory=lambda: ["chat "])
+    #: Provider instrumentations that name a model call by its API (OpenLLMetry's), whatever operation
+    #: attribute they carry.
+    chat_span_names: list[str] = Field(default_factory=lambda: list(OPENLLMETRY_CHAT_SPANS))
     operation_attribute: str = "gen_ai.operation.name"
     input_tokens_attributes: list[str] = Field(
         default_factory=lambda: ["gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens"]
@@ -48,7 +57,18 @@ class ProfileConfig(BaseModel):
     output_tokens_attributes: list[str] = Field(
         default_factory=lambda: ["gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens"]
     )
-    total_tokens_attributes: list[str] = Field(default_factory=lambda: ["gen_ai.usage.total_tokens"])
+    total_tokens_attributes: list[str] = Field(default_factory=lambda: ["gen_ai.usage.total_tokens",
+                                                                        "llm.usage.total_tokens"])
+    #: Parts of the input and output counts (the GenAI conventions: input includes cached input,
+    #: output includes reasoning), first present wins: shown in the evidence, never added on top.
+    cache_read_tokens_attributes: list[str] = Field(
+        default_factory=lambda: ["gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_read_input_tokens"])
+    cache_write_tokens_attributes: list[str] = Field(
+        default_factory=lambda: ["gen_ai.usage.cache_write.input_tokens", "gen_ai.usage.cache_creation.input_tokens",
+                                 "gen_ai.usage.cache_creation_input_tokens"])
+    reasoning_tokens_attributes: list[str] = Field(
+        default_factory=lambda: ["gen_ai.usage.reasoning.output_tokens", "gen_ai.usage.reasoning_tokens",
+                                 "llm.usage.reasoning_tokens"])
     finish_reasons_attributes: list[str] = Field(
         default_factory=lambda: ["gen_ai.response.finish_reasons"]
     )
@@ -116,10 +136,14 @@ class Matcher:
         self.agent_id_keys = union("agent_id_attributes")
         self.chat_operations = frozenset(union("chat_operation_names"))
         self.chat_prefixes = union("chat_span_prefixes")
+        self.chat_names = frozenset(union("chat_span_names"))
         self.operation_keys = tuple(dict.fromkeys(p.operation_attribute for p in profiles))
         self.input_keys = union("input_tokens_attributes")
         self.output_keys = union("output_tokens_attributes")
         self.total_keys = union("total_tokens_attributes")
+        self.cache_read_keys = union("cache_read_tokens_attributes")
+        self.cache_write_keys = union("cache_write_tokens_attributes")
+        self.reasoning_keys = union("reasoning_tokens_attributes")
         self.finish_keys = union("finish_reasons_attributes")
         self.model_keys = union("model_attributes")
         self.provider_keys = union("provider_attributes")
@@ -150,6 +174,9 @@ class Matcher:
             + ANNOUNCEMENT_ATTRIBUTES
             + self.model_keys
             + self.provider_keys
+            + self.cache_read_keys
+            + self.cache_write_keys
+            + self.reasoning_keys
         )
 
     def kind(self, name: str) -> int:
@@ -178,6 +205,8 @@ class Matcher:
         return bool(sdk_language) and self.independent_agent_span.get(sdk_language.casefold(), False)
 
     def is_chat(self, name: str, attrs: dict) -> bool:
+        if name in self.chat_names:
+            return True
         for key in self.operation_keys:
             op = attrs.get(key)
             if isinstance(op, str):  # an operation that is no string is no operation

@@ -55,7 +55,7 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
         unattributed_chat=run.unattributed_chat,
         non_agent_executors=run.non_agent_executors,
         workflow_errors=run.workflow_errors,
-        notes=run.notes,
+        notes=run.notes + _unchecked_spend(run) if not verdicts else run.notes,
         coverage_note=coverage_note(score, len(verdicts), unchecked,
                                     [v.no_truth_reason in _NO_LEDGER for v in verdicts].count(True),
                                     run.partial),
@@ -65,6 +65,21 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
         duration_s=_duration(run.start_ns, run.end_ns),
         **_announcement(run.announcement),
     )
+
+
+def _unchecked_spend(run: RunInput) -> tuple[str, ...]:
+    """Why a run that made chat calls but ran no agent checks nothing, and what would (docs/design.md §1)."""
+    if not run.unattributed_chat:
+        return ()
+    calls = sum(u.calls for u in run.unattributed_chat)
+    known = [u.tokens for u in run.unattributed_chat if u.tokens is not None]
+    tokens = f", {sum(known)} tokens" if known else ", tokens unknown"
+    by = sorted({u.executor for u in run.unattributed_chat if u.executor is not None}, key=str.casefold)
+    made = f"by {', '.join(by)}, calling a chat client directly" if by else "with no executor or agent above them"
+    return (f"No agent ran in this run: its {calls} chat call(s){tokens} were made {made}, so no framework "
+            "ledger reports them and nothing checks them. To check this spend, make these calls through a MAF "
+            "agent (an AgentExecutor, or agent.run() inside the executor) so the agent's response is recorded; "
+            "until then it is shown here, never dropped.",)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -113,6 +128,8 @@ def merge_units(records: Iterable[ExecutorRecord]) -> list[ExecutorRecord]:
             ledger_source=seen.ledger_source if seen.ledger else r.ledger_source,
             span_ids=seen.span_ids + r.span_ids,
             ledger_derived=not ledger and (seen.ledger_derived or r.ledger_derived),
+            stacked_chat_spans=seen.stacked_chat_spans + r.stacked_chat_spans,
+            chat_layers_disagree=seen.chat_layers_disagree + r.chat_layers_disagree,
         )
     return list(merged.values())
 
@@ -237,6 +254,11 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
         framework_output_tokens=_side(ledger, "output_tokens"),
         truth_input_tokens=_side(responses, "input_tokens"),
         truth_output_tokens=_side(responses, "output_tokens"),
+        truth_cache_read_tokens=_side(responses, "cache_read_tokens"),
+        truth_cache_write_tokens=_side(responses, "cache_write_tokens"),
+        truth_reasoning_tokens=_side(responses, "reasoning_tokens"),
+        stacked_chat_spans=record.stacked_chat_spans,
+        chat_layers_disagree=record.chat_layers_disagree,
     )
     return ExecutorVerdict(
         executor_id=record.executor_id,

@@ -164,9 +164,10 @@ def _native_decoder(matcher: Matcher) -> Any:
     keys = ((LEDGER_SOURCE_ATTRIBUTE,), m.operation_keys, m.agent_id_keys, m.executor_id_keys,
             (BRIDGE_EXECUTOR_ATTRIBUTE,), m.executor_type_keys, m.subject_keys, m.error_keys, m.input_keys,
             m.output_keys, m.total_keys, m.finish_keys, *((key,) for key in ANNOUNCEMENT_ATTRIBUTES), m.model_keys,
-            m.provider_keys)
+            m.provider_keys, m.cache_read_keys, m.cache_write_keys, m.reasoning_keys)
     return _native.Decoder(SpanRecord, keys=keys, run_names=sorted(m.run_names), executor_prefixes=m.executor_prefixes,
                            agent_prefixes=m.agent_prefixes, chat_prefixes=m.chat_prefixes,
+                           chat_names=sorted(m.chat_names),
                            chat_operations=sorted(m.chat_operations), ledger_source=LEDGER_SOURCE_BRIDGE,
                            kinds=(RUN, EXECUTOR, AGENT, OTHER), finish_reason=finish_reason,
                            hosts_agent=m.is_agent_executor_type, max_tokens=MAX_TOKENS, own_scope=OWN_SCOPE,

@@ -223,7 +223,9 @@ _ADDED_KEYS: dict[str, Callable[[], Any]] = {
 #: Likewise, evidence keys (an older document left nothing out of its lists).
 _ADDED_EVIDENCE: dict[str, Callable[[], Any]] = {
     "chat_calls": list, "ledger": list, "framework_input_tokens": _none, "framework_output_tokens": _none,
-    "truth_input_tokens": _none, "truth_output_tokens": _none, **{f"{name}_more": int for name in BOUNDED_EVIDENCE}}
+    "truth_input_tokens": _none, "truth_output_tokens": _none, "truth_cache_read_tokens": _none,
+    "truth_cache_write_tokens": _none, "truth_reasoning_tokens": _none, "stacked_chat_spans": int,
+    "chat_layers_disagree": list, **{f"{name}_more": int for name in BOUNDED_EVIDENCE}}
 
 
 def _doc(row: dict[str, Any]) -> dict[str, Any]:
@@ -232,7 +234,7 @@ def _doc(row: dict[str, Any]) -> dict[str, Any]:
         doc.setdefault(key, empty())
     for unit in doc["executors"]:
         evidence = unit["evidence"]
-        if "chat_calls_more" not in evidence:  # written by an earlier version
+        if "chat_layers_disagree" not in evidence:  # written by an earlier version
             for key, empty in _ADDED_EVIDENCE.items():
                 evidence.setdefault(key, empty())
     doc.update(created_at=row["created_at"], updated_at=row["updated_at"], finalized_by=row["finalized_by"],

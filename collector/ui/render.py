@@ -69,6 +69,25 @@ def executor_table(run: dict[str, Any]) -> Table:
     return table
 
 
+def unit_findings(ev: dict[str, Any]) -> list[str]:
+    """What a unit's evidence says besides its verdict: stacked chat layers (each call counted once),
+    layers that disagree, and the parts of the truth's counts (docs/instrumentation-stacks.md)."""
+    lines = []
+    if ev.get("stacked_chat_spans"):
+        lines.append(f"{ev['stacked_chat_spans']} chat span(s) recorded calls another chat span already records "
+                     "(stacked instrumentations): each call counted once")
+    for d in ev.get("chat_layers_disagree") or ():
+        lines.append(f"chat layers disagree (not a verdict): span {d['span_id']} reports {d['tokens']:,} tokens, "
+                     f"the span(s) beneath it {', '.join(d['inner_span_ids'])} {d['inner_tokens']:,}")
+    parts = [f"{label} {ev[key]:,}" for key, label in (("truth_cache_read_tokens", "cache read"),
+                                                        ("truth_cache_write_tokens", "cache write"),
+                                                        ("truth_reasoning_tokens", "reasoning"))
+             if ev.get(key) is not None]
+    if parts:
+        lines.append(f"of the truth's tokens: {', '.join(parts)} (parts of input and output, not added on top)")
+    return lines
+
+
 def _finish(value: str | None, truth: str | None = None) -> str:
     """A finish reason as the run page words it: the framework's, missing where the chat boundary
     has one, is called out as suppressed."""
@@ -115,6 +134,9 @@ def print_run(console: Console, run: dict[str, Any]) -> None:
         console.print(f"  [magenta]{', '.join(map(shown, units))}[/]: {reason} - {escape(explanation)}{extra}")
         if fix:
             console.print(f"    fix: {escape(fix)}")
+    for e in run["executors"]:
+        for line in unit_findings(e["evidence"]):
+            console.print(f"  [bold]{shown(e['executor_id'])}[/]: {escape(line)}")
     if not run["executors"]:
         console.print("  no agent ran in this run")
     if run.get("non_agent_executors"):

@@ -31,6 +31,7 @@ pub(crate) struct Decoder {
     pub(crate) executor_prefixes: Vec<String>,
     pub(crate) agent_prefixes: Vec<String>,
     pub(crate) chat_prefixes: Vec<String>,
+    pub(crate) chat_names: Vec<String>,
     pub(crate) chat_operations: Vec<String>,
     /// The ledger-source value of an AgentResponseEvent span.
     pub(crate) ledger_source: String,
@@ -71,7 +72,7 @@ struct Resource<'py> {
 impl Decoder {
     #[new]
     #[pyo3(signature = (record, *, keys, run_names, executor_prefixes, agent_prefixes, chat_prefixes,
-                        chat_operations, ledger_source, kinds, finish_reason, hosts_agent, max_tokens,
+                        chat_names, chat_operations, ledger_source, kinds, finish_reason, hosts_agent, max_tokens,
                         own_scope, service_name, sdk_language, max_chars, max_language_chars,
                         max_error_chars, max_value_depth, status_error))]
     #[allow(clippy::too_many_arguments)]
@@ -82,6 +83,7 @@ impl Decoder {
         executor_prefixes: Vec<String>,
         agent_prefixes: Vec<String>,
         chat_prefixes: Vec<String>,
+        chat_names: Vec<String>,
         chat_operations: Vec<String>,
         ledger_source: String,
         kinds: [u64; 4],
@@ -121,6 +123,7 @@ impl Decoder {
             executor_prefixes,
             agent_prefixes,
             chat_prefixes,
+            chat_names,
             chat_operations,
             ledger_source,
             kinds,

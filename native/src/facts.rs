@@ -43,9 +43,12 @@ enum Role {
     InstrumentationStatus,
     Model,
     Provider,
+    CacheRead,
+    CacheWrite,
+    Reasoning,
 }
 
-pub(crate) const ROLES: usize = 17;
+pub(crate) const ROLES: usize = 20;
 
 /// Finish-reason strings whose answers a decoder remembers.
 const FINISH_REASONS: usize = 4096;
@@ -172,10 +175,11 @@ impl Decoder {
         let operation = self.roles[Role::Operation as usize]
             .iter()
             .find_map(|&slot| self.string(values[slot]));
-        let chat = match operation {
-            Some(op) => self.chat_operations.iter().any(|c| c == op),
-            None => self.chat_prefixes.iter().any(|p| name.starts_with(p.as_str())),
-        };
+        let chat = self.chat_names.iter().any(|n| n == name)
+            || match operation {
+                Some(op) => self.chat_operations.iter().any(|c| c == op),
+                None => self.chat_prefixes.iter().any(|p| name.starts_with(p.as_str())),
+            };
         facts.bool(py, chat);
         facts.text(py, self.text(self.first(Role::AgentId, values)));
         facts.text(py, self.text(self.first(Role::ExecutorId, values)));
@@ -210,6 +214,9 @@ impl Decoder {
         for role in [Role::MafRelease, Role::InstrumentationVersion, Role::InstrumentationStatus, Role::Model,
                      Role::Provider] {
             facts.text(py, self.text(self.first(role, values)));
+        }
+        for role in [Role::CacheRead, Role::CacheWrite, Role::Reasoning] {
+            facts.int(py, self.tokens(self.first(role, values)));
         }
         Ok(())
     }

@@ -78,7 +78,7 @@ class FinishComparison(_message.Message):
     def __init__(self, invocation: _Optional[str] = ..., framework: _Optional[str] = ..., truth: _Optional[str] = ..., diverged: _Optional[bool] = ...) -> None: ...
 
 class Evidence(_message.Message):
-    __slots__ = ("framework_tokens", "truth_tokens", "delta", "direction", "tolerance", "framework_finish", "truth_finish", "finish_comparisons", "aligned", "ledger_source", "ledger_missing", "ledger_entries", "response_turns", "request_turns", "ledger_span_ids", "chat_span_ids", "executor_span_ids", "failed_turns", "finish_comparisons_more", "ledger_span_ids_more", "chat_span_ids_more", "executor_span_ids_more", "chat_calls", "chat_calls_more", "ledger", "ledger_more", "framework_input_tokens", "framework_output_tokens", "truth_input_tokens", "truth_output_tokens")
+    __slots__ = ("framework_tokens", "truth_tokens", "delta", "direction", "tolerance", "framework_finish", "truth_finish", "finish_comparisons", "aligned", "ledger_source", "ledger_missing", "ledger_entries", "response_turns", "request_turns", "ledger_span_ids", "chat_span_ids", "executor_span_ids", "failed_turns", "finish_comparisons_more", "ledger_span_ids_more", "chat_span_ids_more", "executor_span_ids_more", "chat_calls", "chat_calls_more", "ledger", "ledger_more", "framework_input_tokens", "framework_output_tokens", "truth_input_tokens", "truth_output_tokens", "truth_cache_read_tokens", "truth_cache_write_tokens", "truth_reasoning_tokens", "stacked_chat_spans", "chat_layers_disagree")
     FRAMEWORK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRUTH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,11 @@ class Evidence(_message.Message):
     FRAMEWORK_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRUTH_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRUTH_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRUTH_CACHE_READ_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRUTH_CACHE_WRITE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRUTH_REASONING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STACKED_CHAT_SPANS_FIELD_NUMBER: _ClassVar[int]
+    CHAT_LAYERS_DISAGREE_FIELD_NUMBER: _ClassVar[int]
     framework_tokens: int
     truth_tokens: int
     delta: int
@@ -139,7 +144,24 @@ class Evidence(_message.Message):
     framework_output_tokens: int
     truth_input_tokens: int
     truth_output_tokens: int
-    def __init__(self, framework_tokens: _Optional[int] = ..., truth_tokens: _Optional[int] = ..., delta: _Optional[int] = ..., direction: _Optional[str] = ..., tolerance: _Optional[float] = ..., framework_finish: _Optional[str] = ..., truth_finish: _Optional[str] = ..., finish_comparisons: _Optional[_Iterable[_Union[FinishComparison, _Mapping]]] = ..., aligned: _Optional[bool] = ..., ledger_source: _Optional[str] = ..., ledger_missing: _Optional[bool] = ..., ledger_entries: _Optional[int] = ..., response_turns: _Optional[int] = ..., request_turns: _Optional[int] = ..., ledger_span_ids: _Optional[_Iterable[str]] = ..., chat_span_ids: _Optional[_Iterable[str]] = ..., executor_span_ids: _Optional[_Iterable[str]] = ..., failed_turns: _Optional[int] = ..., finish_comparisons_more: _Optional[int] = ..., ledger_span_ids_more: _Optional[int] = ..., chat_span_ids_more: _Optional[int] = ..., executor_span_ids_more: _Optional[int] = ..., chat_calls: _Optional[_Iterable[_Union[ChatCall, _Mapping]]] = ..., chat_calls_more: _Optional[int] = ..., ledger: _Optional[_Iterable[_Union[LedgerEntry, _Mapping]]] = ..., ledger_more: _Optional[int] = ..., framework_input_tokens: _Optional[int] = ..., framework_output_tokens: _Optional[int] = ..., truth_input_tokens: _Optional[int] = ..., truth_output_tokens: _Optional[int] = ...) -> None: ...
+    truth_cache_read_tokens: int
+    truth_cache_write_tokens: int
+    truth_reasoning_tokens: int
+    stacked_chat_spans: int
+    chat_layers_disagree: _containers.RepeatedCompositeFieldContainer[LayerDisagreement]
+    def __init__(self, framework_tokens: _Optional[int] = ..., truth_tokens: _Optional[int] = ..., delta: _Optional[int] = ..., direction: _Optional[str] = ..., tolerance: _Optional[float] = ..., framework_finish: _Optional[str] = ..., truth_finish: _Optional[str] = ..., finish_comparisons: _Optional[_Iterable[_Union[FinishComparison, _Mapping]]] = ..., aligned: _Optional[bool] = ..., ledger_source: _Optional[str] = ..., ledger_missing: _Optional[bool] = ..., ledger_entries: _Optional[int] = ..., response_turns: _Optional[int] = ..., request_turns: _Optional[int] = ..., ledger_span_ids: _Optional[_Iterable[str]] = ..., chat_span_ids: _Optional[_Iterable[str]] = ..., executor_span_ids: _Optional[_Iterable[str]] = ..., failed_turns: _Optional[int] = ..., finish_comparisons_more: _Optional[int] = ..., ledger_span_ids_more: _Optional[int] = ..., chat_span_ids_more: _Optional[int] = ..., executor_span_ids_more: _Optional[int] = ..., chat_calls: _Optional[_Iterable[_Union[ChatCall, _Mapping]]] = ..., chat_calls_more: _Optional[int] = ..., ledger: _Optional[_Iterable[_Union[LedgerEntry, _Mapping]]] = ..., ledger_more: _Optional[int] = ..., framework_input_tokens: _Optional[int] = ..., framework_output_tokens: _Optional[int] = ..., truth_input_tokens: _Optional[int] = ..., truth_output_tokens: _Optional[int] = ..., truth_cache_read_tokens: _Optional[int] = ..., truth_cache_write_tokens: _Optional[int] = ..., truth_reasoning_tokens: _Optional[int] = ..., stacked_chat_spans: _Optional[int] = ..., chat_layers_disagree: _Optional[_Iterable[_Union[LayerDisagreement, _Mapping]]] = ...) -> None: ...
+
+class LayerDisagreement(_message.Message):
+    __slots__ = ("span_id", "tokens", "inner_span_ids", "inner_tokens")
+    SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    INNER_SPAN_IDS_FIELD_NUMBER: _ClassVar[int]
+    INNER_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    span_id: str
+    tokens: int
+    inner_span_ids: _containers.RepeatedScalarFieldContainer[str]
+    inner_tokens: int
+    def __init__(self, span_id: _Optional[str] = ..., tokens: _Optional[int] = ..., inner_span_ids: _Optional[_Iterable[str]] = ..., inner_tokens: _Optional[int] = ...) -> None: ...
 
 class LedgerEntry(_message.Message):
     __slots__ = ("usage", "finish_reason", "seq", "invocation", "span_id")
@@ -156,14 +178,20 @@ class LedgerEntry(_message.Message):
     def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., seq: _Optional[int] = ..., invocation: _Optional[str] = ..., span_id: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("input_tokens", "output_tokens", "total_tokens")
+    __slots__ = ("input_tokens", "output_tokens", "total_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens")
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_READ_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_WRITE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     input_tokens: int
     output_tokens: int
     total_tokens: int
-    def __init__(self, input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
+    cache_read_tokens: int
+    cache_write_tokens: int
+    reasoning_tokens: int
+    def __init__(self, input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., cache_read_tokens: _Optional[int] = ..., cache_write_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ...) -> None: ...
 
 class ChatCall(_message.Message):
     __slots__ = ("usage", "finish_reason", "seq", "invocation", "span_id", "error", "model", "provider")

@@ -96,7 +96,8 @@ def _class_attributes() -> dict[tuple[type, str], Any]:
 def active(stack: Stack) -> Iterator[None]:
     """The stack's instrumentors on the global tracer provider, removed again afterwards: by their
     ``uninstrument()`` and, where that leaves a wrapper in place (OpenLLMetry's openai instrumentor on
-    openai 3.x does), by restoring the SDK classes as they were."""
+    openai 3.x does), by restoring the SDK classes as they were (unwrapping those of SDK modules
+    the instrumentors imported)."""
     for kind in ("chat-completions", "anthropic", "ollama"):  # the SDKs loaded before the snapshot
         _client_classes(kind, maf_chat=True)
     before = _class_attributes()
@@ -110,8 +111,13 @@ def active(stack: Stack) -> Iterator[None]:
     finally:
         for inst in reversed(done):
             inst.uninstrument()
-        for (owner, attr), value in before.items():
-            if vars(owner).get(attr) is not value:
+        for (owner, attr), value in _class_attributes().items():
+            if (owner, attr) in before:
+                if value is not before[owner, attr]:
+                    setattr(owner, attr, before[owner, attr])
+            elif type(value).__name__ == "FunctionWrapper":  # wrapt's, in a module imported since
+                while type(value).__name__ == "FunctionWrapper":
+                    value = value.__wrapped__
                 setattr(owner, attr, value)
 
 

@@ -18,9 +18,8 @@ import maf_stacks as ms
 def instrumented() -> dict[str, bool]:
     """Whether openai-v2 (what `opentelemetry-bootstrap` adds for openai) wrapped the Chat Completions API."""
     from openai.resources.chat.completions import AsyncCompletions
-    from wrapt import ObjectProxy
 
-    return {"openai-v2": isinstance(vars(AsyncCompletions)["create"], ObjectProxy)}
+    return {"openai-v2": type(vars(AsyncCompletions)["create"]).__name__ == "FunctionWrapper"}  # wrapt's
 
 
 async def main(kind: str) -> dict[str, str]:

@@ -63,6 +63,31 @@ def export_spans(collector, spans, transport: str = "grpc") -> None:
     exporter.shutdown()
 
 
+def runs_of(collector, traces: list[str], timeout: float = 20.0) -> list[dict]:
+    """Every run stored for these traces, once the collector holds nothing more of them: no trace in
+    assembly and no verdict waiting for the store (its gauges), twice in a row with the same runs
+    stored (a sweep closes traces, then hands their runs to the store: the gauges can read 0
+    between the two)."""
+    wanted = set(traces)
+    deadline = time.monotonic() + timeout
+    found: list[dict] = []
+    seen_idle: list[tuple[str, int]] | None = None
+    while time.monotonic() < deadline:
+        gauges = collector.metrics()
+        idle = all(gauges.get((name, ()), 1) == 0
+                   for name in ("collector_traces_in_flight", "collector_store_queued_runs"))
+        found = sorted((d for d in collector.store().list_runs(limit=1000, with_docs=True) if d["trace_id"] in wanted),
+                       key=lambda d: d["run_id"])
+        stored = [(d["run_id"], d["revision"]) for d in found]
+        if idle and found and stored == seen_idle:
+            return found
+        seen_idle = stored if idle else None
+        time.sleep(0.2)
+    if not found:
+        raise AssertionError(f"no stored run for traces {sorted(wanted)}")
+    return found
+
+
 def post(url: str, body: bytes, ctype: str = PROTOBUF, headers: dict | None = None, context=None):
     """A raw OTLP/HTTP POST; returns (status, body, headers) whatever the status."""
     req = urllib.request.Request(f"{url}/v1/traces", data=body, method="POST",

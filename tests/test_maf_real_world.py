@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ from opentelemetry import trace
 from collector.demo.maf_fakes import under_report
 
 import maf_real_world as rw
-from conftest import export_spans
+from conftest import export_spans, runs_of
 
 STREAM = pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 UUID_LIKE = re.compile(r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}", re.IGNORECASE)
@@ -42,31 +41,6 @@ def drive(maf_spans, target: Any, stream: bool) -> list[Any]:
 
 def trace_ids(spans: list[Any], prefix: str = "invoke_agent") -> list[str]:
     return list(dict.fromkeys(format(s.context.trace_id, "032x") for s in spans if s.name.startswith(prefix)))
-
-
-def runs_of(collector, traces: list[str], timeout: float = 20.0) -> list[dict]:
-    """Every run stored for these traces, once the collector holds nothing more of them: no trace in
-    assembly and no verdict waiting for the store (its gauges), twice in a row with the same runs
-    stored (a sweep closes traces, then hands their runs to the store: the gauges can read 0
-    between the two)."""
-    wanted = set(traces)
-    deadline = time.monotonic() + timeout
-    found: list[dict] = []
-    seen_idle: list[tuple[str, int]] | None = None
-    while time.monotonic() < deadline:
-        gauges = collector.metrics()
-        idle = all(gauges.get((name, ()), 1) == 0
-                   for name in ("collector_traces_in_flight", "collector_store_queued_runs"))
-        found = sorted((d for d in collector.store().list_runs(limit=1000, with_docs=True) if d["trace_id"] in wanted),
-                       key=lambda d: d["run_id"])
-        stored = [(d["run_id"], d["revision"]) for d in found]
-        if idle and found and stored == seen_idle:
-            return found
-        seen_idle = stored if idle else None
-        time.sleep(0.2)
-    if not found:
-        raise AssertionError(f"no stored run for traces {sorted(wanted)}")
-    return found
 
 
 def one_run(maf_spans, collector, target: Any, stream: bool) -> dict:

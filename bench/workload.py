@@ -204,16 +204,17 @@ class Collector:
     caller never got that far; a collector that fails to start is stopped and removed at once."""
 
     def __init__(self, assembly: dict | None = None, code: str | None = None, journal: bool = True,
-                 receivers: dict | None = None) -> None:
+                 receivers: dict | None = None, store: dict | None = None) -> None:
         """``code``: run the collector package from that source tree (e.g. a worktree of another
         commit) instead of the installed one, to compare commits side by side on one payload.
-        ``receivers``: that section instead of the bench's own (64 MiB requests)."""
+        ``receivers``: that section instead of the bench's own (64 MiB requests). ``store``: store
+        settings besides its URL (e.g. ``retention``)."""
         self.dir = Path(tempfile.mkdtemp(prefix="agenteval-bench-"))
         self.store = self.dir / "runs.db"
         cfg = {"receivers": receivers or {"grpc": {"endpoint": "127.0.0.1:0", "max_message_bytes": 64 << 20},
                                           "http": {"endpoint": "127.0.0.1:0", "max_body_bytes": 64 << 20}},
                "assembly": {"quiet_period": 0.2, **(assembly or {})},
-               "store": {"url": str(self.store)},
+               "store": {"url": str(self.store), **(store or {})},
                **({} if journal else {"journal": {"enabled": False}}),
                "exporters": {"prometheus": {"endpoint": "127.0.0.1:0"}},
                "logging": {"level": "info"}}

@@ -16,6 +16,7 @@ from collector.store.base import (
     RETRY_READ_AFTER,
     STORE_ENV,
     UNREADABLE,
+    Retention,
     RunStore,
     StoredRun,
     StoreError,
@@ -28,7 +29,7 @@ from collector.store.base import (
 )
 from collector.store.sqlite import SqliteRunStore
 
-__all__ = ["RETRY_READ_AFTER", "UNREADABLE", "RunStore", "StoreError", "StoreUnavailable", "StoredRun",
+__all__ = ["RETRY_READ_AFTER", "UNREADABLE", "Retention", "RunStore", "StoreError", "StoreUnavailable", "StoredRun",
            "default_store_url", "instance_name", "is_postgres", "open_store", "replaces"]
 
 

@@ -1,10 +1,15 @@
-"""The SQLite backend of the run store (docs/design.md §5): one embedded WAL file, the default."""
+"""The SQLite backend of the run store (docs/design.md §5): one embedded WAL file, the default.
+
+The file gives deleted runs' space back (``auto_vacuum=INCREMENTAL``, reclaimed by the sweeper's
+transactions); a store made before that mode is switched on once, by a VACUUM when it is opened.
+"""
 
 from __future__ import annotations
 
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,10 +56,13 @@ class SqliteRunStore(RunStore):
             parent.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             db.row_factory = sqlite3.Row
-            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=5000",
+            # auto_vacuum first: it takes effect on a new file only (an older one: _incremental_vacuum)
+            for pragma in ("auto_vacuum=INCREMENTAL", "journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON",
+                           "busy_timeout=5000",
                            "wal_autocheckpoint=0"):  # checkpoints run beside the writer: _checkpoint_forever
                 db.execute(f"PRAGMA {pragma}")
             self._migrate(db)
+            self._incremental_vacuum(db)
             self._inode = os.stat(self.path).st_ino
         except (sqlite3.Error, OSError, StoreError) as exc:
             if db is not None:
@@ -89,6 +97,48 @@ class SqliteRunStore(RunStore):
         except BaseException:
             db.execute("ROLLBACK")
             raise
+
+    def _incremental_vacuum(self, db: sqlite3.Connection) -> None:
+        """Switch a store made before retention to incremental auto-vacuum, so deleted runs give
+        their pages back to the file system: that takes a VACUUM (a copy of the file: time, and as
+        much free disk again), once. If it cannot run now (another process holds the file, the
+        disk is full), the store works on, deleted runs' pages reused for new ones but not given
+        back, and the next open tries again."""
+        if db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:
+            return
+        started = time.monotonic()
+        try:
+            db.execute("VACUUM")
+        except sqlite3.Error as exc:
+            log.warning("store_vacuum_failed", store=self.display, error=str(exc),
+                        detail="deleted runs' space is reused but not given back; retried when the store is next opened")
+            return
+        log.info("store_vacuumed", store=self.display, auto_vacuum="incremental",
+                 seconds=round(time.monotonic() - started, 2))
+
+    def _reclaim(self) -> None:
+        """Give the free pages back to the file system, as a transaction of its own: the driver
+        steps ``execute``'s PRAGMA once (one page), ``executescript`` steps it to the end."""
+        with self._lock:
+            try:
+                self._db.executescript("PRAGMA incremental_vacuum")
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.path}: {exc}") from exc
+
+    def size_bytes(self) -> int:
+        total = 0
+        for suffix in ("", "-wal"):
+            try:
+                total += os.stat(f"{self.path}{suffix}").st_size
+            except OSError:
+                pass
+        return total
+
+    def _usage(self) -> tuple[int, int]:
+        pages, free, size, runs = (self._query(sql, {})[0]["n"] for sql in (
+            "SELECT page_count AS n FROM pragma_page_count()", "SELECT freelist_count AS n FROM pragma_freelist_count()",
+            "SELECT page_size AS n FROM pragma_page_size()", "SELECT COUNT(*) AS n FROM runs"))
+        return (pages - free) * size, runs
 
     def _checkpoint_forever(self) -> None:
         """Copy the WAL into the database file every :data:`CHECKPOINT_INTERVAL`, beside the writer.

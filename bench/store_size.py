@@ -1,0 +1,127 @@
+"""The run store's size (issue 42): bytes a stored run takes on disk and the store's size after N
+runs of the bench workload (bench/workload.py, ~40 spans a run) sent through a running collector,
+for each source tree given (e.g. this tree and a worktree of main), in one sitting; and, with
+``--sweeper``, what the retention sweeper costs under the throughput bench: end-to-end spans/s with
+a size cap that keeps the sweeper deleting all the time, beside the same tree without one.
+
+    .venv/bin/python bench/store_size.py --code . /tmp/base --runs 3000
+    .venv/bin/python bench/store_size.py --code . --sweeper --runs 2000 --rounds 3
+
+The store is measured after the collector stopped (SIGTERM: the WAL is checkpointed into the file
+and removed), so the figure is the file an ops team sees: ``runs.db``, plus a WAL if one is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sqlite3
+import statistics
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from workload import Collector, encode, send_streams, trace_spans  # noqa: E402
+
+
+def files_bytes(store: Path) -> int:
+    return sum(p.stat().st_size for p in store.parent.glob(store.name + "*") if p.suffix != ".journal"
+               and p.is_file())
+
+
+def record_bytes(store: Path) -> dict:
+    """What the stored record itself holds, per run: the document column (``doc`` before issue 42,
+    ``body`` after) and the page usage SQLite reports (``dbstat`` when compiled in)."""
+    con = sqlite3.connect(store)
+    try:
+        columns = {r[1] for r in con.execute("PRAGMA table_info(runs)")}
+        column = "body" if "body" in columns else "doc"
+        count, doc = con.execute(f"SELECT COUNT(*), AVG(LENGTH({column})) FROM runs").fetchone()
+        page_size, pages, free = (con.execute(f"PRAGMA {p}").fetchone()[0]
+                                  for p in ("page_size", "page_count", "freelist_count"))
+        return {"runs": count, "document_bytes": doc, "document_column": column,
+                "pages": pages, "free_pages": free, "page_size": page_size}
+    finally:
+        con.close()
+
+
+def size_after(code: str, bodies: list[bytes], runs: int) -> dict:
+    collector = Collector(code=None if code == "." else code)
+    try:
+        send_streams("grpc", collector.grpc, bodies, 1)
+        collector.wait_stored(runs)
+        collector.proc.send_signal(signal.SIGTERM)
+        collector.proc.wait(120)
+        total = files_bytes(collector.store)
+        out = {"code": code, "store_bytes": total, "bytes_per_run": total / runs, **record_bytes(collector.store)}
+    finally:
+        collector.stop()
+    return out
+
+
+def scrape(prometheus: str, name: str) -> float:
+    with urllib.request.urlopen(f"http://{prometheus}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def throughput(code: str, bodies: list[bytes], runs: int, spans: int, store: dict | None) -> dict:
+    """End-to-end spans/s until every run is stored (counted by ``fidelity_runs_total``, which a
+    deleting sweeper does not lower), with ``store`` as the collector's extra store settings."""
+    collector = Collector(code=None if code == "." else code, store=store)
+    try:
+        sent = send_streams("grpc", collector.grpc, bodies, 1)
+        while scrape(collector.prometheus, "fidelity_runs_total") < runs:
+            time.sleep(0.02)
+        finished = time.monotonic()
+        deleted = scrape(collector.prometheus, "collector_store_runs_deleted_total") if store else 0.0
+        kept = collector.stored()
+    finally:
+        collector.stop()
+    return {"code": code, "cap": (store or {}).get("retention", {}).get("max_size"),
+            "spans_per_s": spans / (finished - sent.started), "runs_deleted": deleted, "runs_kept": kept}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--code", nargs="+", default=["."], help="source trees to compare ('.': the installed one)")
+    parser.add_argument("--runs", type=int, default=3000)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--sweeper", action="store_true",
+                        help="measure the sweeper's cost under load instead (a size cap, against none)")
+    parser.add_argument("--max-size", type=int, default=2 << 20, help="the cap --sweeper sets (bytes)")
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+
+    rng = random.Random(args.seed)
+    traces = [trace_spans(rng) for _ in range(args.runs)]
+    spans = sum(len(t) for t in traces)
+    bodies = encode(traces)
+    print(json.dumps({"runs": args.runs, "spans": spans, "spans_per_run": spans / args.runs,
+                      "otlp_bytes_per_run": sum(map(len, bodies)) / args.runs, "cpus": os.cpu_count()}), flush=True)
+    results: dict[str, list[dict]] = {}
+    for _ in range(args.rounds):
+        for code in args.code:
+            if args.sweeper:
+                for store in (None, {"retention": {"max_size": args.max_size, "sweep_interval": 0.5}}):
+                    row = throughput(code, bodies, args.runs, spans, store)
+                    results.setdefault(f"{code} cap={row['cap']}", []).append(row)
+                    print(json.dumps(row), flush=True)
+            else:
+                row = size_after(code, bodies, args.runs)
+                results.setdefault(code, []).append(row)
+                print(json.dumps(row), flush=True)
+    key = "spans_per_s" if args.sweeper else "bytes_per_run"
+    medians = {name: statistics.median(r[key] for r in rows) for name, rows in results.items()}
+    first = next(iter(medians.values()))
+    print(json.dumps({"median_" + key: medians, "ratio_to_first": {n: v / first for n, v in medians.items()}}))
+
+
+if __name__ == "__main__":
+    main()

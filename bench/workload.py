@@ -26,6 +26,7 @@ import time
 import traceback
 import urllib.parse
 import weakref
+import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -99,6 +100,15 @@ def trace_spans(rng: random.Random, executors: int | None = None, chats: int | N
         out += [agent, ex]
     out.append(root)
     return out
+
+
+def stored_docs(con: sqlite3.Connection, where: str = "") -> list[tuple[str, dict]]:
+    """(trace id, run document) of the runs in a SQLite store of any version: the document as
+    JSON text (``doc``, before issue 42) or zlib-compressed (``body``)."""
+    columns = {row[1] for row in con.execute("PRAGMA table_info(runs)")}
+    column = "body" if "body" in columns else "doc"
+    return [(tid, json.loads(zlib.decompress(value) if column == "body" else value))
+            for tid, value in con.execute(f"SELECT trace_id, {column} FROM runs {where}")]
 
 
 def encode(traces: list[list[Span]], spans_per_request: int = 512) -> list[bytes]:

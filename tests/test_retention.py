@@ -6,10 +6,14 @@ previous schema migrates, and reads back every run as the same JSON)."""
 from __future__ import annotations
 
 import json
+import random
 import sqlite3
-import threading
+import subprocess
+import sys
 import time
+import urllib.request
 from dataclasses import replace
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -19,6 +23,7 @@ from collector.core.reconcile import reconcile
 from collector.core.serialize import run_to_json, to_json
 from collector.store import Retention, StoredRun, open_store
 from collector.store.base import _OLDEST, MIGRATIONS, unpack
+from conftest import AGENTEVAL, CollectorProcess, post
 
 DAY = 86400.0
 
@@ -228,3 +233,51 @@ def test_a_store_of_the_previous_schema_migrates_and_reads_back_every_run_as_the
         assert "doc" not in columns and "body" in columns  # the document is stored once
     finally:
         store.close()
+
+
+def test_a_collector_under_load_with_a_size_cap_stores_every_verdict_and_says_how_far_back_it_goes(url, tmp_path):
+    """The bench workload through a live collector whose cap keeps its sweeper deleting: no request
+    is refused, every run gets its verdict, the oldest runs go; the metrics (present at 0 from the
+    start), `runs list` and the run page say what is kept."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    from workload import encode, trace_spans
+
+    proc = CollectorProcess(tmp_path / "c", store_url=None if url.endswith(".db") else url, overrides={
+        "assembly": {"late_window": 0.5},
+        "store": {"retention": {"max_size": 600_000, "sweep_interval": 0.05, "batch": 20}}})
+    try:
+        before = proc.metrics()
+        assert before[("collector_store_runs_deleted_total", ())] == 0
+        assert ("collector_store_bytes", ()) in before and ("collector_store_oldest_run_timestamp_seconds", ()) in before
+        traces = [trace_spans(random.Random(seed)) for seed in range(600)]
+        for body in encode(traces, spans_per_request=200):
+            status, _, _ = post(proc.http, body)
+            assert status == 200  # never refused (a refusal would be 429/503)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            m = proc.metrics()
+            if sum(v for (name, _), v in m.items() if name == "fidelity_runs_total") >= 600:
+                break
+            time.sleep(0.2)
+        assert sum(v for (name, _), v in m.items() if name == "fidelity_runs_total") == 600
+        assert sum(v for (name, _), v in m.items() if name == "collector_spans_refused_total") == 0
+        deadline = time.monotonic() + 60
+        while proc.store()._usage()[0] > 600_000 and time.monotonic() < deadline:  # the pass after the last run
+            time.sleep(0.1)
+        used, kept = proc.store()._usage()
+        assert used <= 600_000 and 0 < kept < 600
+        m = proc.metrics()
+        assert m[("collector_store_runs_deleted_total", ())] + kept >= 600  # every run stored, then some deleted
+        assert m[("collector_store_bytes", ())] > 0
+        oldest = m[("collector_store_oldest_run_timestamp_seconds", ())]
+        assert time.time() - 600 < oldest <= time.time()
+        since = time.strftime("%Y-%m-%d", time.gmtime(proc.store().oldest()))
+        listed = subprocess.run([AGENTEVAL, "runs", "list", "--store", proc.store_url, "--config", str(proc.config_path)],
+                                capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        assert f"history goes back to {since}" in listed.stdout and "runs are kept 14 days" in listed.stdout
+        with urllib.request.urlopen(f"{proc.http}/runs", timeout=10) as page:
+            html = page.read().decode()
+        assert f"history goes back to {since}" in html and "runs are kept 14 days" in html
+    finally:
+        proc.stop()

@@ -314,6 +314,14 @@ def _doc(row: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
+def _days(seconds: float) -> str:
+    """A span of time in days, hours or minutes, whichever reads best."""
+    for unit, size in (("days", 86400), ("hours", 3600)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{max(seconds, 0) / 60:.3g} min"
+
+
 def _like_prefix(value: str) -> str:
     return re.sub(r"([\\%_])", r"\\\1", value) + "%"
 
@@ -463,6 +471,16 @@ class RunStore(ABC):
         """When the oldest stored run was last written (unix seconds): how far back the history goes."""
         rows = self._query("SELECT MIN(updated_at) AS oldest FROM runs", {})
         return rows[0]["oldest"] if rows else None
+
+    def history(self, max_age: float | None = None, now: float | None = None) -> str:
+        """How far back the stored runs go, for people (``runs list``, the run page), with the
+        retention's maximum age when the caller knows it (the collector's config)."""
+        oldest = self.oldest()
+        kept = f"; runs are kept {_days(max_age)} (store.retention.max_age)" if max_age else ""
+        if oldest is None:
+            return f"no runs stored{kept}"
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(oldest))
+        return f"history goes back to {since} ({_days((time.time() if now is None else now) - oldest)} ago){kept}"
 
     def sweep(self, retention: Retention, now: float | None = None) -> int:
         """One pass of retention: delete the runs last written more than ``max_age`` ago, then the

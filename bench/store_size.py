@@ -2,10 +2,17 @@
 runs of the bench workload (bench/workload.py, ~40 spans a run) sent through a running collector,
 for each source tree given (e.g. this tree and a worktree of main), in one sitting; and, with
 ``--sweeper``, what the retention sweeper costs under the throughput bench: end-to-end spans/s with
-a size cap that keeps the sweeper deleting all the time, beside the same tree without one.
+a size cap that keeps the sweeper deleting all the time, beside the same tree without one (and
+the other trees, without one: what compressing the document costs).
 
     .venv/bin/python bench/store_size.py --code . /tmp/base --runs 3000
     .venv/bin/python bench/store_size.py --code . --sweeper --runs 2000 --rounds 3
+    .venv/bin/python bench/store_size.py --delete-cost 10000 1000000   # SQLite and PostgreSQL
+
+``--delete-cost``: what one sweeper batch costs as the store grows: a store of each size (rows made
+by SQL, each holding a real bench run's compressed document), then a pass deleting its oldest 2,000
+runs; milliseconds per batch (the longest a write or read waits for the sweeper) on both backends
+(PostgreSQL: a throwaway server, as the tests start one).
 
 The store is measured after the collector stopped (SIGTERM: the WAL is checkpointed into the file
 and removed), so the figure is the file an ops team sees: ``runs.db``, plus a WAL if one is left.
@@ -17,10 +24,12 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import statistics
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -88,6 +97,50 @@ def throughput(code: str, bodies: list[bytes], runs: int, spans: int, store: dic
             "spans_per_s": spans / (finished - sent.started), "runs_deleted": deleted, "runs_kept": kept}
 
 
+def delete_cost(backend: str, rows: int, body: bytes, pg=None) -> dict:
+    """Fill a store of ``backend`` with ``rows`` runs (one a second, oldest first), then time the
+    sweeper's pass over the oldest 2,000 (batches of the default size)."""
+    from collector.store import Retention, open_store
+
+    now = time.time()
+    insert = ("INSERT INTO runs (run_id, trace_id, subject, status, score, preset, source, revision, incomplete, "
+              "checked, unchecked, created_at, updated_at, body, finalized_by, maf_release) ")
+    if backend == "sqlite":
+        folder = Path(tempfile.mkdtemp(prefix="agenteval-delete-"))
+        url = str(folder / "runs.db")
+        open_store(url).close()
+        con = sqlite3.connect(url)
+        with con:
+            con.executemany(insert + "VALUES (?, ?, 'bench', 'PASS', 1.0, 'standard', 'live', 1, 0, 6, 0, ?, ?, ?, 'b', NULL)",
+                            ((f"r{i:09d}", f"{i:032x}", now - rows + i, now - rows + i, body) for i in range(rows)))
+        con.close()
+    else:
+        import psycopg
+
+        url = pg.database()
+        open_store(url).close()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(insert + "SELECT 'r' || lpad(g::text, 9, '0'), md5(g::text), 'bench', 'PASS', 1.0, 'standard', "
+                         "'live', 1, 0, 6, 0, %(now)s - %(rows)s + g, %(now)s - %(rows)s + g, %(body)s, 'b', NULL "
+                         "FROM generate_series(0, %(rows)s - 1) AS g", {"now": now, "rows": rows, "body": body})
+            conn.execute("VACUUM ANALYZE runs")
+    store = open_store(url)
+    try:
+        size = store.size_bytes()
+        started = time.perf_counter()
+        deleted = store.sweep(Retention(max_age=rows - 2000 + 0.5, late_window=0), now=now)
+        seconds = time.perf_counter() - started
+        batches = -(-deleted // Retention().batch)
+        return {"backend": backend, "rows": rows, "store_bytes": size, "deleted": deleted, "batches": batches,
+                "ms_per_batch": 1000 * seconds / batches, "longest_batch_ms": 1000 * store.longest_batch}
+    finally:
+        store.close()
+        if backend == "sqlite":
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            pg.admin(f"DROP DATABASE {url.rsplit('/', 1)[1]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--code", nargs="+", default=["."], help="source trees to compare ('.': the installed one)")
@@ -97,7 +150,36 @@ def main() -> None:
                         help="measure the sweeper's cost under load instead (a size cap, against none)")
     parser.add_argument("--max-size", type=int, default=2 << 20, help="the cap --sweeper sets (bytes)")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--delete-cost", type=int, nargs="+", metavar="ROWS",
+                        help="measure a sweeper batch's cost in stores of these sizes instead")
     args = parser.parse_args()
+    if args.delete_cost:
+        from collector.core.serialize import run_to_json
+        from collector.store import pack
+        sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+        from conftest import PostgresServer, _pg_bindir
+
+        # a real run's document: a workload trace reconciled through the collector's classifier
+        from collector.config import CollectorConfig
+        from collector.core.reconcile import reconcile
+        from collector.formats.decode import decode_bytes
+        from collector.live.assembler import Assembler
+
+        cfg = CollectorConfig()
+        assembler = Assembler(cfg.assembly, cfg.matcher(), lambda: 0.0)
+        assembler.offer(decode_bytes(encode([trace_spans(random.Random(args.seed))])[0], cfg.matcher()).spans)
+        assembler.clock = lambda: 1e9
+        (finalized,) = assembler.sweep()
+        body = pack(run_to_json(reconcile(finalized.run)))
+        print(json.dumps({"document_bytes_stored": len(body)}), flush=True)
+        pg = PostgresServer(_pg_bindir())
+        try:
+            for rows in args.delete_cost:
+                for backend in ("sqlite", "postgresql"):
+                    print(json.dumps(delete_cost(backend, rows, body, pg)), flush=True)
+        finally:
+            pg.destroy()
+        return
 
     rng = random.Random(args.seed)
     traces = [trace_spans(rng) for _ in range(args.runs)]
@@ -108,8 +190,9 @@ def main() -> None:
     results: dict[str, list[dict]] = {}
     for _ in range(args.rounds):
         for code in args.code:
-            if args.sweeper:
-                for store in (None, {"retention": {"max_size": args.max_size, "sweep_interval": 0.5}}):
+            if args.sweeper:  # the cap on the first tree only (an older one has no store.retention)
+                capped = {"retention": {"max_size": args.max_size, "sweep_interval": 0.5}}
+                for store in (None, capped) if code == args.code[0] else (None,):
                     row = throughput(code, bodies, args.runs, spans, store)
                     results.setdefault(f"{code} cap={row['cap']}", []).append(row)
                     print(json.dumps(row), flush=True)

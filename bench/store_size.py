@@ -73,6 +73,11 @@ def size_after(code: str, bodies: list[bytes], runs: int) -> dict:
     return out
 
 
+#: The late window of every collector of the ``--sweeper`` runs: runs written within it are never
+#: deleted, so the default (5 min) would keep the sweeper idle for the whole bench.
+LATE_WINDOW = 1.0
+
+
 def scrape(prometheus: str, name: str) -> float:
     with urllib.request.urlopen(f"http://{prometheus}/metrics", timeout=10) as response:
         text = response.read().decode()
@@ -82,19 +87,21 @@ def scrape(prometheus: str, name: str) -> float:
 
 def throughput(code: str, bodies: list[bytes], runs: int, spans: int, store: dict | None) -> dict:
     """End-to-end spans/s until every run is stored (counted by ``fidelity_runs_total``, which a
-    deleting sweeper does not lower), with ``store`` as the collector's extra store settings."""
-    collector = Collector(code=None if code == "." else code, store=store)
+    deleting sweeper does not lower), with ``store`` as the collector's extra store settings; how
+    many runs the sweeper deleted by then, and the longest batch it logged."""
+    collector = Collector({"late_window": LATE_WINDOW}, code=None if code == "." else code, store=store)
     try:
         sent = send_streams("grpc", collector.grpc, bodies, 1)
         while scrape(collector.prometheus, "fidelity_runs_total") < runs:
             time.sleep(0.02)
         finished = time.monotonic()
         deleted = scrape(collector.prometheus, "collector_store_runs_deleted_total") if store else 0.0
-        kept = collector.stored()
+        swept = [json.loads(line) for line in (collector.dir / "log").read_text().splitlines() if '"store_swept"' in line]
     finally:
         collector.stop()
     return {"code": code, "cap": (store or {}).get("retention", {}).get("max_size"),
-            "spans_per_s": spans / (finished - sent.started), "runs_deleted": deleted, "runs_kept": kept}
+            "spans_per_s": spans / (finished - sent.started), "runs_deleted": deleted,
+            "longest_batch_ms": max((event["longest_batch_ms"] for event in swept), default=None)}
 
 
 def delete_cost(backend: str, rows: int, body: bytes, pg=None) -> dict:

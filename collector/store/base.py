@@ -525,7 +525,10 @@ class RunStore(ABC):
 
     def start_sweeping(self, retention: Retention, on_deleted: Callable[[int], None] = lambda n: None) -> None:
         """Sweep every ``retention.interval`` seconds on a thread of its own (stopped by
-        :meth:`close`), keeping :attr:`size` and :attr:`oldest_kept` current for the metrics."""
+        :meth:`close`), keeping :attr:`size` and :attr:`oldest_kept` current for the metrics. A
+        store has one sweeper: a second call changes nothing."""
+        if self._sweeper is not None:
+            return
         self._sweeper = threading.Thread(target=self._sweep_forever, args=(retention, on_deleted),
                                          name="store-sweeper", daemon=True)
         self._sweeper.start()

@@ -59,15 +59,34 @@ def record_bytes(store: Path) -> dict:
         con.close()
 
 
-def size_after(code: str, bodies: list[bytes], runs: int) -> dict:
-    collector = Collector(code=None if code == "." else code)
+def size_after(code: str, bodies: list[bytes], runs: int, pg=None) -> dict:
+    """The store after ``runs`` runs: SQLite, or with ``pg`` (a server) a PostgreSQL database of its own."""
+    url = pg.database() if pg else None
+    collector = Collector(code=None if code == "." else code, store={"url": url} if url else None)
     try:
         send_streams("grpc", collector.grpc, bodies, 1)
-        collector.wait_stored(runs)
+        if url:
+            import psycopg
+
+            with psycopg.connect(url, autocommit=True) as conn:
+                while conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0] < runs:
+                    time.sleep(0.05)
+        else:
+            collector.wait_stored(runs)
         collector.proc.send_signal(signal.SIGTERM)
         collector.proc.wait(120)
-        total = files_bytes(collector.store)
-        out = {"code": code, "store_bytes": total, "bytes_per_run": total / runs, **record_bytes(collector.store)}
+        if url:
+            with psycopg.connect(url, autocommit=True) as conn:
+                total, table, toast, indexes = conn.execute(
+                    "SELECT pg_total_relation_size('runs'), pg_relation_size('runs'), "
+                    "COALESCE(pg_total_relation_size(NULLIF(reltoastrelid, 0)), 0), pg_indexes_size('runs') "
+                    "FROM pg_class WHERE relname = 'runs'").fetchone()
+            out = {"code": code, "backend": "postgresql", "store_bytes": total, "bytes_per_run": total / runs,
+                   "heap_bytes": table, "toast_bytes": toast, "index_bytes": indexes}
+        else:
+            total = files_bytes(collector.store)
+            out = {"code": code, "backend": "sqlite", "store_bytes": total, "bytes_per_run": total / runs,
+                   **record_bytes(collector.store)}
     finally:
         collector.stop()
     return out
@@ -157,21 +176,20 @@ def main() -> None:
                         help="measure the sweeper's cost under load instead (a size cap, against none)")
     parser.add_argument("--max-size", type=int, default=2 << 20, help="the cap --sweeper sets (bytes)")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--postgres", action="store_true",
+                        help="measure a PostgreSQL store too (a throwaway server, as the tests start one)")
     parser.add_argument("--delete-cost", type=int, nargs="+", metavar="ROWS",
                         help="measure a sweeper batch's cost in stores of these sizes instead")
     args = parser.parse_args()
     if args.delete_cost:
-        from collector.core.serialize import run_to_json
-        from collector.store import pack
-        sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-        from conftest import PostgresServer, _pg_bindir
-
-        # a real run's document: a workload trace reconciled through the collector's classifier
         from collector.config import CollectorConfig
         from collector.core.reconcile import reconcile
+        from collector.core.serialize import run_to_json
         from collector.formats.decode import decode_bytes
         from collector.live.assembler import Assembler
+        from collector.store import pack
 
+        # a real run's document: a workload trace reconciled through the collector's classifier
         cfg = CollectorConfig()
         assembler = Assembler(cfg.assembly, cfg.matcher(), lambda: 0.0)
         assembler.offer(decode_bytes(encode([trace_spans(random.Random(args.seed))])[0], cfg.matcher()).spans)
@@ -179,7 +197,7 @@ def main() -> None:
         (finalized,) = assembler.sweep()
         body = pack(run_to_json(reconcile(finalized.run)))
         print(json.dumps({"document_bytes_stored": len(body)}), flush=True)
-        pg = PostgresServer(_pg_bindir())
+        pg = postgres_server()
         try:
             for rows in args.delete_cost:
                 for backend in ("sqlite", "postgresql"):
@@ -195,6 +213,26 @@ def main() -> None:
     print(json.dumps({"runs": args.runs, "spans": spans, "spans_per_run": spans / args.runs,
                       "otlp_bytes_per_run": sum(map(len, bodies)) / args.runs, "cpus": os.cpu_count()}), flush=True)
     results: dict[str, list[dict]] = {}
+    pg = postgres_server() if args.postgres else None
+    try:
+        measure(args, bodies, spans, results, pg)
+    finally:
+        if pg:
+            pg.destroy()
+    key = "spans_per_s" if args.sweeper else "bytes_per_run"
+    medians = {name: statistics.median(r[key] for r in rows) for name, rows in results.items()}
+    first = next(iter(medians.values()))
+    print(json.dumps({"median_" + key: medians, "ratio_to_first": {n: v / first for n, v in medians.items()}}))
+
+
+def postgres_server():
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+    from conftest import PostgresServer, _pg_bindir
+
+    return PostgresServer(_pg_bindir())
+
+
+def measure(args: argparse.Namespace, bodies: list[bytes], spans: int, results: dict[str, list[dict]], pg) -> None:
     for _ in range(args.rounds):
         for code in args.code:
             if args.sweeper:  # the cap on the first tree only (an older one has no store.retention)
@@ -204,13 +242,10 @@ def main() -> None:
                     results.setdefault(f"{code} cap={row['cap']}", []).append(row)
                     print(json.dumps(row), flush=True)
             else:
-                row = size_after(code, bodies, args.runs)
-                results.setdefault(code, []).append(row)
-                print(json.dumps(row), flush=True)
-    key = "spans_per_s" if args.sweeper else "bytes_per_run"
-    medians = {name: statistics.median(r[key] for r in rows) for name, rows in results.items()}
-    first = next(iter(medians.values()))
-    print(json.dumps({"median_" + key: medians, "ratio_to_first": {n: v / first for n, v in medians.items()}}))
+                for server in (None, pg) if pg else (None,):
+                    row = size_after(code, bodies, args.runs, server)
+                    results.setdefault(f"{code} {row['backend']}", []).append(row)
+                    print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

@@ -225,7 +225,8 @@ class Collector:
                                           "http": {"endpoint": "127.0.0.1:0", "max_body_bytes": 64 << 20}},
                "assembly": {"quiet_period": 0.2, **(assembly or {})},
                "store": {"url": str(self.store), **(store or {})},
-               **({} if journal else {"journal": {"enabled": False}}),
+               # the journal in the temp folder also when the store is elsewhere (a PostgreSQL URL)
+               "journal": {"path": str(self.dir / "runs.db.journal")} if journal else {"enabled": False},
                "exporters": {"prometheus": {"endpoint": "127.0.0.1:0"}},
                "logging": {"level": "info"}}
         (self.dir / "c.yaml").write_text(yaml.safe_dump(cfg))

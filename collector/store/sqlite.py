@@ -1,7 +1,8 @@
 """The SQLite backend of the run store (docs/design.md §5): one embedded WAL file, the default.
 
-The file gives deleted runs' space back (``auto_vacuum=INCREMENTAL``, reclaimed by the sweeper's
-transactions); a store made before that mode is switched on once, by a VACUUM when it is opened.
+The file gives deleted runs' space back (``auto_vacuum=INCREMENTAL``, the free pages released after
+each of the sweeper's batches); a store made before that mode is switched once, by a VACUUM when it
+is opened.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ class SqliteRunStore(RunStore):
             db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             db.row_factory = sqlite3.Row
             # these two first: they take effect on a new file only (an older one: _incremental_vacuum)
-            for pragma in (f"page_size={PAGE_SIZE}", "auto_vacuum=INCREMENTAL", "journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON",
-                           "busy_timeout=5000",
+            for pragma in (f"page_size={PAGE_SIZE}", "auto_vacuum=INCREMENTAL", "journal_mode=WAL", "synchronous=NORMAL",
+                           "foreign_keys=ON", "busy_timeout=5000",
                            "wal_autocheckpoint=0"):  # checkpoints run beside the writer: _checkpoint_forever
                 db.execute(f"PRAGMA {pragma}")
             self._migrate(db)

@@ -70,12 +70,14 @@ _MIGRATE_ROWS = 256
 
 
 def _compress_documents(execute: Callable[..., Any], mark: str) -> None:
-    """5: each run's JSON document (``doc``) compressed into ``body``, in batches by run id."""
+    """5: each run's JSON document (``doc``) compressed into ``body``, in batches by run id. ``doc``
+    is emptied as well: PostgreSQL's DROP COLUMN that follows leaves the values in the rows, where
+    an emptied one leaves only the old row versions, which vacuum reclaims."""
     after = ""
     while rows := execute(f"SELECT run_id, doc FROM runs WHERE run_id > {mark} ORDER BY run_id LIMIT {_MIGRATE_ROWS}",
                           (after,)).fetchall():
         values = ", ".join([f"({mark}, {mark})"] * len(rows))
-        execute(f"WITH packed (run_id, body) AS (VALUES {values}) UPDATE runs SET body = "
+        execute(f"WITH packed (run_id, body) AS (VALUES {values}) UPDATE runs SET doc = '', body = "
                 f"(SELECT body FROM packed WHERE packed.run_id = runs.run_id) WHERE run_id IN (SELECT run_id FROM packed)",
                 [v for r in rows for v in (r["run_id"], pack(r["doc"].encode()))])
         after = rows[-1]["run_id"]

@@ -31,7 +31,7 @@ from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
 from collector.core.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
 from collector.core.reconcile import reconcile
-from collector.store import StoredRun, open_store
+from collector.store import StoredRun, open_store, unpack
 
 AGENTEVAL = str(Path(sys.executable).parent / "agenteval")
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -102,10 +102,11 @@ def main() -> None:
         saved = time.perf_counter() - start
         store.close()
         with sqlite3.connect(tmp / "runs.db") as db:
-            (size,), = db.execute("SELECT length(doc) FROM runs").fetchall()
+            (body,), = db.execute("SELECT body FROM runs").fetchall()
+            size, stored = len(unpack(body)), len(body)
         print(f"run: 1 unit, {args.chat_spans:,} chat spans, {args.chat_spans // args.per_invocation:,} invocations "
               f"(reconciled in {built:.2f} s, stored in {saved:.3f} s)")
-        print(f"stored document: {size:,} bytes")
+        print(f"stored document: {size:,} bytes of JSON, {stored:,} stored (compressed)")
 
         proc, listening = serve(tmp, tmp / "runs.db")
         try:

@@ -41,7 +41,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).parent))
 from throughput import send  # noqa: E402
-from workload import EXPORT, Collector, encode, trace_spans  # noqa: E402
+from workload import EXPORT, Collector, encode, stored_docs, trace_spans  # noqa: E402
 
 #: The receivers section of the ``bodies`` and ``gzip`` runs: the shipped request limits.
 RECEIVERS = {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}}
@@ -104,7 +104,7 @@ def main() -> None:
     stop.set()
     sampler.join()
     con = sqlite3.connect(collector.store)
-    rows = {tid: json.loads(doc) for tid, doc in con.execute("SELECT trace_id, doc FROM runs")}
+    rows = dict(stored_docs(con))
     con.close()
     collector.stop()
     lost = [tid for tid, n in expected.items() if tid not in rows or len(rows[tid]["executors"]) != n]

@@ -47,7 +47,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 sys.path.insert(0, str(Path(__file__).parent))
 from throughput import send  # noqa: E402
-from workload import Collector, encode, trace_spans  # noqa: E402
+from workload import Collector, encode, stored_docs, trace_spans  # noqa: E402
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 PROTOBUF, JSON = "application/x-protobuf", "application/json"
@@ -375,8 +375,7 @@ def stored_executors(store: Path) -> dict[str, int]:
     """trace id -> executors of its stored (complete) run."""
     con = sqlite3.connect(store, timeout=30)
     try:
-        return {tid: len(json.loads(doc)["executors"])
-                for tid, doc in con.execute("SELECT trace_id, doc FROM runs WHERE incomplete = 0")}
+        return {tid: len(doc["executors"]) for tid, doc in stored_docs(con, "WHERE incomplete = 0")}
     finally:
         con.close()
 

@@ -26,6 +26,7 @@ import time
 import traceback
 import urllib.parse
 import weakref
+import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -99,6 +100,15 @@ def trace_spans(rng: random.Random, executors: int | None = None, chats: int | N
         out += [agent, ex]
     out.append(root)
     return out
+
+
+def stored_docs(con: sqlite3.Connection, where: str = "") -> list[tuple[str, dict]]:
+    """(trace id, run document) of the runs in a SQLite store of any version: the document as
+    JSON text (``doc``, before issue 42) or zlib-compressed (``body``)."""
+    columns = {row[1] for row in con.execute("PRAGMA table_info(runs)")}
+    column = "body" if "body" in columns else "doc"
+    return [(tid, json.loads(zlib.decompress(value) if column == "body" else value))
+            for tid, value in con.execute(f"SELECT trace_id, {column} FROM runs {where}")]
 
 
 def encode(traces: list[list[Span]], spans_per_request: int = 512) -> list[bytes]:
@@ -204,17 +214,19 @@ class Collector:
     caller never got that far; a collector that fails to start is stopped and removed at once."""
 
     def __init__(self, assembly: dict | None = None, code: str | None = None, journal: bool = True,
-                 receivers: dict | None = None) -> None:
+                 receivers: dict | None = None, store: dict | None = None) -> None:
         """``code``: run the collector package from that source tree (e.g. a worktree of another
         commit) instead of the installed one, to compare commits side by side on one payload.
-        ``receivers``: that section instead of the bench's own (64 MiB requests)."""
+        ``receivers``: that section instead of the bench's own (64 MiB requests). ``store``: store
+        settings besides its URL (e.g. ``retention``)."""
         self.dir = Path(tempfile.mkdtemp(prefix="agenteval-bench-"))
         self.store = self.dir / "runs.db"
         cfg = {"receivers": receivers or {"grpc": {"endpoint": "127.0.0.1:0", "max_message_bytes": 64 << 20},
                                           "http": {"endpoint": "127.0.0.1:0", "max_body_bytes": 64 << 20}},
                "assembly": {"quiet_period": 0.2, **(assembly or {})},
-               "store": {"url": str(self.store)},
-               **({} if journal else {"journal": {"enabled": False}}),
+               "store": {"url": str(self.store), **(store or {})},
+               # the journal in the temp folder also when the store is elsewhere (a PostgreSQL URL)
+               "journal": {"path": str(self.dir / "runs.db.journal")} if journal else {"enabled": False},
                "exporters": {"prometheus": {"endpoint": "127.0.0.1:0"}},
                "logging": {"level": "info"}}
         (self.dir / "c.yaml").write_text(yaml.safe_dump(cfg))

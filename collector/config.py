@@ -167,6 +167,13 @@ class Scoring(_Section):
         return Policy(self.tolerance, self.flag_over_reporting, tuple(sorted(self.finish_aliases.items())))
 
 
+class Retention(_Section):
+    max_age: float | None = Field(14 * 86400.0, gt=0)
+    max_size: int | None = Field(None, gt=0)
+    sweep_interval: float = Field(60.0, gt=0)
+    batch: int = Field(200, gt=0)
+
+
 class Store(_Section):
     url: str | None = None
     password_env: str | None = None
@@ -175,6 +182,7 @@ class Store(_Section):
     max_queued_runs: int = Field(10_000, gt=0)
     max_queue_seconds: float = Field(2.0, gt=0)
     max_span_ids_per_unit: int = Field(MAX_ITEMS, ge=0)
+    retention: Retention = Retention()
 
     @model_validator(mode="after")
     def _one_password(self) -> "Store":

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import grpc
 
+from collector.store import unpack
 from conftest import CollectorProcess, free_port, post
 from mafshape import SCENARIOS, export_request, record, run_id, sent_times
 from test_reliability import grpc_raw
@@ -124,9 +125,9 @@ def runs_by_trace(store: Path) -> dict[str, list[tuple[str, int, int, dict]]]:
     con = sqlite3.connect(store, timeout=10)
     try:
         out = defaultdict(list)
-        for tid, rid, rev, incomplete, doc in con.execute(
-                "SELECT trace_id, run_id, revision, incomplete, doc FROM runs"):
-            out[tid].append((rid, rev, incomplete, json.loads(doc)))
+        for tid, rid, rev, incomplete, body in con.execute(
+                "SELECT trace_id, run_id, revision, incomplete, body FROM runs"):
+            out[tid].append((rid, rev, incomplete, json.loads(unpack(body))))
         return out
     finally:
         con.close()

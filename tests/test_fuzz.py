@@ -44,6 +44,7 @@ from collector.core.reconcile import reconcile
 from collector.core.serialize import run_to_dict
 from collector.formats.decode import OWN_SCOPE, SDK_LANGUAGE, SERVICE_NAME, Decoded, decode_otlp_json, decode_request
 from collector.outputs.wire import run_message
+from collector.store import unpack
 
 from conftest import JSON, CollectorProcess, post
 from mafshape import SCENARIOS, export_request, record, to_otlp_json
@@ -479,8 +480,8 @@ class Live:
 def stored_runs(store: Path, trace_id: str) -> list[tuple[str, int, dict]]:
     con = sqlite3.connect(store, timeout=10)
     try:
-        return [(rid, rev, json.loads(doc)) for rid, rev, doc in
-                con.execute("SELECT run_id, revision, doc FROM runs WHERE trace_id = ?", (trace_id,))]
+        return [(rid, rev, json.loads(unpack(body))) for rid, rev, body in
+                con.execute("SELECT run_id, revision, body FROM runs WHERE trace_id = ?", (trace_id,))]
     except sqlite3.OperationalError:  # the collector has not created the table yet
         return []
     finally:

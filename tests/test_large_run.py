@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
 from collector.outputs.wire import to_doc
+from collector.store import unpack
 
 from conftest import AGENTEVAL, CollectorProcess
 from mafshape import Invocation, Scenario, emit, ok, run_id
@@ -73,8 +74,8 @@ def test_a_quarter_million_span_run_keeps_a_bounded_document_every_reader_answer
         doc = proc.run(trace_id, timeout=300)
         rid = run_id(trace_id)
         with sqlite3.connect(proc.store_path) as db:
-            (stored,), = db.execute("SELECT length(doc) FROM runs WHERE run_id = ?", (rid,)).fetchall()
-        assert stored < DOC_BOUND
+            (body,), = db.execute("SELECT body FROM runs WHERE run_id = ?", (rid,)).fetchall()
+        assert len(body) < len(unpack(body)) < DOC_BOUND  # the document bounded, and stored compressed
 
         (unit,) = doc["executors"]
         ev = unit["evidence"]

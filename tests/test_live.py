@@ -16,6 +16,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
+from collector.store import unpack
 from conftest import AGENTEVAL, CollectorProcess, export_spans, post, verdicts
 from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, sent_times, to_otlp_json
 
@@ -371,8 +372,8 @@ def test_sigterm_finalizes_in_flight_traces_as_incomplete_and_exits_0(tmp_path):
     export_spans(proc, [s for s in spans if s.parent is not None])  # the root never arrives
     assert proc.stop() == 0
     con = __import__("sqlite3").connect(proc.store_path)
-    (doc,) = con.execute("SELECT doc FROM runs WHERE run_id = ?", (trace_id,)).fetchone()
-    run = json.loads(doc)
+    (body,) = con.execute("SELECT body FROM runs WHERE run_id = ?", (trace_id,)).fetchone()
+    run = json.loads(unpack(body))
     assert run["incomplete"] is True and verdicts(run) == {"researcher": "Agree", "writer": "Agree"}
     assert any(e.get("event") == "collector_stopped" and e["finalized_on_shutdown"] == 1 for e in proc.log_events())
 

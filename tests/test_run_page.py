@@ -21,7 +21,7 @@ import pytest
 
 from collector.core.reconcile import reconcile
 from collector.formats.loader import workflow_trace_run
-from collector.store import StoredRun
+from collector.store import StoredRun, pack
 
 from conftest import AGENTEVAL, CollectorProcess, export_spans, shown_seconds
 from mafshape import SCENARIOS, Call, Invocation, Scenario, export_request, ok, record, sent_times, to_otlp_json
@@ -409,7 +409,7 @@ def test_a_document_of_an_earlier_version_without_per_call_details_says_so_and_l
         for key in ("chat_calls", "chat_calls_more", "ledger", "ledger_more"):
             del unit["evidence"][key]
     with sqlite3.connect(proc.store_path) as db:
-        db.execute("UPDATE runs SET doc = ? WHERE run_id = ?", (json.dumps(older), run["run_id"]))
+        db.execute("UPDATE runs SET body = ? WHERE run_id = ?", (pack(json.dumps(older).encode()), run["run_id"]))
     try:
         page.goto(f"{proc.http}/runs/{run['run_id']}")
         writer = page.locator('details[data-unit="writer"]')
@@ -420,7 +420,7 @@ def test_a_document_of_an_earlier_version_without_per_call_details_says_so_and_l
         _assert_span_ids_link(page, run, JAEGER)
     finally:
         with sqlite3.connect(proc.store_path) as db:
-            db.execute("UPDATE runs SET doc = ? WHERE run_id = ?", (json.dumps(run), run["run_id"]))
+            db.execute("UPDATE runs SET body = ? WHERE run_id = ?", (pack(json.dumps(run).encode()), run["run_id"]))
 
 
 def test_per_chat_call_table_beside_the_ledger_entries(site, page):

@@ -24,7 +24,7 @@ from collector.live.assembler import Assembler, Backpressure, Finalized
 from collector.live.journal import Journal
 from collector.outputs.emit_spans import VerdictSpans
 from collector.outputs.metrics import Metrics
-from collector.store import RunStore, StoredRun, StoreError, instance_name, replaces
+from collector.store import Retention, RunStore, StoredRun, StoreError, instance_name, replaces
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -182,6 +182,10 @@ class Pipeline:
         self.writer = StoreWriter(store, self._stored,
                                   (lambda: metrics.store_errors.add(1)) if metrics else (lambda: None),
                                   self._store_failed)
+        self.store = store
+        kept = config.store.retention
+        store.start_sweeping(Retention(kept.max_age, kept.max_size, config.assembly.late_window, kept.sweep_interval,
+                                       kept.batch), metrics.runs_deleted.add if metrics else lambda deleted: None)
         #: The most recent traces or runs that could not be finalized, published or stored (run page).
         self.failures: deque[Failure] = deque(maxlen=100)
         # A trace cut short at shutdown stays journaled as long as its late spans would be taken.
@@ -213,7 +217,8 @@ class Pipeline:
         a = self.assembler
         return {"traces_in_flight": a.traces_in_flight, "spans_in_flight": a.spans_in_flight,
                 "late_traces": a.late_traces, "late_bytes": a.late_bytes, "store_queued_runs": self.writer.backlog,
-                "journal_bytes": self.journal.size if self.journal is not None else 0}
+                "journal_bytes": self.journal.size if self.journal is not None else 0,
+                "store_bytes": self.store.size, "store_oldest_run_timestamp_seconds": self.store.oldest_kept or 0}
 
     def admit(self, spans: Callable[[], int], transport: str) -> None:
         """Refuse a request before it is decoded when the journal or the store backlog is full, so

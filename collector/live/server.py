@@ -122,7 +122,8 @@ class Collector:
             app = receiver.app()
             Health(self.pipeline.writer).register(app)
             if http.run_page:
-                RunPage(self.store, auth, http.trace_link, lambda: self.pipeline.failures).register(app)
+                RunPage(self.store, auth, http.trace_link, lambda: self.pipeline.failures,
+                        cfg.store.retention.max_age).register(app)
             self._http = receiver.runner(app)
             await self._http.setup()
             host, port = split_endpoint(http.endpoint)

@@ -305,6 +305,8 @@ class Metrics:
         self.own = meter.create_counter("collector.spans.own",
                                         description="Our own verdict spans received back and ignored")
         self.store_errors = meter.create_counter("collector.store.errors", description="Failed store writes")
+        self.runs_deleted = meter.create_counter("collector.store.runs.deleted",
+                                                 description="Runs the retention sweeper deleted (store.retention)")
         self.shed = meter.create_counter("collector.http.connections.shed",
                                          description="Idle HTTP connections closed to make room when the process "
                                                      "ran out of file descriptors")
@@ -322,6 +324,7 @@ class Metrics:
             for reason in ("undecodable", "unauthenticated"):
                 self.requests_rejected.add(0, {"reason": reason, "transport": transport})
         self.failed.add(0, {"stage": "store"})
+        self.runs_deleted.add(0)
         for status in Status:
             self.runs.add(0, {"status": status.value, "maf_release": UNKNOWN_RELEASE})
         for verdict in Verdict:
@@ -346,7 +349,11 @@ class Metrics:
                            ("inflight_bytes", "Memory held by requests being received and decoded (bounded by "
                                               "receivers.max_inflight_bytes)"),
                            ("watchers", "WatchVerdicts streams attached"),
-                           ("store_queued_runs", "Verdicts waiting for the run store (e.g. during an outage)")]:
+                           ("store_queued_runs", "Verdicts waiting for the run store (e.g. during an outage)"),
+                           ("store_bytes", "The run store's size on disk (bytes; as of the sweeper's last pass)"),
+                           ("store_oldest_run_timestamp_seconds",
+                            "When the oldest stored run was last written (unix seconds; 0: none yet): how far back "
+                            "the history goes")]:
             meter.create_observable_gauge(f"collector.{name}", [observe(name)], description=desc)
 
     def record_runs(self, runs: list[RunVerdict]) -> None:

@@ -41,8 +41,10 @@ _env.globals["statuses"] = [s.value for s in Status]
 
 class RunPage:
     def __init__(self, store: RunStore, auth: BearerAuth, trace_link: str | None,
-                 failures: Callable[[], Iterable[Failure]] = tuple) -> None:
+                 failures: Callable[[], Iterable[Failure]] = tuple, max_age: float | None = None) -> None:
         self.store = store
+        #: How long the collector keeps runs (``store.retention.max_age``), said beside the history.
+        self.max_age = max_age
         self.auth = auth
         self.trace_link = trace_link
         #: This collector's recent traces and runs that could not be finalized, published or stored.
@@ -91,8 +93,9 @@ class RunPage:
             return self._page("error.html", 400, title="bad request", message="limit must be a number")
         rows = await self._read(self.store.list_runs, [status] if status else (), subject, limit,
                                 True, None, prefix)  # with each run's units and reasons
+        history = await self._read(self.store.history, self.max_age)
         return self._page("runs.html", rows=rows, status=status, subject=subject or "", run_id=prefix or "",
-                          limit=limit, failures=list(self.failures())[::-1])
+                          limit=limit, failures=list(self.failures())[::-1], history=history)
 
     async def run_json(self, request: web.Request) -> web.Response:
         """The stored run document, as ``agenteval runs show --json`` prints it."""

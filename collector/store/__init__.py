@@ -16,6 +16,7 @@ from collector.store.base import (
     RETRY_READ_AFTER,
     STORE_ENV,
     UNREADABLE,
+    Retention,
     RunStore,
     StoredRun,
     StoreError,
@@ -24,12 +25,15 @@ from collector.store.base import (
     default_store_url,
     instance_name,
     is_postgres,
+    pack,
     replaces,
+    unpack,
 )
 from collector.store.sqlite import SqliteRunStore
 
-__all__ = ["RETRY_READ_AFTER", "UNREADABLE", "RunStore", "StoreError", "StoreUnavailable", "StoredRun",
-           "default_store_url", "instance_name", "is_postgres", "open_store", "replaces"]
+__all__ = ["RETRY_READ_AFTER", "UNREADABLE", "Retention", "RunStore", "StoreError", "StoreUnavailable", "StoredRun",
+           "default_store_url", "instance_name", "is_postgres", "open_store", "pack", "replaces",
+           "unpack"]
 
 
 def open_store(url: str | Path | None = None, password: str | None = None, pool_size: int = 4,

@@ -8,7 +8,12 @@ a run is replaced only by a higher revision, in the upsert itself, so concurrent
 lose nor duplicate a run.
 
 Rows hold verdicts and evidence (numbers, reasons, span ids), never prompt or response text: the
-classifier never extracts any, so there is none to store.
+classifier never extracts any, so there is none to store. A run is one row: its summary columns
+(what the lists filter and sort on) and its document, zlib-compressed JSON (``body``), which holds
+every unit's verdict and evidence once (docs/store.md).
+
+Retention (:meth:`RunStore.sweep`): the oldest runs are deleted in small batches, by age and by the
+store's size, never a run still within its late window.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import re
 import socket
 import threading
 import time
+import zlib
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -41,9 +47,46 @@ INSTANCE_ENV = "AGENTEVAL_INSTANCE"
 #: Postgres channel a store NOTIFYs with the run id of every run it writes.
 CHANNEL = "agenteval_runs"
 
+#: zlib level of a stored document: a run of the bench workload (40 spans, 13 KB of JSON) is ~2 KB
+#: (bench/store_size.py); zlib's header (0x78) tells this format from any later one.
+_ZLIB_LEVEL = 6
+
+
+def pack(doc: bytes) -> bytes:
+    """A run document (JSON) as the store keeps it."""
+    return zlib.compress(doc, _ZLIB_LEVEL)
+
+
+def unpack(body: bytes) -> bytes:
+    """The JSON of a stored document (``body``)."""
+    return zlib.decompress(body)
+
+
+#: A migration step: a statement, or a function of (execute, the driver's parameter mark) for what
+#: one statement cannot do (rewriting every row).
+Step = str | Callable[[Callable[..., Any], str], None]
+#: Rows a data migration reads and writes per statement.
+_MIGRATE_ROWS = 256
+
+
+def _compress_documents(execute: Callable[..., Any], mark: str) -> None:
+    """5: each run's JSON document (``doc``) compressed into ``body``, in batches by run id. ``doc``
+    is emptied as well: PostgreSQL's DROP COLUMN that follows leaves the values in the rows, where
+    an emptied one leaves only the old row versions, which vacuum reclaims."""
+    after = ""
+    while rows := execute(f"SELECT run_id, doc FROM runs WHERE run_id > {mark} ORDER BY run_id LIMIT {_MIGRATE_ROWS}",
+                          (after,)).fetchall():
+        values = ", ".join([f"({mark}, {mark})"] * len(rows))
+        execute(f"WITH packed (run_id, body) AS (VALUES {values}) UPDATE runs SET doc = '', body = "
+                f"(SELECT body FROM packed WHERE packed.run_id = runs.run_id) WHERE run_id IN (SELECT run_id FROM packed)",
+                [v for r in rows for v in (r["run_id"], pack(r["doc"].encode()))])
+        after = rows[-1]["run_id"]
+
+
 #: Schema migrations, in order; the schema version is how many have been applied. The DDL is the
-#: common subset of SQLite and PostgreSQL, so both backends share it.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
+#: common subset of SQLite and PostgreSQL, so both backends share it; ``{blob}`` is the backend's
+#: binary type.
+MIGRATIONS: tuple[tuple[Step, ...], ...] = (
     (  # 1: runs and their executor verdicts (the latter dropped by 3)
         """CREATE TABLE IF NOT EXISTS runs (
             run_id TEXT PRIMARY KEY, trace_id TEXT, subject TEXT, status TEXT NOT NULL, score REAL,
@@ -68,6 +111,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE runs ADD COLUMN maf_release TEXT",
         "CREATE INDEX IF NOT EXISTS runs_by_release ON runs (maf_release, updated_at DESC)",
     ),
+    (  # 5: the document compressed (issue 42): ~6x smaller on disk, read back as the same JSON
+        "ALTER TABLE runs ADD COLUMN body {blob}",
+        _compress_documents,
+        "ALTER TABLE runs DROP COLUMN doc",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -75,20 +123,24 @@ SCHEMA_VERSION = len(MIGRATIONS)
 #: then passes the stored revision's number). :func:`_plan` mirrors this rule to know what it wrote.
 _UPSERT = """
 INSERT INTO runs (run_id, trace_id, subject, status, score, preset, source, revision, incomplete,
-                  checked, unchecked, created_at, updated_at, doc, finalized_by, maf_release)
+                  checked, unchecked, created_at, updated_at, body, finalized_by, maf_release)
 VALUES {rows}
 ON CONFLICT (run_id) DO UPDATE SET
     subject = excluded.subject, status = excluded.status, score = excluded.score,
     preset = excluded.preset, incomplete = excluded.incomplete,
     revision = CASE WHEN excluded.revision > runs.revision THEN excluded.revision ELSE runs.revision + 1 END,
     checked = excluded.checked, unchecked = excluded.unchecked, updated_at = excluded.updated_at,
-    doc = excluded.doc, finalized_by = excluded.finalized_by, maf_release = excluded.maf_release
+    body = excluded.body, finalized_by = excluded.finalized_by, maf_release = excluded.maf_release
 WHERE excluded.revision > runs.revision OR (runs.incomplete = 1 AND excluded.incomplete = 0)
 """
 #: A workflow run's verdict supersedes the incomplete verdict its trace got when it was cut short
 #: before its workflow-run span arrived (e.g. by a restart): that one was stored under the trace id.
 _SUPERSEDE = "DELETE FROM runs WHERE incomplete = 1 AND run_id IN ({ids})"
 _CURRENT = "SELECT run_id, revision, incomplete FROM runs WHERE run_id IN ({ids})"
+#: The oldest runs last written before a time (an index walk: runs_by_time), and their deletion,
+#: which checks the time again: a revision written meanwhile made the run young.
+_OLDEST = "SELECT run_id FROM runs WHERE updated_at < :before ORDER BY updated_at LIMIT :limit"
+_DELETE = "DELETE FROM runs WHERE run_id IN ({ids}) AND updated_at < {mark}"
 #: Rows per upsert at most; fewer where the database allows fewer parameters (a row has 16).
 _ROWS_PER_STATEMENT = 256
 _COLUMNS = 16
@@ -113,7 +165,7 @@ def _chunks(items: list, size: int) -> Iterator[list]:
 
 _SUMMARY = ("run_id, trace_id, subject, status, score, preset, source, revision, incomplete, checked, "
             "unchecked, created_at, updated_at, finalized_by, maf_release")
-_DOC = "doc, revision, created_at, updated_at, finalized_by"
+_DOC = "body, revision, created_at, updated_at, finalized_by"
 
 
 #: A row's values, in the order of the upsert's columns.
@@ -185,6 +237,30 @@ OPEN_RETRY = (0.5, 10.0)
 
 
 @dataclass(frozen=True, slots=True)
+class Retention:
+    """What the store keeps (``store.retention``, docs/store.md): runs written within ``max_age``
+    seconds, the newest first within ``max_size`` bytes; never one written within ``late_window``
+    seconds (``assembly.late_window``), which may still get a revision. None: no such bound."""
+
+    max_age: float | None = 14 * 86400.0
+    max_size: int | None = None
+    late_window: float = 300.0
+    #: Seconds between the sweeper's passes.
+    interval: float = 60.0
+    #: Runs deleted per transaction: the longest the sweeper holds the write lock (measured in
+    #: bench/store_size.py and logged by each pass as ``longest_batch_ms``).
+    batch: int = 200
+
+
+#: Over ``max_size``, the sweeper deletes down to this share of it, so the runs written until its
+#: next pass fit under the cap too.
+LOW_WATER = 0.9
+#: Seconds the sweeper waits between two batches of a pass, so writers and readers queued on the
+#: store go first.
+BATCH_PAUSE = 0.005
+
+
+@dataclass(frozen=True, slots=True)
 class StoredRun:
     run_id: str
     source: str
@@ -229,7 +305,7 @@ _ADDED_EVIDENCE: dict[str, Callable[[], Any]] = {
 
 
 def _doc(row: dict[str, Any]) -> dict[str, Any]:
-    doc = from_json(row["doc"])
+    doc = from_json(unpack(row["body"]))
     for key, empty in _ADDED_KEYS.items():
         doc.setdefault(key, empty())
     for unit in doc["executors"]:
@@ -240,6 +316,14 @@ def _doc(row: dict[str, Any]) -> dict[str, Any]:
     doc.update(created_at=row["created_at"], updated_at=row["updated_at"], finalized_by=row["finalized_by"],
                revision=row["revision"])  # the store may have raised it past the verdict's own
     return doc
+
+
+def _days(seconds: float) -> str:
+    """A span of time in days, hours or minutes, whichever reads best."""
+    for unit, size in (("days", 86400), ("hours", 3600)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{max(seconds, 0) / 60:.3g} min"
 
 
 def _like_prefix(value: str) -> str:
@@ -261,10 +345,19 @@ class RunStore(ABC):
         self._opened = threading.Event()
         self._closing = threading.Event()
         self._opener: threading.Thread | None = None
+        self._sweeper: threading.Thread | None = None
+        #: Retention's figures: runs deleted, the store's size on disk and when its oldest run was
+        #: last written, as of the sweeper's last pass (0 / None before it), its longest batch (s).
+        self.runs_deleted = 0
+        self.size = 0
+        self.oldest_kept: float | None = None
+        self.longest_batch = 0.0
 
     # --- backend hooks ---------------------------------------------------------------------------
     #: The driver's positional parameter mark.
     _mark = "?"
+    #: The database's type for bytes.
+    _blob = "BLOB"
 
     @abstractmethod
     def _connect(self) -> None:
@@ -290,17 +383,32 @@ class RunStore(ABC):
         """Called first in a batch's transaction with every run id it touches: keeps other writers
         off those runs until it commits (SQLite's transaction already holds the write lock)."""
 
-    def _migrate_from(self, version: int, execute: Callable[[str], Any], reached: Callable[[int], Any]) -> None:
+    def _migrate_from(self, version: int, execute: Callable[..., Any], reached: Callable[[int], Any]) -> None:
         """Bring a store at schema ``version`` to :data:`SCHEMA_VERSION`, inside the caller's
-        transaction: ``execute`` runs one statement, ``reached`` records each version reached."""
+        transaction: ``execute(sql[, params])`` runs one statement, ``reached`` records each version
+        reached."""
         if version > SCHEMA_VERSION:
             raise StoreError(f"{self.display}: schema version {version} is newer than this agenteval knows "
                              f"({SCHEMA_VERSION}); upgrade agenteval")
         for number in range(version, SCHEMA_VERSION):
-            for statement in MIGRATIONS[number]:
-                execute(statement)
+            for step in MIGRATIONS[number]:
+                if isinstance(step, str):
+                    execute(step.format(blob=self._blob))
+                else:
+                    step(execute, self._mark)
             reached(number + 1)
             log.info("store_migrated", store=self.display, to_version=number + 1)
+
+    def _reclaim(self) -> None:
+        """Called after a transaction deleted runs: give their space back (SQLite)."""
+
+    @abstractmethod
+    def size_bytes(self) -> int:
+        """What the store takes on disk (the ``collector_store_bytes`` metric)."""
+
+    @abstractmethod
+    def _usage(self) -> tuple[int, int]:
+        """(bytes the stored runs take, how many there are): what ``max_size`` bounds."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -355,10 +463,98 @@ class RunStore(ABC):
             raise StoreUnavailable(f"{self.display}: not open yet (it could not be reached when the collector started)")
 
     def _stop_opening(self) -> None:
-        """First in :meth:`close`: no attempt to open is left running."""
+        """First in :meth:`close`: no attempt to open (and no sweep) is left running."""
         self._closing.set()
         if self._opener is not None:
             self._opener.join()
+        if self._sweeper is not None:
+            self._sweeper.join()
+
+    # --- retention -------------------------------------------------------------------------------
+    def oldest(self) -> float | None:
+        """When the oldest stored run was last written (unix seconds): how far back the history goes."""
+        rows = self._query("SELECT MIN(updated_at) AS oldest FROM runs", {})
+        return rows[0]["oldest"] if rows else None
+
+    def history(self, max_age: float | None = None, now: float | None = None) -> str:
+        """How far back the stored runs go, for people (``runs list``, the run page), with the
+        retention's maximum age when the caller knows it (the collector's config)."""
+        oldest = self.oldest()
+        kept = f"; runs are kept {_days(max_age)} (store.retention.max_age)" if max_age else ""
+        if oldest is None:
+            return f"no runs stored{kept}"
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(oldest))
+        return f"history goes back to {since} ({_days((time.time() if now is None else now) - oldest)} ago){kept}"
+
+    def sweep(self, retention: Retention, now: float | None = None) -> int:
+        """One pass of retention: delete the runs last written more than ``max_age`` ago, then the
+        oldest runs until the store is within :data:`LOW_WATER` of ``max_size``; never a run written
+        within the late window. In batches of ``retention.batch`` runs, a transaction each, so a
+        writer or reader waits at most one batch. Returns how many runs it deleted."""
+        now = time.time() if now is None else now
+        young = now - retention.late_window
+        deleted = 0
+        if retention.max_age is not None:
+            deleted += self._delete_before(min(now - retention.max_age, young), retention.batch)
+        if retention.max_size is not None:
+            used, runs = self._usage()
+            if used > retention.max_size and runs:
+                excess = used - retention.max_size * LOW_WATER
+                wanted = min(runs, -int(-excess * runs // used))  # runs of the average size, rounded up
+                gone = self._delete_before(young, retention.batch, wanted)
+                deleted += gone
+                if gone < wanted:
+                    log.warning("store_over_max_size", store=self.display, max_size=retention.max_size, used=used,
+                                detail="every run left is within its late window (assembly.late_window)")
+        return deleted
+
+    def _delete_before(self, before: float, batch: int, at_most: int | None = None) -> int:
+        deleted = 0
+        while at_most is None or deleted < at_most:
+            limit = batch if at_most is None else min(batch, at_most - deleted)
+            ids = [r["run_id"] for r in self._query(_OLDEST, {"before": before, "limit": limit})]
+            if not ids:
+                break
+            started = time.perf_counter()
+            with self._transaction() as execute:
+                self._lock_keys(execute, ids)  # a revision being written finishes first (then is young)
+                gone = execute(_DELETE.format(ids=_marks(self._mark, len(ids)), mark=self._mark), [*ids, before]).rowcount
+            self._reclaim()
+            self.longest_batch = max(self.longest_batch, time.perf_counter() - started)
+            deleted += gone
+            self.runs_deleted += gone
+            if len(ids) < limit or self._closing.wait(BATCH_PAUSE):
+                break
+        return deleted
+
+    def start_sweeping(self, retention: Retention, on_deleted: Callable[[int], None] = lambda n: None) -> None:
+        """Sweep every ``retention.interval`` seconds on a thread of its own (stopped by
+        :meth:`close`), keeping :attr:`size` and :attr:`oldest_kept` current for the metrics. A
+        store has one sweeper: a second call changes nothing."""
+        if self._sweeper is not None:
+            return
+        self._sweeper = threading.Thread(target=self._sweep_forever, args=(retention, on_deleted),
+                                         name="store-sweeper", daemon=True)
+        self._sweeper.start()
+
+    def _sweep_forever(self, retention: Retention, on_deleted: Callable[[int], None]) -> None:
+        while not self._opened.wait(0.5):
+            if self._closing.is_set():
+                return
+        while not self._closing.is_set():
+            started, self.longest_batch = time.perf_counter(), 0.0
+            try:
+                deleted = self.sweep(retention)
+                self.size, self.oldest_kept = self.size_bytes(), self.oldest()
+            except StoreError as exc:
+                log.warning("store_sweep_failed", store=self.display, error=str(exc), retry_in=retention.interval)
+            else:
+                if deleted:
+                    on_deleted(deleted)
+                    log.info("store_swept", store=self.display, deleted=deleted, size_bytes=self.size,
+                             oldest_kept=self.oldest_kept, seconds=round(time.perf_counter() - started, 3),
+                             longest_batch_ms=round(self.longest_batch * 1000, 1))
+            self._closing.wait(retention.interval)
 
     def subscribe(self, subscriber: Subscriber, listening: Callable[[], bool] = lambda: True) -> None:
         """Call ``subscriber`` with the documents of runs written, once they are durable, while
@@ -384,15 +580,16 @@ class RunStore(ABC):
         few statements whatever its size; returns the ids of the runs written (stale revisions are
         not), in order."""
         start = time.time()
-        rows = []
+        rows, docs = [], []
         for index, item in enumerate(runs):
             run = item.verdict
             doc = run_to_json(run, self.max_items, run_id=item.run_id, source=item.source,
                               finalized_by=item.finalized_by)
             now = start + index * 1e-6  # distinct times keep a batch's order in "newest first"
+            docs.append(doc)
             rows.append((item.run_id, run.trace_id, run.subject, run.status.value, run.score, run.preset, item.source,
                          run.revision, int(run.incomplete), run.checked, run.unchecked, now, now,
-                         doc.decode(), item.finalized_by, run.maf_release))
+                         pack(doc), item.finalized_by, run.maf_release))
         if not rows:
             return []
         with self._transaction() as execute:
@@ -413,7 +610,7 @@ class RunStore(ABC):
             if written:
                 self._written(execute, [rows[i][0] for i in written])
         if written and not self.notifies_all_writers and self._listening():
-            self._notify([from_json(rows[i][13]) | {"created_at": None, "updated_at": rows[i][12]} for i in written])
+            self._notify([from_json(docs[i]) | {"created_at": None, "updated_at": rows[i][12]} for i in written])
         return [rows[i][0] for i in written]
 
     def list_runs(self, statuses: Iterable[str] = (), subject: str | None = None, limit: int = 50,

@@ -57,6 +57,7 @@ def safe_url(url: str) -> str:
 class PostgresRunStore(RunStore):
     notifies_all_writers = True
     _mark = "%s"
+    _blob = "BYTEA"
 
     def __init__(self, url: str, password: str | None = None, pool_size: int = 4,
                  connect_timeout: float = 10.0) -> None:
@@ -121,6 +122,25 @@ class PostgresRunStore(RunStore):
     def _written(self, execute: Callable[[str, Any], Any], run_ids: list[str]) -> None:
         execute("SELECT pg_notify(:channel, run_id) FROM unnest(CAST(:run_ids AS text[])) AS run_id",
                 {"channel": CHANNEL, "run_ids": run_ids})
+
+    def size_bytes(self) -> int:
+        """The runs table with its indexes and TOAST: what it takes on disk, including the space of
+        deleted runs that (auto)vacuum has made reusable but PostgreSQL does not give back."""
+        return self._query("SELECT pg_total_relation_size('runs') AS n", {})[0]["n"]
+
+    def _usage(self) -> tuple[int, int]:
+        """The stored runs' bytes, estimated: their count times the newest runs' average size, the
+        row and its entries in the five indexes (key, updated_at, a 16-byte entry header, btree
+        pages 90% full). Unlike the size on disk, it falls as runs are deleted, so a cap over it
+        deletes what is needed and no more (the disk then holds about that, once vacuum lets new
+        runs reuse the space)."""
+        row = self._query(
+            "SELECT (SELECT COUNT(*) FROM runs) AS runs, (SELECT AVG(pg_column_size(newest.*) + (2 * pg_column_size("
+            "run_id) + COALESCE(pg_column_size(status), 0) + COALESCE(pg_column_size(subject), 0) + COALESCE("
+            "pg_column_size(maf_release), 0) + 4 * 8 + 5 * 16) / 0.9) FROM (SELECT * FROM runs ORDER BY updated_at DESC "
+            "LIMIT 500) AS newest) AS run_bytes", {})[0]
+        runs = row["runs"]
+        return (int(runs * float(row["run_bytes"])) if runs else 0), runs
 
     def _query(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         """A read waits at most :data:`READ_WAIT` for a connection, and as long for a lock (the lock

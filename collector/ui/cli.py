@@ -245,15 +245,18 @@ def runs_list(
 ) -> None:
     """List stored runs, newest first."""
     statuses, subject = _statuses(status), _subject_filter(subject)
-    db = _open_store(store, _config(config) if config else None, existing=True)
+    cfg = _config(config) if config else None
+    db = _open_store(store, cfg, existing=True)
     try:
         rows = db.list_runs(statuses, subject, limit, with_docs=True, maf_release=maf_release)
+        history = None if as_json else db.history(cfg.store.retention.max_age if cfg else None)
     finally:
         db.close()
     if as_json:
         print(json.dumps(rows, indent=2))
     elif rows:
         out.print(runs_table(rows, out.width))
+        out.print(f"[dim]{escape(history)}[/]")
     else:
         given = [f"{flag} {value}" for flag, values in (("--status", statuses), ("--subject", [subject] if subject else []),
                                                          ("--maf-release", [maf_release] if maf_release else []))

@@ -213,3 +213,21 @@ def test_nothing_goes_to_the_store_for_a_trace_held_whole(url):
         assert not a.store.waiting_parts() and list(runs_of(a.store, trace)) == [run_id(trace)]
     finally:
         a.close()
+
+
+def test_a_replica_whose_root_comes_after_a_long_gap_claims_its_own_part_back(url):
+    """One replica, a trace quiet for longer than handover_after before its root (a long LLM call):
+    its part goes to the store and comes back when the root does; one exact run, nothing to note."""
+    spans, (trace,) = record([SCENARIOS["fail_under_report"][0]])
+    early, late = _split(spans, _executor_subtree(spans, "writer"))
+    a = Replica("a", url)
+    try:
+        a.send(early)
+        until([a], lambda: bool(a.store.waiting_parts()) and trace in a.pipeline.handover.waiting)
+        a.send(late)
+        until([a], lambda: run_id(trace) in runs_of(a.store, trace) and not a.store.waiting_parts())
+        doc = runs_of(a.store, trace)[run_id(trace)]
+        assert (doc["status"], doc["revision"], doc["split"]) == ("FAIL", 1, False)
+        assert not any("across replicas" in n for n in doc["notes"])
+    finally:
+        a.close()

@@ -580,8 +580,10 @@ class Pipeline:
     def _publish(self, item: Finalized) -> StoredRun:
         """Reconcile a finalized run and hand it to every sink but the store (the sweep queues its
         runs for the store together)."""
-        if item.merged:
-            spans, run = item.merged, item.run
+        # parts of its own a replica handed over and claimed back (the root came to it after all): not news
+        spans = {replica: n for replica, n in (item.merged or {}).items() if replica != self.instance or item.adopted}
+        if spans:
+            run = item.run
             if item.adopted:  # parts no replica with the root claimed: reconciled apart
                 run.split = True
                 run.notes = (*run.notes, split_note([Part(run.trace_id or "", r, False, n, b"") for r, n in

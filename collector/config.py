@@ -237,6 +237,7 @@ class Logging(_Section):
 
 class CollectorConfig(_Section):
     instance: str | None = None
+    shutdown_delay: float = Field(0.0, ge=0)
     receivers: Receivers = Receivers()
     assembly: Assembly = Assembly()
     scoring: Scoring = Scoring()

@@ -47,6 +47,9 @@ HOSTNAME = "agenteval.test"
 #: root; parts nobody with the root claimed are reconciled apart after 20 s.
 ASSEMBLY = {"quiet_period": 3.0, "handover_after": 2.0, "max_trace_wait": 20.0, "late_window": 120.0,
             "sweep_interval": 0.2}
+#: Seconds the load balancer may take to route by a changed hosts file: Go's resolver looks at the
+#: file at most every 5 s, the dns resolver asks every second.
+RING_LAG = 7.0
 #: Status order: a run whose status is before its truth's in this order looks better than the truth.
 RANK = {"PASS": 0, "WARN": 1, "PENDING": 1, "FAIL": 2}
 
@@ -79,7 +82,7 @@ class Replica:
     lives: list[CollectorProcess] = field(default_factory=list)
 
     def start(self) -> None:
-        overrides = {"assembly": ASSEMBLY, "receivers": {"grpc": {"endpoint": f"{self.address}:{self.port}"}},
+        overrides = {"shutdown_delay": RING_LAG, "assembly": ASSEMBLY, "receivers": {"grpc": {"endpoint": f"{self.address}:{self.port}"}},
                      "journal": {"path": str(self.root / "journal")}}
         self.lives.append(CollectorProcess(self.root / f"life{len(self.lives)}", overrides,
                                            env={"AGENTEVAL_INSTANCE": self.name}, store_url=self.store_url))
@@ -165,8 +168,9 @@ class Feed:
             processor.shutdown()  # exports what is queued first
 
     def in_flight(self, at: float, quiet: float = ASSEMBLY["quiet_period"]) -> set[str]:
-        """Traces a ring change at ``at`` can split: spans sent before and after it, or still open."""
-        return {tid for tid, (first, last) in self.window.items() if first <= at <= last + quiet + 1.0}
+        """Traces a ring change made at ``at`` can split: sent (or still open on a replica) while the
+        load balancer takes the change in (:data:`RING_LAG`)."""
+        return {tid for tid, (first, last) in self.window.items() if first <= at + RING_LAG and at <= last + quiet}
 
 
 class Topology:
@@ -177,6 +181,7 @@ class Topology:
         self.port = free_port()
         self.ring = Ring(tmp / "hosts")
         self.replicas: list[Replica] = []
+        self._stopping: list[threading.Thread] = []
         self._next = 2
         for _ in range(replicas):
             self.add(join=False)
@@ -203,10 +208,13 @@ class Topology:
             self.ring.set([*self.ring.addresses, replica.address])
         return replica
 
-    def remove(self, replica: Replica, sig: int = signal.SIGTERM) -> None:
-        """Out of the resolver's answer and stopped at the same moment, as Kubernetes does."""
+    def remove(self, replica: Replica) -> None:
+        """Out of the resolver's answer and sent SIGTERM at the same moment, as Kubernetes does (it
+        then stops within its shutdown_delay and the time to hand its parts over)."""
         self.ring.set([a for a in self.ring.addresses if a != replica.address])
-        replica.stop(sig)
+        stopping = threading.Thread(target=replica.stop)
+        stopping.start()
+        self._stopping.append(stopping)
 
     # --- the scale events -------------------------------------------------------------------------
     def scale_up(self) -> None:
@@ -233,6 +241,8 @@ class Topology:
 
     def stop(self) -> None:
         self.otelcol.stop()
+        for stopping in self._stopping:
+            stopping.join()
         for replica in self.replicas:
             if replica.lives and replica.current.proc.poll() is None:
                 replica.stop()

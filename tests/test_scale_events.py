@@ -9,8 +9,10 @@ rounds are bench/scale_events.py's."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import time
 
 import pytest
 
@@ -39,3 +41,30 @@ def test_no_trace_is_silently_wrong_through_every_kind_of_scale_event(otelcol_bu
         assert traces, f"no trace in flight at {event}: the round is too short"
     # the ring changes did split traces, and the hand-over merged them into one exact run
     assert table["all traces"].get("merged", 0) > 0, table
+
+
+def test_a_stopping_collector_keeps_accepting_for_its_shutdown_delay(tmp_path):
+    """SIGTERM with shutdown_delay: readiness says it is stopping, spans a load balancer still routes
+    here are accepted (not refused, to be dropped once the replica leaves the ring), and their run
+    is stored before it exits."""
+    import signal
+    import urllib.error
+    import urllib.request
+
+    from conftest import CollectorProcess, post
+    from mafshape import SCENARIOS, export_request, record, run_id
+
+    proc = CollectorProcess(tmp_path, {"shutdown_delay": 3.0})
+    spans, (trace,) = record([SCENARIOS["pass"][0]])
+    proc.proc.send_signal(signal.SIGTERM)
+    while not any(e.get("event") == "collector_stopping" for e in proc.log_events()):
+        time.sleep(0.05)
+    try:
+        urllib.request.urlopen(f"{proc.http}/readyz", timeout=5)
+        raise AssertionError("ready while stopping")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 503 and "stopping" in json.loads(exc.read())["reason"]
+    status, _, _ = post(proc.http, export_request(spans).SerializeToString())
+    assert status == 200
+    assert proc.stop() == 0
+    assert proc.store().get_run(run_id(trace))["status"] == "PASS"

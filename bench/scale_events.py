@@ -9,6 +9,7 @@ wrong (a clean-looking run better than the truth or missing a unit) or lost; and
 verdicts the store no longer holds. Needs root (unshare -m) and `make otelcol`.
 
     .venv/bin/python bench/scale_events.py [--traces 300] [--rounds 1] [--spread 40]
+    .venv/bin/python bench/scale_events.py --code /tmp/base   # the replicas of a worktree of another commit
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def main() -> None:
     ap.add_argument("--spread", type=float, default=40.0, help="seconds over which the traces start")
     ap.add_argument("--rounds", type=int, default=1, help="rounds per kind of event")
     ap.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS)
+    ap.add_argument("--code", help="run the replicas from this source tree (e.g. a worktree of a commit before "
+                                   "issue 43, without its settings) instead of the installed one")
     args = ap.parse_args()
     server = PostgresServer(_pg_bindir())
     totals: dict[str, Counter] = {}
@@ -45,7 +48,7 @@ def main() -> None:
                 with tempfile.TemporaryDirectory(prefix="agenteval-scale-") as tmp:
                     got = run_round(Path(tmp), server.database(), args.traces, seed=43_000 + round_,
                                     events=events, replicas=2 if kind != "scale down + SIGTERM" else 3,
-                                    spread=args.spread)
+                                    spread=args.spread, code=args.code)
                 table = got.table()
                 row = table.get(kind, table["all traces"])
                 totals.setdefault(kind, Counter()).update(row)

@@ -81,11 +81,21 @@ class Replica:
     store_url: str
     lives: list[CollectorProcess] = field(default_factory=list)
 
+    #: Run the collector of that source tree (a commit before issue 43, as bench/scale_events.py's
+    #: baseline): without the settings it does not know.
+    code: str | None = None
+
     def start(self) -> None:
-        overrides = {"shutdown_delay": RING_LAG, "assembly": ASSEMBLY, "receivers": {"grpc": {"endpoint": f"{self.address}:{self.port}"}},
+        overrides = {"shutdown_delay": RING_LAG, "assembly": ASSEMBLY,
+                     "receivers": {"grpc": {"endpoint": f"{self.address}:{self.port}"}},
                      "journal": {"path": str(self.root / "journal")}}
-        self.lives.append(CollectorProcess(self.root / f"life{len(self.lives)}", overrides,
-                                           env={"AGENTEVAL_INSTANCE": self.name}, store_url=self.store_url))
+        env = {"AGENTEVAL_INSTANCE": self.name}
+        if self.code:
+            overrides.pop("shutdown_delay")
+            overrides["assembly"] = {k: v for k, v in ASSEMBLY.items() if k != "handover_after"}
+            env["PYTHONPATH"] = self.code
+        self.lives.append(CollectorProcess(self.root / f"life{len(self.lives)}", overrides, env=env,
+                                           store_url=self.store_url))
 
     @property
     def current(self) -> CollectorProcess:
@@ -176,8 +186,8 @@ class Feed:
 class Topology:
     """The replicas on one port at addresses of their own, the load balancer resolving them by name."""
 
-    def __init__(self, tmp: Path, url: str, replicas: int) -> None:
-        self.tmp, self.url = tmp, url
+    def __init__(self, tmp: Path, url: str, replicas: int, code: str | None = None) -> None:
+        self.tmp, self.url, self.code = tmp, url, code
         self.port = free_port()
         self.ring = Ring(tmp / "hosts")
         self.replicas: list[Replica] = []
@@ -200,7 +210,7 @@ class Topology:
 
     def add(self, join: bool = True) -> Replica:
         replica = Replica(f"agenteval-{self._next - 1}", f"127.0.0.{self._next}", self.port,
-                          self.tmp / f"agenteval-{self._next - 1}", self.url)
+                          self.tmp / f"agenteval-{self._next - 1}", self.url, code=self.code)
         self._next += 1
         replica.start()
         self.replicas.append(replica)
@@ -257,7 +267,8 @@ def stored(url: str) -> tuple[dict[str, list[dict]], int]:
     """trace id -> its stored run documents; and how many parts wait unclaimed."""
     with psycopg.connect(url) as conn:
         rows = conn.execute("SELECT trace_id, doc, revision, finalized_by FROM runs").fetchall()
-        parts = conn.execute("SELECT count(*) FROM parts").fetchone()[0]
+        known = conn.execute("SELECT to_regclass('parts') IS NOT NULL").fetchone()[0]  # not before issue 43
+        parts = conn.execute("SELECT count(*) FROM parts").fetchone()[0] if known else 0
     out: dict[str, list[dict]] = {}
     for tid, doc, revision, host in rows:
         d = json.loads(doc)
@@ -335,11 +346,11 @@ class Round:
 
 
 def run_round(tmp: Path, url: str, traces: int, seed: int, events: list[tuple[float, str]], replicas: int = 2,
-              spread: float = 20.0) -> Round:
+              spread: float = 20.0, code: str | None = None) -> Round:
     """``traces`` traces over ``spread`` seconds, the named events at their times (seconds from the
     start), then everything judged once the store has settled."""
     spans, scenario = traffic(traces, seed)
-    top = Topology(tmp, url, replicas)
+    top = Topology(tmp, url, replicas, code)
     try:
         feed = Feed(top.otelcol.grpc, spans, spread)
         in_flight = {}

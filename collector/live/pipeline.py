@@ -417,6 +417,8 @@ class Pipeline:
                     self.journal.append(spans)  # durable here before its trace is settled
             if parts:
                 self.on_deadline(assembler.clock())
+                if self.metrics is not None:
+                    self.metrics.parts.add(len(parts), {"event": "split" if adopt else "merged"})
         wait = self.config.assembly.max_trace_wait
         for trace_id, parts in list(handover.waiting.items()):
             if trace_id in handover.pending:
@@ -435,6 +437,8 @@ class Pipeline:
             self.assembler.handed = []
             self.writer.put_parts([Part(tid.hex(), self.instance, False, len(records), encode(records))
                                    for tid, records in handed])
+            if self.metrics is not None:
+                self.metrics.parts.add(len(handed), {"event": "handed_over"})
         for failure in self.assembler.failures:
             self._failed(failure)
         self.assembler.failures.clear()

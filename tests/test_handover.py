@@ -14,7 +14,7 @@ from collector.config import CollectorConfig
 from collector.formats.decode import decode_request
 from collector.live.pipeline import Pipeline
 from collector.store import open_store
-from mafshape import SCENARIOS, Invocation, Scenario, ok, record, run_id
+from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, run_id
 
 #: Quick settings: a trace is quiet after 0.5 s (fake clock), a part handed over after 1 s quiet.
 ASSEMBLY = {"quiet_period": 0.5, "handover_after": 1.0, "max_trace_wait": 3.0, "sweep_interval": 0.05,
@@ -41,7 +41,7 @@ class Replica:
 
     def send(self, spans: list) -> None:
         if spans:
-            self.pipeline.ingest_decoded(decode_request(_request(spans), self.pipeline.matcher), "grpc")
+            self.pipeline.ingest_decoded(decode_request(export_request(spans), self.pipeline.matcher), "grpc")
 
     def tick(self, seconds: float) -> None:
         self.now += seconds
@@ -50,11 +50,6 @@ class Replica:
     def close(self) -> None:
         self.pipeline.close()
         self.store.close()
-
-
-def _request(spans: list):
-    from mafshape import export_request
-    return export_request(spans)
 
 
 def until(replicas: list[Replica], done: Callable[[], bool], step: float = 0.25, timeout: float = 30.0) -> None:

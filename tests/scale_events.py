@@ -177,10 +177,11 @@ class Feed:
         for processor in self.processors:
             processor.shutdown()  # exports what is queued first
 
-    def in_flight(self, at: float, quiet: float = ASSEMBLY["quiet_period"]) -> set[str]:
-        """Traces a ring change made at ``at`` can split: sent (or still open on a replica) while the
-        load balancer takes the change in (:data:`RING_LAG`)."""
-        return {tid for tid, (first, last) in self.window.items() if first <= at + RING_LAG and at <= last + quiet}
+    def in_flight(self, began: float, ended: float, quiet: float = ASSEMBLY["quiet_period"]) -> set[str]:
+        """Traces ring changes made from ``began`` to ``ended`` can split: sent (or still open on a
+        replica) while they happen and the load balancer takes them in (:data:`RING_LAG`)."""
+        return {tid for tid, (first, last) in self.window.items()
+                if first <= ended + RING_LAG and began <= last + quiet}
 
 
 class Topology:
@@ -357,8 +358,9 @@ def run_round(tmp: Path, url: str, traces: int, seed: int, events: list[tuple[fl
         for at, name in events:
             while feed.now() < at:
                 time.sleep(0.05)
-            in_flight[name] = feed.in_flight(feed.now())
+            began = feed.now()
             EVENTS[name](top)
+            in_flight[name] = feed.in_flight(began, feed.now())
         feed.finish()
         runs = settle(url, set(spans))
         return Round({t: judge(t, scenario[t], runs.get(t, [])) for t in spans}, in_flight,

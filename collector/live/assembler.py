@@ -89,7 +89,7 @@ class _Trace:
     reopened: float | None = None
     revision: int = 0
     finalized_at: float = 0.0
-    #: Its span records while it may be handed over (see :meth:`Assembler.hand_over`): kept until
+    #: Its span records while it may be handed over (see :meth:`Assembler._hand_over`): kept until
     #: its root or a workflow-run span arrives, None after (or when hand-over is off).
     records: list[SpanRecord] | None = None
     #: Parts of it handed over by other replicas and merged here: replica -> spans.
@@ -245,7 +245,7 @@ class Assembler:
         if hold and not force:
             ready = [tid for tid in ready if tid not in hold]
         if self.handover:
-            ready = self._hand_over(ready, now, force)
+            ready = self._hand_over(ready)
         out: list[Finalized] = []
         for tid in ready:
             trace = self._open[tid]
@@ -267,21 +267,18 @@ class Assembler:
         out.extend(self._expire(now))
         return out
 
-    def _hand_over(self, ready: list[bytes], now: float, force: bool) -> list[bytes]:
+    def _hand_over(self, ready: list[bytes]) -> list[bytes]:
         """Of the traces ``ready``, hand over those still without their root (:attr:`handed`);
         returns the rest, to finalize. A part is handed over once quiet for ``handover_after``, or
         its trace's ``max_trace_wait`` passed, or at shutdown: its spans may be the first of a trace
         whose root another replica gets (a scale event moved the trace). Not kept in the late window
         nor remembered: spans of it that come later make a part of their own."""
         rest = []
-        for tid in ready:
+        for tid in ready:  # a rootless trace is ready only once quiet for handover_after, or timed out
             trace = self._open[tid]
             if trace.records is None or trace.revision or trace.adopted or not trace.records:
                 rest.append(tid)
                 continue
-            if not force and now - trace.last_seen < self.config.handover_after \
-                    and now - trace.first_seen < self.config.max_trace_wait:
-                continue  # quiet for quiet_period only: it waits on
             del self._open[tid]
             self.spans_in_flight -= trace.spans
             self.handed.append((tid, trace.records))

@@ -623,8 +623,10 @@ class Pipeline:
         close the journal. It keeps the spans of the traces cut short (and of any whose write
         failed): they replay on the next start, so the rest of a trace, sent there, completes its run.
         Returns how many traces it keeps."""
-        self.sweep(force=True)
         if self.handover is not None:
             self.handover.close()
+            # parts claimed but not merged yet go back to the store, for another replica to claim
+            self.writer.put_parts([part for _, parts, _ in self.handover.claimed() for part in parts])
+        self.sweep(force=True)
         self.writer.close()
         return self.journal.close() if self.journal is not None else 0

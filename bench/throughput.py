@@ -5,6 +5,7 @@ pre-encoded requests over ``--streams`` concurrent connections, so the client is
     .venv/bin/python bench/throughput.py [--traces 2000] [--transport grpc http] [--streams 1 16]
     .venv/bin/python bench/throughput.py --code . /tmp/base --rounds 3   # this tree vs a worktree of another commit
     .venv/bin/python bench/throughput.py --journal on off --rounds 3      # the crash journal's cost
+    .venv/bin/python bench/throughput.py --code . /tmp/base --handover-in . --rounds 3  # hand-over's steady-state cost
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ def best_limit(bodies: list[bytes], runs: int = LIMIT_RUNS) -> float:
 
 
 def run(transport: str, bodies: list[bytes], traces: int, n_spans: int, limit: float, streams: int,
-        code: str | None = None, journal: bool = True) -> dict:
-    with Collector(code=code, journal=journal) as collector:
+        code: str | None = None, journal: bool = True, handover: bool = False) -> dict:
+    with Collector(code=code, journal=journal, assembly={"handover": True} if handover else None) as collector:
         target = collector.grpc if transport == "grpc" else collector.http
         sent = send_streams(transport, target, bodies, streams)
         finished = collector.wait_stored(traces)
@@ -69,6 +70,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="alternating rounds per tree; medians are reported")
     ap.add_argument("--journal", nargs="+", default=["on"], choices=["on", "off"],
                     help="run with the crash journal on, off, or both side by side")
+    ap.add_argument("--handover-in", nargs="*", default=[],
+                    help="trees (of --code) whose collector runs with assembly.handover on (docs/scale-out.md): "
+                         "what a replica sharing a PostgreSQL store runs, here on its own SQLite store")
     ap.add_argument("--streams", type=int, nargs="+", default=[1],
                     help="concurrent connections the load is spread over (several values: side by side)")
     args = ap.parse_args()
@@ -82,7 +86,8 @@ def main() -> None:
     for _ in range(args.rounds):
         for transport in args.transport:
             for code, journal, streams in variants:
-                r = run(transport, bodies, args.traces, n_spans, limit, streams, code, journal == "on")
+                r = run(transport, bodies, args.traces, n_spans, limit, streams, code, journal == "on",
+                        code in args.handover_in)
                 results.setdefault((transport, code, journal, streams), []).append(r)
     print(f"limit (parse + walk, best of {LIMIT_RUNS}): {limit:.0f} spans/s")
     print(f"{'transport':9} {'code':24} {'journal':7} {'streams':>7} {'spans':>8} {'accepted/s':>11} "

@@ -148,6 +148,8 @@ class Assembly(_Section):
     max_late_bytes: int = Field(256 * 1024 * 1024, ge=0)
     sweep_interval: float = Field(1.0, gt=0)
     retry_after: float = Field(1.0, gt=0)
+    handover: bool | None = None
+    handover_after: float = Field(10.0, gt=0)
 
 
 class Scoring(_Section):
@@ -249,6 +251,8 @@ class Logging(_Section):
 
 
 class CollectorConfig(_Section):
+    instance: str | None = None
+    shutdown_delay: float = Field(0.0, ge=0)
     receivers: Receivers = Receivers()
     assembly: Assembly = Assembly()
     scoring: Scoring = Scoring()

@@ -38,7 +38,10 @@ class Otelcol:
     :attr:`grpc`, its own metrics at :attr:`metrics_url`, log at ``log``; ``env`` sets the config's
     other variables (replicas, Jaeger, retry pace)."""
 
-    def __init__(self, configs: Sequence[Path | str], log: Path, env: dict[str, str]) -> None:
+    def __init__(self, configs: Sequence[Path | str], log: Path, env: dict[str, str],
+                 wrap: Sequence[str] = ()) -> None:
+        """``wrap``: a command that runs the binary (its arguments appended), e.g. one that gives it a
+        mount namespace of its own."""
         self.grpc = f"127.0.0.1:{free_port()}"
         metrics_port = free_port()
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
@@ -46,7 +49,7 @@ class Otelcol:
         ports = {"OTELCOL_GRPC_ENDPOINT": self.grpc, "OTELCOL_HTTP_ENDPOINT": f"127.0.0.1:{free_port()}",
                  "OTELCOL_METRICS_HOST": "127.0.0.1", "OTELCOL_METRICS_PORT": str(metrics_port)}
         with log.open("w") as stderr:
-            self.proc = subprocess.Popen([str(binary_path()), *(f"--config={c}" for c in configs)],
+            self.proc = subprocess.Popen([*wrap, str(binary_path()), *(f"--config={c}" for c in configs)],
                                          stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, **ports, **env})
         deadline = time.monotonic() + 30
         while READY not in log.read_text():

@@ -197,8 +197,7 @@ class CollectorProcess:
             "exporters": {"prometheus": {"endpoint": "127.0.0.1:0"},
                           "otlp": {"endpoint": otlp_out, "metrics_interval": 0.5} if otlp_out else {}},
         }
-        for section, values in (overrides or {}).items():
-            _merge(cfg.setdefault(section, {}), values)
+        _merge(cfg, overrides or {})
         self.config_path = tmp / "collector.yaml"
         self.config_path.write_text(yaml.safe_dump(cfg))
         self.stderr_path = tmp / "collector.log"

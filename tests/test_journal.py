@@ -27,7 +27,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from collector.config import CollectorConfig
 from collector.core.classify import FINISH, INPUT, TOTAL, SpanRecord
 from collector.formats import decode
-from collector.live.journal import Journal, _decode, _encode
+from collector.live.journal import Journal, encode
+from collector.live.journal import decode as journal_decode
 
 from conftest import AGENTEVAL, CollectorProcess, export_spans, free_port, post
 from mafshape import SCENARIOS, export_request, record, run_id, sent_times
@@ -229,7 +230,7 @@ def test_a_native_journal_line_is_written_as_is_and_replayed_as_its_spans(tmp_pa
         (replayed,) = journal.replay(matcher)
     finally:
         journal.close()
-    assert fields(replayed) == fields(decoded.spans) == fields(_decode(_encode(decoded.spans), matcher))
+    assert fields(replayed) == fields(decoded.spans) == fields(journal_decode(encode(decoded.spans), matcher))
 
 
 def test_a_journal_of_the_previous_format_replays_with_its_spans_facts(tmp_path):
@@ -310,7 +311,7 @@ def test_a_segment_that_cannot_be_started_fails_that_request_only(tmp_path, monk
                 await journal.append(spans[1:2])
             await asyncio.wait_for(journal.append(spans[2:3]), 10)
             on_disk = [s.span_id for p in sorted(tmp_path.glob("*.jsonl"))
-                       for s in _decode(p.read_bytes(), CollectorConfig().matcher())]
+                       for s in journal_decode(p.read_bytes(), CollectorConfig().matcher())]
             assert on_disk == [spans[0].span_id, spans[2].span_id]  # the refused one is retried by its client
         finally:
             journal.close()

@@ -4,7 +4,7 @@
 For every payload, :func:`decode_bytes` must give exactly what the Python path gives (the same
 :class:`Decoded`, or the same exception type), and the native decoder alone either the same result or
 None (it then leaves the request to protobuf). Its journal line must replay as what
-``collector.live.journal._encode`` of its spans replays as. CI sets AGENTEVAL_REQUIRE_NATIVE=1, so a
+``collector.live.journal.encode`` of its spans replays as. CI sets AGENTEVAL_REQUIRE_NATIVE=1, so a
 missing extension fails there instead of skipping.
 """
 
@@ -55,7 +55,8 @@ from collector.formats.decode import (
     parse_request,
     span_count,
 )
-from collector.live.journal import _decode, _encode
+from collector.live.journal import decode as journal_decode
+from collector.live.journal import encode as journal_encode
 from collector.core.profiles import LEDGER_SOURCE_BRIDGE
 from mafshape import SCENARIOS, export_request, record
 
@@ -111,13 +112,13 @@ def records(spans: list[SpanRecord]) -> list[tuple]:
 
 
 def assert_journal_line(payload: bytes, found: Decoded) -> None:
-    """The native journal line replays as ``_encode`` of the spans does, and as the spans themselves;
+    """The native journal line replays as ``encode`` of the spans does, and as the spans themselves;
     it is missing only for a finish reason UTF-8 cannot hold (a lone surrogate from a JSON escape)."""
     if found.journal_line is None:
         assert any(s.facts[FINISH] and _lone_surrogate(s.facts[FINISH]) for s in found.spans)
         return
-    replayed = records(_decode(found.journal_line, MATCHER))
-    assert replayed == records(_decode(_encode(found.spans), MATCHER))
+    replayed = records(journal_decode(found.journal_line, MATCHER))
+    assert replayed == records(journal_decode(journal_encode(found.spans), MATCHER))
     assert replayed == records(found.spans)
 
 
@@ -622,7 +623,7 @@ def test_span_end_times_are_compared_and_journaled() -> None:
     found = decode._native_decode(payload, MATCHER)
     assert [s.end_ns for s in found.spans] == [s.end_ns for s in decode_protobuf(payload, MATCHER).spans] \
         == [None, 1, 2**64 - 1, 2**61]
-    assert [s.end_ns for s in _decode(found.journal_line, MATCHER)] == [None, 1, 2**64 - 1, 2**61]
+    assert [s.end_ns for s in journal_decode(found.journal_line, MATCHER)] == [None, 1, 2**64 - 1, 2**61]
 
 
 def test_journal_lines_are_orjsons_bytes() -> None:
@@ -630,7 +631,7 @@ def test_journal_lines_are_orjsons_bytes() -> None:
     format (integers, escapes), so the journal reads the same whichever wrote it."""
     bodies = [*JOURNAL_CASES.values(), *encode([trace_spans(random.Random(seed)) for seed in range(20)])]
     found = [decode._native_decode(body, MATCHER) for body in bodies]
-    lines = [(f.journal_line, _encode(f.spans)) for f in found if f.journal_line is not None]
+    lines = [(f.journal_line, journal_encode(f.spans)) for f in found if f.journal_line is not None]
     assert len(lines) == len(bodies) - len(NO_LINE)
     for line, encoded in lines:
         assert line == encoded
@@ -651,7 +652,7 @@ def test_token_counts_are_read_and_journaled_as_python_and_orjson_do(values: lis
     payload = request(span(attributes=attributes), span(attributes=attributes[::-1], n=3))
     assert assert_parity(payload, native_must_answer=True)[0] == "ok"
     found = decode._native_decode(payload, MATCHER)
-    assert found.journal_line == _encode(found.spans)
+    assert found.journal_line == journal_encode(found.spans)
 
 
 wanted_attributes = st.lists(st.tuples(st.sampled_from(KEYS), any_values).map(
@@ -774,7 +775,7 @@ def test_generated_profile_shaped_requests_decode_identically(case: tuple[bytes,
     assert expected[0] == "ok"
     found = decode._native_decode(payload, MATCHER)
     if found is not None and found.journal_line is not None:
-        assert found.journal_line == _encode(found.spans)
+        assert found.journal_line == journal_encode(found.spans)
 
 
 # --- span facts -------------------------------------------------------------------------------------------

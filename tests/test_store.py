@@ -431,3 +431,94 @@ def test_the_wal_is_checkpointed_beside_the_writer_and_stays_bounded(tmp_path):
     assert len(store.list_runs(limit=2000)) == 1200
     store.close()
     assert not wal.exists()  # the last connection checkpointed it and removed it
+
+
+# --- replicas come and go (docs/scale-out.md) -------------------------------------------------------
+
+def _units(trace_id: str, *units: tuple[str, int], incomplete: bool = False, revision: int = 1):
+    """A run of these units, each with its ledger 100 tokens against ``truth`` on the chat calls."""
+    recs = tuple(ExecutorRecord(name, (LedgerEntry(Usage(100, 0), "stop"),), (ChatTurn(Usage(truth, 0), "stop"),), "t")
+                 for name, truth in units)
+    return replace(reconcile(RunInput(recs, trace_id=trace_id, incomplete=incomplete, partial=incomplete)),
+                   revision=revision)
+
+
+def test_a_verdict_no_other_run_holds_is_never_deleted(url):
+    """Issue 43: a replica stopping mid-trace stored its part (the under-reporting executor: FAIL)
+    under the trace id; the replica with the workflow-run span stored a PASS without that unit, and
+    the supersede rule deleted the FAIL. It is kept now, and goes only once a run holds its units."""
+    store = open_store(url)
+    trace = "4a" * 16
+    assert store.save_many([StoredRun(trace, "live", _units(trace, ("writer", 500), incomplete=True), "a")]) == [trace]
+    whole = f"{trace}-01"
+    store.save(StoredRun(whole, "live", _units(trace, ("planner", 100)), "b"))
+    runs = {r["run_id"]: r["status"] for r in store.list_runs()}
+    assert runs == {trace: "FAIL", whole: "PASS"}  # the FAIL stays beside the run that lacks its unit
+    store.save(StoredRun(whole, "live", _units(trace, ("planner", 100), ("writer", 500), revision=2), "b"))
+    assert {r["run_id"]: r["status"] for r in store.list_runs()} == {whole: "FAIL"}  # merged: now it goes
+    store.close()
+
+
+def test_a_part_from_another_replica_never_replaces_the_whole_run(url):
+    """A re-read tail or a part on another replica (fewer units, whatever its revision) is not
+    written over the whole run; the run's own replica's later revisions are, and so is another
+    replica's run that holds every unit."""
+    store = open_store(url)
+    trace = "5b" * 16
+    run = f"{trace}-02"
+    store.save(StoredRun(run, "live", _units(trace, ("planner", 100), ("writer", 500)), "a"))
+    assert store.save_many([StoredRun(run, "live", _units(trace, ("writer", 100), revision=5), "b")]) == []
+    assert store.save_many([StoredRun(run, "live", _units(trace, ("writer", 100), incomplete=False, revision=2),
+                                      "b")]) == []
+    doc = store.get_run(run)
+    assert (doc["status"], doc["revision"], doc["finalized_by"]) == ("FAIL", 1, "a")
+    assert store.save_many([StoredRun(run, "live", _units(trace, ("planner", 100), ("writer", 100), revision=2),
+                                      "a")]) == [run]
+    assert store.save_many([StoredRun(run, "live", _units(trace, ("planner", 100), ("writer", 100), ("critic", 100),
+                                                          revision=3), "b")]) == [run]
+    assert store.get_run(run)["finalized_by"] == "b"
+    store.close()
+
+
+def test_parts_are_handed_over_and_each_claimed_once(url):
+    """Two replicas claim the same trace's parts at once: each part goes to exactly one of them,
+    with its records as handed over; the poll lists what waits, without records."""
+    from collector.store.base import Part
+
+    stores = [open_store(url), open_store(url)]
+    trace, other = "6c" * 16, "7d" * 16
+    stores[0].hand_over([Part(trace, "a", False, 3, b'[["x"]]\n'), Part(other, "a", True, 1, b'[["y"]]\n')])
+    stores[1].hand_over([Part(trace, "b", True, 2, b'[["z"]]\n')])
+    waiting = stores[0].waiting_parts()
+    assert sorted((p.trace_id, p.held_by, p.has_root, p.spans) for p in waiting) == [
+        (trace, "a", False, 3), (trace, "b", True, 2), (other, "a", True, 1)]
+    assert all(p.records == b"" for p in waiting)
+    got: list[list] = [[], []]
+    barrier = threading.Barrier(2)
+
+    def claim(k: int) -> None:
+        barrier.wait()
+        got[k] = stores[k].claim_parts([trace])
+
+    threads = [threading.Thread(target=claim, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    claimed = got[0] + got[1]
+    assert sorted((p.held_by, p.records) for p in claimed) == [("a", b'[["x"]]\n'), ("b", b'[["z"]]\n')]
+    assert [p.trace_id for p in stores[1].waiting_parts()] == [other]
+    for s in stores:
+        s.close()
+
+
+def test_a_run_flagged_split_never_passes_and_says_why(url):
+    store = open_store(url)
+    trace = "8e" * 16
+    store.save(StoredRun(f"{trace}-01", "live", _units(trace, ("planner", 100)), "b"))
+    note = "Split across replicas: a holds 3 span(s) that could not be merged"
+    assert store.flag_split(trace, note) == [f"{trace}-01"]
+    doc = store.get_run(f"{trace}-01")
+    assert (doc["status"], doc["split"], doc["revision"], doc["notes"][-1]) == ("WARN", True, 2, note)
+    assert store.flag_split(trace, note) == []  # once
+    store.close()

@@ -264,6 +264,9 @@ class RunInput:
     #: workflow-run span, or the parent of a span), so units may be missing: it cannot pass. A run
     #: cut short otherwise (a collector stopping mid quiet period) is incomplete only.
     partial: bool = False
+    #: Parts of its trace reached other replicas and could not be merged into it (docs/scale-out.md):
+    #: partial too, so it never passes; its notes say which replica held which part.
+    split: bool = False
     unattributed_chat: tuple[UnattributedChat, ...] = ()
     #: Executors in which no agent ran (function executors, dispatchers, idle participants...).
     non_agent_executors: tuple[str, ...] = ()
@@ -408,6 +411,8 @@ class RunVerdict:
     preset: str = "standard"
     cost_tier: str = COST_TIER
     incomplete: bool = False
+    #: See :attr:`RunInput.split`.
+    split: bool = False
     #: Chat calls with no agent above them (the sum of ``unattributed_chat``'s calls).
     unattributed_chat_spans: int = 0
     unattributed_chat: tuple[UnattributedChat, ...] = ()

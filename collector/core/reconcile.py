@@ -43,7 +43,7 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
     score = run_score(verdicts)
     unchecked = [v.checked for v in verdicts].count(False)
     return RunVerdict(
-        status=run_status(score, unchecked, run.partial),
+        status=run_status(score, unchecked, run.partial or run.split),
         score=score,
         executors=verdicts,
         trace_id=run.trace_id,
@@ -51,6 +51,7 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
         subject=run.subject,
         preset=preset,
         incomplete=run.incomplete,
+        split=run.split,
         unattributed_chat_spans=sum(u.calls for u in run.unattributed_chat),
         unattributed_chat=run.unattributed_chat,
         non_agent_executors=run.non_agent_executors,
@@ -58,7 +59,7 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
         notes=run.notes + _unchecked_spend(run) if not verdicts else run.notes,
         coverage_note=coverage_note(score, len(verdicts), unchecked,
                                     [v.no_truth_reason in _NO_LEDGER for v in verdicts].count(True),
-                                    run.partial),
+                                    run.partial or run.split),
         revision=revision,
         service_name=run.service_name,
         started_at=_utc(run.start_ns),

@@ -56,6 +56,10 @@ class Finalized:
     revision: int
     #: Monotonic time the trace became ready (first revision only): the verdict-latency origin.
     root_arrived: float | None
+    #: Parts of its trace other replicas handed over, merged into it: replica -> spans (None: none).
+    merged: dict[str, int] | None = None
+    #: Made of parts no replica holding the trace's root claimed (reconciled apart: split).
+    adopted: bool = False
 
 
 #: Memory a finalized trace keeps per span it received (its compact state for late spans), as
@@ -85,11 +89,22 @@ class _Trace:
     reopened: float | None = None
     revision: int = 0
     finalized_at: float = 0.0
+    #: Its span records while it may be handed over (see :meth:`Assembler._hand_over`): kept until
+    #: its root or a workflow-run span arrives, None after (or when hand-over is off).
+    records: list[SpanRecord] | None = None
+    #: Parts of it handed over by other replicas and merged here: replica -> spans.
+    merged: dict[str, int] | None = None
+    #: Made of parts no replica with its root claimed (docs/scale-out.md): finalized once quiet,
+    #: never handed over again.
+    adopted: bool = False
 
 
 class Assembler:
-    def __init__(self, config: Assembly, matcher: Matcher, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: Assembly, matcher: Matcher, clock: Callable[[], float] = time.monotonic,
+                 handover: bool = False) -> None:
         self.config = config
+        #: Traces without their root are handed over (:attr:`handed`) instead of finalized as runs.
+        self.handover = handover
         self.matcher = matcher
         self.clock = clock
         # Open traces, least recently updated first, so a sweep stops at the first non-quiet one.
@@ -112,6 +127,10 @@ class Assembler:
         #: look: the journal keeps their spans, so the spans that reach the next collector (a rolling
         #: restart) complete their runs. One re-opened by late spans is not: its earlier spans are gone.
         self.cut: list[bytes] = []
+        #: Traces handed over since the last look (the pipeline stores them as parts): a trace held
+        #: without its root or any workflow-run span, once quiet for ``handover_after``, or at
+        #: shutdown. Their span records, in arrival order.
+        self.handed: list[tuple[bytes, list[SpanRecord]]] = []
 
     @property
     def traces_in_flight(self) -> int:
@@ -152,8 +171,11 @@ class Assembler:
                 result.duplicates += 1
                 skipped.add(tid)
                 continue
+            if trace.records is not None:
+                trace.records.append(span)
             if trace.root_arrived is None and (not span.parent_id or trace.state.run_spans_seen):
                 trace.root_arrived = now
+                trace.records = None  # held with its root: this replica publishes it
             elif trace.revision and trace.reopened is None and (not span.parent_id or span.facts[KIND] == RUN):
                 trace.reopened = now
             trace.spans += 1
@@ -179,7 +201,7 @@ class Assembler:
         else:
             if tid in self._expired:
                 return None
-            trace = _Trace(TraceState(self.matcher, tid), now, now)
+            trace = _Trace(TraceState(self.matcher, tid), now, now, records=[] if self.handover else None)
         self._open[tid] = trace
         return trace
 
@@ -191,13 +213,14 @@ class Assembler:
             due = trace.last_seen + self.config.quiet_period
             if due > now:
                 return min(due, cap)
-            if trace.root_arrived is not None or trace.revision:
+            if trace.root_arrived is not None or trace.revision or trace.adopted:
                 return now  # quiet and ready: sweep at once
             # quiet but rootless: it waits for max_trace_wait (within the cap), later ones may be due
         return cap
 
-    def sweep(self, force: bool = False) -> list[Finalized]:
-        """Finalize every trace that is complete (every open trace when ``force``)."""
+    def sweep(self, force: bool = False, hold: frozenset[bytes] = frozenset()) -> list[Finalized]:
+        """Finalize every trace that is complete (every open trace when ``force``); ``hold``: traces
+        not finalized yet (parts of them are being claimed)."""
         now = self.clock()
         cfg = self.config
         ready = []
@@ -206,9 +229,10 @@ class Assembler:
                 ready.append(tid)
             elif now - trace.last_seen < cfg.quiet_period:
                 break  # everything after this one was updated more recently still
-            elif trace.root_arrived is not None or trace.revision:
+            elif trace.root_arrived is not None or trace.revision or trace.adopted:
                 ready.append(tid)
-            elif now - trace.first_seen >= cfg.max_trace_wait:
+            elif now - trace.first_seen >= cfg.max_trace_wait or (
+                    trace.records is not None and now - trace.last_seen >= cfg.handover_after):
                 ready.append(tid)
         if not force and now - self._last_timeout_scan >= 1.0:
             # Rootless traces that keep receiving spans never become quiet: time them out too.
@@ -218,6 +242,10 @@ class Assembler:
                 if t.root_arrived is None and not t.revision and now - t.first_seen >= cfg.max_trace_wait
                 and now - t.last_seen < cfg.quiet_period
             )
+        if hold and not force:
+            ready = [tid for tid in ready if tid not in hold]
+        if self.handover:
+            ready = self._hand_over(ready)
         out: list[Finalized] = []
         for tid in ready:
             trace = self._open[tid]
@@ -230,7 +258,7 @@ class Assembler:
             cut = force and not complete
             try:
                 out.extend(self._finalize(tid, now, cut=_SHUTDOWN if cut else None,
-                                          everything=force or complete or timed_out))
+                                          everything=force or complete or timed_out or trace.adopted))
                 if cut and trace.revision == 1:
                     self.cut.append(tid)
             except Exception as exc:  # noqa: BLE001 - one trace that cannot be finalized costs no other
@@ -238,6 +266,56 @@ class Assembler:
                 self.failures.append(Failure(tid.hex(), "finalize", f"{type(exc).__name__}: {exc}"[:200]))
         out.extend(self._expire(now))
         return out
+
+    def _hand_over(self, ready: list[bytes]) -> list[bytes]:
+        """Of the traces ``ready``, hand over those still without their root (:attr:`handed`);
+        returns the rest, to finalize. A part is handed over once quiet for ``handover_after``, or
+        its trace's ``max_trace_wait`` passed, or at shutdown: its spans may be the first of a trace
+        whose root another replica gets (a scale event moved the trace). Not kept in the late window
+        nor remembered: spans of it that come later make a part of their own."""
+        rest = []
+        for tid in ready:  # a rootless trace is ready only once quiet for handover_after, or timed out
+            trace = self._open[tid]
+            if trace.records is None or trace.revision or trace.adopted or not trace.records:
+                rest.append(tid)
+                continue
+            del self._open[tid]
+            self.spans_in_flight -= trace.spans
+            self.handed.append((tid, trace.records))
+            self.settled.append(tid)
+        return rest
+
+    def merge(self, tid: bytes, spans: list[SpanRecord], held_by: str, adopt: bool) -> int:
+        """Merge spans another replica handed over into the trace (re-opened from the late window
+        for a new revision, as late spans are); ``adopt``: spans no replica with the trace's root
+        claimed, merged into a trace of their own that is finalized once quiet, even one that left
+        the late window here. Returns the spans accepted. Capacity is not checked: they were
+        accepted by a replica already."""
+        if adopt:
+            self._expired.pop(tid, None)
+        now = self.clock()
+        trace = self._trace_for(tid, now)
+        if trace is None:
+            return 0
+        trace.records = None
+        trace.adopted = trace.adopted or (adopt and trace.root_arrived is None and not trace.revision)
+        accepted = 0
+        for span in spans:
+            if trace.state.add(span):
+                accepted += 1
+        trace.spans += accepted
+        trace.held += accepted
+        trace.last_seen = now
+        self.spans_in_flight += accepted
+        trace.merged = trace.merged or {}
+        trace.merged[held_by] = trace.merged.get(held_by, 0) + accepted
+        return accepted
+
+    def holds_root(self, tid: bytes) -> bool:
+        """Whether this replica holds the trace with its root or a workflow-run span (open, or
+        finalized and still in the late window): the replica that merges its parts."""
+        trace = self._open.get(tid) or self._late.get(tid)
+        return trace is not None and (trace.root_arrived is not None or trace.revision > 0) and not trace.adopted
 
     def _drop(self, tid: bytes, trace: _Trace) -> None:
         self._open.pop(tid, None)
@@ -269,7 +347,8 @@ class Assembler:
         if not trace.state.waiting or trace.state.provisional:  # published whole, as far as it can be
             self.settled.append(tid)
         arrived = trace.root_arrived if trace.revision == 1 else trace.reopened
-        return [Finalized(run, revision, arrived if revision == 1 else None) for run, revision in runs]
+        return [Finalized(run, revision, arrived if revision == 1 else None, trace.merged, trace.adopted)
+                for run, revision in runs]
 
     def revise(self, tid: bytes, run_id: str, revision: int) -> None:
         """See :meth:`TraceState.revise`."""

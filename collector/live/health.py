@@ -22,6 +22,8 @@ NOT_READY = {
 class Health:
     def __init__(self, writer: StoreWriter) -> None:
         self.writer = writer
+        #: Set once the collector was told to stop and waits ``shutdown_delay`` (still accepting).
+        self.stopping = False
 
     def register(self, app: web.Application) -> None:
         app.router.add_get("/healthz", self.live)
@@ -32,9 +34,13 @@ class Health:
         return web.json_response({"status": "alive"}, headers={"Cache-Control": "no-store"})
 
     async def ready(self, _: web.Request) -> web.Response:
-        """200 when the run store is open and its writes land; else 503 saying why."""
+        """200 when the run store is open and its writes land, and the collector is not stopping; else
+        503 saying why."""
         store = ("unavailable" if not self.writer.store.is_open else "failing" if self.writer.failing else "open")
-        body: dict[str, object] = {"ready": store == "open", "store": store}
+        ready = store == "open" and not self.stopping
+        body: dict[str, object] = {"ready": ready, "store": store}
         if store != "open":
             body["reason"] = NOT_READY[store]
-        return web.json_response(body, status=200 if store == "open" else 503, headers={"Cache-Control": "no-store"})
+        elif self.stopping:
+            body["reason"] = "the collector is stopping (shutdown_delay): it still accepts spans meanwhile"
+        return web.json_response(body, status=200 if ready else 503, headers={"Cache-Control": "no-store"})

@@ -62,14 +62,15 @@ ROW = 10
 EARLIER_ROWS = (9,)
 
 
-def _encode(spans: list[SpanRecord]) -> bytes:
+def encode(spans: list[SpanRecord]) -> bytes:
+    """A journal line of span records (also what a replica hands over: docs/scale-out.md)."""
     rows = [[s.trace_id.hex(), s.span_id.hex(), s.parent_id.hex(), s.name, s.start_ns, s.facts, s.resource_subject,
              s.status_error, s.sdk_language, s.end_ns] for s in spans]
     return to_json(rows) + b"\n"
 
 
-def _decode(line: bytes, matcher: Matcher) -> list[SpanRecord]:
-    """The records of a journal line. A line of an older collector holds a span's wanted attributes (a
+def decode(line: bytes, matcher: Matcher) -> list[SpanRecord]:
+    """The records of a journal line (or of a part handed over). A line of an older collector holds a span's wanted attributes (a
     dict) where its facts now stand: they are worked out from them."""
     return [SpanRecord(bytes.fromhex(t), bytes.fromhex(s), bytes.fromhex(p), name, start, _facts(facts, name, matcher),
                        subject, error, lang, end)
@@ -287,7 +288,7 @@ class Journal:
             with open(handle.fileno(), "rb", closefd=False) as fh:
                 for line in fh:
                     try:
-                        spans = _decode(line, matcher)
+                        spans = decode(line, matcher)
                     except (ValueError, TypeError):
                         log.warning("journal_record_skipped", segment=path.name, reason="torn or unreadable line")
                         continue
@@ -310,7 +311,7 @@ class Journal:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if line is None:
-            line = _encode(spans)
+            line = encode(spans)
         traces = {s.trace_id for s in spans}
         traces -= idle
         with self._wakeup:

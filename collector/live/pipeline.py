@@ -21,10 +21,12 @@ from collector.core.reconcile import reconcile
 from collector.formats.decode import Decoded
 from collector.live import logs
 from collector.live.assembler import Assembler, Backpressure, Finalized
-from collector.live.journal import Journal
+from collector.live.handover import Handover, merged_note, split_note
+from collector.live.journal import Journal, decode, encode
 from collector.outputs.emit_spans import VerdictSpans
 from collector.outputs.metrics import Metrics
 from collector.store import Retention, RunStore, StoredRun, StoreError, instance_name, replaces
+from collector.store.base import Part
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -68,8 +70,12 @@ class StoreWriter:
 
     def __init__(self, store: RunStore, on_stored: Callable[[list[tuple[StoredRun, float | None]]], None],
                  on_error: Callable[[], None] = lambda: None,
-                 on_failed: Callable[[StoredRun, str], None] = lambda run, error: None) -> None:
+                 on_failed: Callable[[StoredRun, str], None] = lambda run, error: None,
+                 on_handed: Callable[[list[Part]], None] = lambda parts: None) -> None:
         self.store = store
+        self._on_handed = on_handed
+        #: Parts of traces to hand over (docs/scale-out.md), written before the runs queued with them.
+        self._parts: deque[Part] = deque()
         #: Runs per second the store took in recent batches (EWMA); None until the first batch.
         self.rate: float | None = None
         self._on_stored = on_stored
@@ -87,7 +93,7 @@ class StoreWriter:
     @property
     def backlog(self) -> int:
         """Verdicts not yet durable: queued plus the batch being written."""
-        return len(self._queue) + self._in_batch
+        return len(self._queue) + self._in_batch + len(self._parts)
 
     def queue_limit(self, seconds: float, cap: int) -> int:
         """The backlog the store clears in ``seconds`` at its measured rate, within [BATCH, cap]."""
@@ -100,6 +106,42 @@ class StoreWriter:
             rate = runs / elapsed
             self.rate = rate if self.rate is None else 0.7 * self.rate + 0.3 * rate
 
+    def put_parts(self, parts: list[Part]) -> None:
+        with self._ready:
+            self._parts.extend(parts)
+            self._ready.notify()
+
+    def _write_parts(self) -> bool:
+        """Hand over the queued parts, retried like a batch of runs; False: closing with the store
+        not open (the journal keeps their spans)."""
+        with self._ready:
+            parts = list(self._parts)
+            self._parts.clear()
+        delay = 0.05
+        while parts:
+            if not self.store.wait_open(1.0):
+                if self._closing:
+                    return False
+                continue
+            try:
+                self.store.hand_over(parts)
+            except StoreError as exc:
+                log.error("store_write_failed", error=str(exc), parts=len(parts), retry_in=delay)
+                self.failing = True
+                self._on_error()
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            except Exception:  # noqa: BLE001 - parts the store cannot take: their spans stay journaled
+                log.exception("handover_failed", parts=len(parts))
+                return True
+            try:
+                self._on_handed(parts)
+            except Exception:  # noqa: BLE001
+                log.exception("store_callback_failed", parts=len(parts))
+            parts = []
+        return True
+
     def put(self, runs: list[tuple[StoredRun, float | None]]) -> None:
         """Queue verdicts, each with the monotonic time its verdict latency counts from."""
         with self._ready:
@@ -109,10 +151,15 @@ class StoreWriter:
     def _run(self) -> None:
         while True:
             with self._ready:
-                while not self._queue and not self._closing:
+                while not self._queue and not self._parts and not self._closing:
                     self._ready.wait()
+            if self._parts and not self._write_parts():
+                return
+            with self._ready:
                 if not self._queue:
-                    return  # closing, and everything queued before is written
+                    if self._closing and not self._parts:
+                        return  # closing, and everything queued before is written
+                    continue
                 self._in_batch = min(self.BATCH, len(self._queue))  # counted before it leaves the queue
                 batch = [self._queue.popleft() for _ in range(self._in_batch)]
             delay = 0.05
@@ -173,15 +220,19 @@ class Pipeline:
     def __init__(self, config: CollectorConfig, store: RunStore, metrics: Metrics | None,
                  spans: VerdictSpans | None, store_url: str = "") -> None:
         self.config = config
-        self.instance = instance_name()
+        self.instance = config.instance or instance_name()
         self.matcher = config.matcher()
         self.policy = config.scoring.policy()
-        self.assembler = Assembler(config.assembly, self.matcher)
+        # Hand-over (docs/scale-out.md): on by default where the store is shared by replicas.
+        handover = config.assembly.handover
+        handover = store.notifies_all_writers if handover is None else handover
+        self.assembler = Assembler(config.assembly, self.matcher, handover=handover)
+        self.handover = Handover(store, self.instance, config.assembly.sweep_interval) if handover else None
         self.metrics = metrics
         self.spans = spans
         self.writer = StoreWriter(store, self._stored,
                                   (lambda: metrics.store_errors.add(1)) if metrics else (lambda: None),
-                                  self._store_failed)
+                                  self._store_failed, lambda parts: self._done(p.trace_id for p in parts))
         self.store = store
         kept = config.store.retention
         store.start_sweeping(Retention(kept.max_age, kept.max_size, config.assembly.late_window, kept.sweep_interval,
@@ -356,8 +407,43 @@ class Pipeline:
         """Monotonic time the next :meth:`sweep` is due."""
         return self.assembler.next_deadline(self.assembler.clock())
 
+    def _merge_parts(self) -> frozenset[bytes]:
+        """Merge the parts claimed since the last sweep, and claim those waiting for traces this
+        replica holds with their root (or that no such replica claimed in time: adopted); returns
+        the traces to hold from finalization while their claims are answered."""
+        assert self.handover is not None
+        handover, assembler = self.handover, self.assembler
+        for trace_id, parts, adopt in handover.claimed():
+            tid = bytes.fromhex(trace_id)
+            for part in parts:
+                spans = [span for line in part.records.splitlines() if line.strip()
+                         for span in decode(line, self.matcher)]
+                if assembler.merge(tid, spans, part.held_by, adopt) and self.journal is not None:
+                    self.journal.append(spans)  # durable here before its trace is settled
+            if parts:
+                self.on_deadline(assembler.clock())
+                if self.metrics is not None:
+                    self.metrics.parts.add(len(parts), {"event": "split" if adopt else "merged"})
+        wait = self.config.assembly.max_trace_wait
+        for trace_id, parts in list(handover.waiting.items()):
+            if trace_id in handover.pending:
+                continue
+            if assembler.holds_root(bytes.fromhex(trace_id)):
+                handover.request(trace_id, adopt=False)
+            elif handover.orphaned(parts, wait):
+                handover.request(trace_id, adopt=True)
+        return frozenset(bytes.fromhex(t) for t in handover.pending)
+
     def sweep(self, force: bool = False) -> int:
-        finalized = self.assembler.sweep(force)
+        hold = self._merge_parts() if self.handover is not None and not force else frozenset()
+        finalized = self.assembler.sweep(force, hold)
+        handed = self.assembler.handed
+        if handed:
+            self.assembler.handed = []
+            self.writer.put_parts([Part(tid.hex(), self.instance, False, len(records), encode(records))
+                                   for tid, records in handed])
+            if self.metrics is not None:
+                self.metrics.parts.add(len(handed), {"event": "handed_over"})
         for failure in self.assembler.failures:
             self._failed(failure)
         self.assembler.failures.clear()
@@ -374,7 +460,7 @@ class Pipeline:
                 self.metrics.ignored.add(len(self.assembler.ignored))
             self.assembler.ignored.clear()
         if self.journal is not None:
-            self._settle(counted, cut)
+            self._settle(counted, cut, [tid.hex() for tid, _ in handed])
         published: list[tuple[StoredRun, float | None]] = []
         try:
             for item in finalized:
@@ -444,7 +530,7 @@ class Pipeline:
                 self._unstored[tid.hex()].mark = mark
         return durable
 
-    def _settle(self, finalized: list[Finalized], kept: set[bytes]) -> None:
+    def _settle(self, finalized: list[Finalized], kept: set[bytes], handed: list[str]) -> None:
         """A trace's spans are let go once it is settled (nothing of it waits for a parent) and every
         run published from it is stored, up to the journal's mark when it was last settled: spans
         appended later belong to a revision not yet stored. ``kept``: traces cut short at shutdown,
@@ -460,6 +546,8 @@ class Pipeline:
             for item in finalized:  # settled or not: a trace still waiting can have published runs
                 if item.run.trace_id:
                     self._unstored.setdefault(item.run.trace_id, _Unstored()).runs += 1
+            for trace_id in handed:  # a part handed over counts as a run until it is stored
+                self._unstored.setdefault(trace_id, _Unstored()).runs += 1
             for hex_id, tid in settled.items():
                 entry = self._unstored.get(hex_id)
                 if entry is None:
@@ -501,6 +589,16 @@ class Pipeline:
     def _publish(self, item: Finalized) -> StoredRun:
         """Reconcile a finalized run and hand it to every sink but the store (the sweep queues its
         runs for the store together)."""
+        # parts of its own a replica handed over and claimed back (the root came to it after all): not news
+        spans = {replica: n for replica, n in (item.merged or {}).items() if replica != self.instance or item.adopted}
+        if spans:
+            run = item.run
+            if item.adopted:  # parts no replica with the root claimed: reconciled apart
+                run.split = True
+                run.notes = (*run.notes, split_note([Part(run.trace_id or "", r, False, n, b"") for r, n in
+                                                     sorted(spans.items())], self.instance))
+            else:
+                run.notes = (*run.notes, merged_note(spans, self.instance))
         verdict = reconcile(item.run, self.policy, self.config.scoring.preset, item.revision)
         run_id = item.run.run_id or verdict.trace_id or ""
         stored = StoredRun(run_id, SOURCE_LIVE, verdict, self.instance)
@@ -530,6 +628,10 @@ class Pipeline:
         close the journal. It keeps the spans of the traces cut short (and of any whose write
         failed): they replay on the next start, so the rest of a trace, sent there, completes its run.
         Returns how many traces it keeps."""
+        if self.handover is not None:
+            self.handover.close()
+            # parts claimed but not merged yet go back to the store, for another replica to claim
+            self.writer.put_parts([part for _, parts, _ in self.handover.claimed() for part in parts])
         self.sweep(force=True)
         self.writer.close()
         return self.journal.close() if self.journal is not None else 0

@@ -81,6 +81,7 @@ class Collector:
         self._http: web.AppRunner | None = None
         self._listener: HttpListener | None = None
         self._sweeper: asyncio.Task | None = None
+        self.health: Health | None = None
         self.listening: Listening | None = None
 
     async def start(self) -> Listening:
@@ -120,7 +121,8 @@ class Collector:
             http = cfg.receivers.http
             receiver = HttpTraceReceiver(self.pipeline, http.max_body_bytes, auth, self.budget, http.read_timeout)
             app = receiver.app()
-            Health(self.pipeline.writer).register(app)
+            self.health = Health(self.pipeline.writer)
+            self.health.register(app)
             if http.run_page:
                 RunPage(self.store, auth, http.trace_link, lambda: self.pipeline.failures,
                         cfg.store.retention.max_age).register(app)
@@ -329,4 +331,10 @@ async def serve(config: CollectorConfig, stop: asyncio.Event | None = None) -> N
         flush=True,
     )
     await stop.wait()
+    if config.shutdown_delay:
+        # still accepting, so spans a load balancer routes here until it learns of the stop are not refused
+        log.info("collector_stopping", shutdown_delay=config.shutdown_delay)
+        if collector.health is not None:
+            collector.health.stopping = True
+        await asyncio.sleep(config.shutdown_delay)
     await collector.stop()

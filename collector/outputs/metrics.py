@@ -313,6 +313,11 @@ class Metrics:
         self.failed = meter.create_counter("collector.runs.failed",
                                            description="Traces or runs that could not be finalized, published or "
                                                        "stored, by stage (each also logged and shown on /runs)")
+        self.parts = meter.create_counter(
+            "collector.trace.parts",
+            description="Parts of traces split across replicas by a scale event (docs/scale-out.md), by event: "
+                        "handed_over (this replica held spans without the trace's root), merged (into a run "
+                        "here), split (no replica with the root claimed them: reconciled apart, flagged)")
         # Present at 0 from the start, so alerts and dashboards see a series before the first event
         # (a rate over nothing is no data, not 0): each counter an alert watches, with its usual labels.
         for transport in ("grpc", "http"):
@@ -325,6 +330,8 @@ class Metrics:
                 self.requests_rejected.add(0, {"reason": reason, "transport": transport})
         self.failed.add(0, {"stage": "store"})
         self.runs_deleted.add(0)
+        for event in ("handed_over", "merged", "split"):
+            self.parts.add(0, {"event": event})
         for status in Status:
             self.runs.add(0, {"status": status.value, "maf_release": UNKNOWN_RELEASE})
         for verdict in Verdict:

@@ -23,6 +23,7 @@ import re
 import socket
 import threading
 import time
+import uuid
 import zlib
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -36,7 +37,7 @@ import platformdirs
 import structlog
 
 from collector.core.model import RunVerdict
-from collector.core.serialize import BOUNDED_EVIDENCE, BOUNDED_RUN, MAX_ITEMS, from_json, run_to_json
+from collector.core.serialize import BOUNDED_EVIDENCE, BOUNDED_RUN, MAX_ITEMS, from_json, run_to_json, to_json
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -116,34 +117,46 @@ MIGRATIONS: tuple[tuple[Step, ...], ...] = (
         _compress_documents,
         "ALTER TABLE runs DROP COLUMN doc",
     ),
+    (  # 6: replicas come and go (docs/scale-out.md): each run's unit names, for the rules that keep a
+        # verdict no other run holds; parts of traces handed over between replicas
+        "ALTER TABLE runs ADD COLUMN units TEXT",
+        """CREATE TABLE IF NOT EXISTS parts (
+            part_id TEXT PRIMARY KEY, trace_id TEXT NOT NULL, held_by TEXT NOT NULL, has_root INTEGER NOT NULL,
+            spans INTEGER NOT NULL, created_at DOUBLE PRECISION NOT NULL, records TEXT NOT NULL)""",
+        "CREATE INDEX IF NOT EXISTS parts_by_trace ON parts (trace_id)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
 #: A run is replaced only by a higher revision, or an incomplete verdict by a complete one (which
-#: then passes the stored revision's number). :func:`_plan` mirrors this rule to know what it wrote.
+#: then passes the stored revision's number). :func:`_plan` mirrors this rule to know what it wrote,
+#: and leaves out of the statement the rows its further rule keeps out (see :func:`keeps`).
 _UPSERT = """
 INSERT INTO runs (run_id, trace_id, subject, status, score, preset, source, revision, incomplete,
-                  checked, unchecked, created_at, updated_at, body, finalized_by, maf_release)
+                  checked, unchecked, created_at, updated_at, body, finalized_by, maf_release, units)
 VALUES {rows}
 ON CONFLICT (run_id) DO UPDATE SET
     subject = excluded.subject, status = excluded.status, score = excluded.score,
     preset = excluded.preset, incomplete = excluded.incomplete,
     revision = CASE WHEN excluded.revision > runs.revision THEN excluded.revision ELSE runs.revision + 1 END,
     checked = excluded.checked, unchecked = excluded.unchecked, updated_at = excluded.updated_at,
-    body = excluded.body, finalized_by = excluded.finalized_by, maf_release = excluded.maf_release
+    body = excluded.body, finalized_by = excluded.finalized_by, maf_release = excluded.maf_release,
+    units = excluded.units
 WHERE excluded.revision > runs.revision OR (runs.incomplete = 1 AND excluded.incomplete = 0)
 """
 #: A workflow run's verdict supersedes the incomplete verdict its trace got when it was cut short
 #: before its workflow-run span arrived (e.g. by a restart): that one was stored under the trace id.
+#: Only when the workflow run holds every unit the incomplete one does (:func:`_plan` picks them):
+#: a verdict no other run carries is never deleted.
 _SUPERSEDE = "DELETE FROM runs WHERE incomplete = 1 AND run_id IN ({ids})"
-_CURRENT = "SELECT run_id, revision, incomplete FROM runs WHERE run_id IN ({ids})"
+_CURRENT = "SELECT run_id, revision, incomplete, finalized_by, units FROM runs WHERE run_id IN ({ids})"
 #: The oldest runs last written before a time (an index walk: runs_by_time), and their deletion,
 #: which checks the time again: a revision written meanwhile made the run young.
 _OLDEST = "SELECT run_id FROM runs WHERE updated_at < :before ORDER BY updated_at LIMIT :limit"
 _DELETE = "DELETE FROM runs WHERE run_id IN ({ids}) AND updated_at < {mark}"
-#: Rows per upsert at most; fewer where the database allows fewer parameters (a row has 16).
+#: Rows per upsert at most; fewer where the database allows fewer parameters (a row has 17).
 _ROWS_PER_STATEMENT = 256
-_COLUMNS = 16
+_COLUMNS = 17
 
 
 @lru_cache(maxsize=128)
@@ -172,6 +185,35 @@ _DOC = "body, revision, created_at, updated_at, finalized_by"
 _Row = tuple[Any, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What the store holds of a run, as far as the write rules need it."""
+
+    revision: int
+    incomplete: bool
+    finalized_by: str | None = None
+    #: The run's unit names (None: a run stored before they were kept, or not known).
+    units: frozenset[str] | None = None
+
+
+def _units(text: str | None) -> frozenset[str] | None:
+    return None if text is None else frozenset(text.split("\n")) - {""}
+
+
+def unit_names(run: RunVerdict) -> str:
+    """The ``units`` column: a run's unit names, one a line."""
+    return "\n".join(sorted({e.executor_id for e in run.executors}))
+
+
+def keeps(stored: Held | None, units: frozenset[str], finalized_by: str | None) -> bool:
+    """Whether ``stored`` is kept against a verdict of the same run from ``finalized_by`` holding
+    ``units``, whatever its revision: another instance's verdict lacking a unit the stored run has is
+    a part of the trace (a replica that got only some of its spans, a tail read again after a Kafka
+    rebalance), never written over the whole. A replica's own later revisions hold all it held."""
+    return (stored is not None and stored.units is not None and stored.finalized_by is not None
+            and stored.finalized_by != finalized_by and not stored.units <= units)
+
+
 @dataclass(slots=True)
 class _Group:
     """Runs that one upsert and one supersede statement write with the same result in any order."""
@@ -187,9 +229,9 @@ def replaces(stored: tuple[int, bool] | None, revision: int, incomplete: bool) -
     return stored is None or revision > stored[0] or (stored[1] and not incomplete)
 
 
-def _plan(rows: list[_Row], current: dict[str, tuple[int, bool]]) -> tuple[list[int], list[_Group]]:
-    """Which rows of a batch are written (by index), applying the revision guard in order against
-    ``current`` (run id -> stored revision, incomplete), and the statements that write them.
+def _plan(rows: list[_Row], current: dict[str, Held]) -> tuple[list[int], list[_Group]]:
+    """Which rows of a batch are written (by index), applying the revision guard and :func:`keeps`
+    in order against ``current`` (run id -> what is stored), and the statements that write them.
 
     Exact because no other writer changes these runs meanwhile: SQLite's transaction holds the write
     lock, PostgreSQL's takes :meth:`RunStore._lock_keys`.
@@ -197,12 +239,17 @@ def _plan(rows: list[_Row], current: dict[str, tuple[int, bool]]) -> tuple[list[
     written: list[int] = []
     groups = [_Group()]
     for index, row in enumerate(rows):
-        run_id, trace_id, revision, incomplete = row[0], row[1], row[7], row[8]
+        run_id, trace_id, revision, incomplete, finalized_by = row[0], row[1], row[7], bool(row[8]), row[14]
+        units = _units(row[16]) or frozenset()
         before = current.get(run_id)
-        if not replaces(before, revision, bool(incomplete)):
+        if not replaces(before and (before.revision, before.incomplete), revision, incomplete):
             continue  # an equal or newer revision is stored
-        current[run_id] = (revision if before is None or revision > before[0] else before[0] + 1, bool(incomplete))
-        supersedes = trace_id if trace_id and trace_id != run_id and not incomplete else None
+        if keeps(before, units, finalized_by):
+            continue  # a part of the trace: the whole stays
+        current[run_id] = Held(revision if before is None or revision > before.revision else before.revision + 1,
+                               incomplete, finalized_by, units)
+        cut = current.get(trace_id) if trace_id and trace_id != run_id and not incomplete else None
+        supersedes = trace_id if cut is not None and cut.incomplete and cut.units is not None and cut.units <= units else None
         group = groups[-1]
         if run_id in group.run_ids or run_id in group.superseded:  # its order against the group's would matter
             group = _Group()
@@ -211,8 +258,7 @@ def _plan(rows: list[_Row], current: dict[str, tuple[int, bool]]) -> tuple[list[
         group.run_ids.add(run_id)
         if supersedes is not None:
             group.superseded.add(supersedes)
-            if current.get(supersedes, (0, False))[1]:
-                del current[supersedes]
+            del current[supersedes]
         written.append(index)
     return written, groups
 
@@ -271,6 +317,30 @@ class StoredRun:
 Subscriber = Callable[[list[dict[str, Any]]], None]
 
 
+@dataclass(frozen=True, slots=True)
+class Part:
+    """Spans of one trace a replica handed over through the store instead of publishing them as a
+    run (docs/scale-out.md): it held them without the trace's workflow-run span, or it stopped.
+    ``records`` are journal lines (:mod:`collector.live.journal`'s encoding of span records)."""
+
+    trace_id: str
+    held_by: str
+    has_root: bool
+    spans: int
+    records: bytes
+    created_at: float = 0.0
+    part_id: str = ""
+
+
+_PART = "part_id, trace_id, held_by, has_root, spans, created_at"
+
+
+def _part(row: dict[str, Any]) -> Part:
+    records = row.get("records") or ""
+    return Part(row["trace_id"], row["held_by"], bool(row["has_root"]), row["spans"],
+                records.encode() if isinstance(records, str) else bytes(records), row["created_at"], row["part_id"])
+
+
 def instance_name() -> str:
     return os.environ.get(INSTANCE_ENV) or socket.gethostname()
 
@@ -295,7 +365,7 @@ def _none() -> None:
 _ADDED_KEYS: dict[str, Callable[[], Any]] = {
     "non_agent_executors": list, "workflow_errors": list, "coverage_note": _none, "unattributed_chat": list,
     "maf_release": _none, "instrumentation_version": _none, "instrumentation_status": _none, "service_name": _none,
-    "started_at": _none, "duration_s": _none, **{f"{name}_more": int for name in BOUNDED_RUN}}
+    "started_at": _none, "duration_s": _none, "split": bool, **{f"{name}_more": int for name in BOUNDED_RUN}}
 #: Likewise, evidence keys (an older document left nothing out of its lists).
 _ADDED_EVIDENCE: dict[str, Callable[[], Any]] = {
     "chat_calls": list, "ledger": list, "framework_input_tokens": _none, "framework_output_tokens": _none,
@@ -589,7 +659,7 @@ class RunStore(ABC):
             docs.append(doc)
             rows.append((item.run_id, run.trace_id, run.subject, run.status.value, run.score, run.preset, item.source,
                          run.revision, int(run.incomplete), run.checked, run.unchecked, now, now,
-                         pack(doc), item.finalized_by, run.maf_release))
+                         pack(doc), item.finalized_by, run.maf_release, unit_names(run)))
         if not rows:
             return []
         with self._transaction() as execute:
@@ -597,10 +667,11 @@ class RunStore(ABC):
             per_upsert, per_list = max(1, min(_ROWS_PER_STATEMENT, limit // _COLUMNS)), min(2 * _ROWS_PER_STATEMENT, limit)
             keys = list({row[0]: None for row in rows} | {row[1]: None for row in rows if row[1]})
             self._lock_keys(execute, keys)
-            current: dict[str, tuple[int, bool]] = {}
+            current: dict[str, Held] = {}
             for part in _chunks(keys, per_list):
                 for r in execute(_CURRENT.format(ids=_marks(self._mark, len(part))), part).fetchall():
-                    current[r["run_id"]] = (r["revision"], bool(r["incomplete"]))
+                    current[r["run_id"]] = Held(r["revision"], bool(r["incomplete"]), r["finalized_by"],
+                                                _units(r["units"]))
             written, groups = _plan(rows, current)
             for group in groups:
                 for part in _chunks(group.rows, per_upsert):
@@ -612,6 +683,61 @@ class RunStore(ABC):
         if written and not self.notifies_all_writers and self._listening():
             self._notify([from_json(docs[i]) | {"created_at": None, "updated_at": rows[i][12]} for i in written])
         return [rows[i][0] for i in written]
+
+    def hand_over(self, parts: list[Part]) -> None:
+        """Store parts for the replica holding their traces' roots to merge (:meth:`claim_parts`)."""
+        if not parts:
+            return
+        now = time.time()
+        with self._transaction() as execute:
+            for part in parts:
+                execute("INSERT INTO parts (part_id, trace_id, held_by, has_root, spans, created_at, records) "
+                        "VALUES (:part_id, :trace_id, :held_by, :has_root, :spans, :created_at, :records)",
+                        {"part_id": part.part_id or f"{part.held_by}/{part.trace_id}/{uuid.uuid4().hex}",
+                         "trace_id": part.trace_id, "held_by": part.held_by, "has_root": int(part.has_root),
+                         "spans": part.spans, "created_at": part.created_at or now, "records": part.records.decode()})
+
+    def waiting_parts(self, limit: int = 10_000) -> list[Part]:
+        """The parts no replica has claimed yet, oldest first, without their records (a cheap poll:
+        the table is empty while no trace is split)."""
+        return [_part(r) for r in self._query(f"SELECT {_PART} FROM parts ORDER BY created_at LIMIT :limit",
+                                              {"limit": limit})]
+
+    def claim_parts(self, trace_ids: list[str]) -> list[Part]:
+        """Take every waiting part of these traces, with its records: each part goes to exactly one
+        claimer (it leaves the store in the claim's transaction)."""
+        out: list[Part] = []
+        for chunk in _chunks(sorted(set(trace_ids)), _ROWS_PER_STATEMENT):
+            params = {f"t{i}": t for i, t in enumerate(chunk)}
+            with self._transaction() as execute:
+                rows = execute(f"DELETE FROM parts WHERE trace_id IN ({', '.join(':' + k for k in params)}) "
+                               f"RETURNING {_PART}, records", params).fetchall()
+            out.extend(_part(dict(r)) for r in rows)
+        return sorted(out, key=lambda p: p.created_at)
+
+    def flag_split(self, trace_id: str, note: str) -> list[str]:
+        """Flag every stored run of a trace ``split`` (docs/scale-out.md): spans of it reached
+        another replica and could not be merged into it, so units may be missing: a PASS becomes a
+        WARN, the note says which replica held which part, as a new revision. Returns the run ids."""
+        flagged = []
+        with self._transaction() as execute:
+            self._lock_keys(execute, [trace_id])
+            rows = execute("SELECT run_id, revision, status, body FROM runs WHERE trace_id = :t",
+                           {"t": trace_id}).fetchall()
+            for row in rows:
+                doc = from_json(unpack(row["body"]))
+                if note in doc.get("notes", []):
+                    continue
+                status = "WARN" if row["status"] == "PASS" else row["status"]
+                doc.update(status=status, split=True, notes=[*doc.get("notes", []), note], revision=row["revision"] + 1)
+                execute("UPDATE runs SET status = :status, revision = :revision, body = :body, "
+                        "updated_at = :now WHERE run_id = :id",
+                        {"status": status, "revision": row["revision"] + 1, "body": pack(to_json(doc)),
+                         "now": time.time(), "id": row["run_id"]})
+                flagged.append(row["run_id"])
+            if flagged:
+                self._written(execute, flagged)
+        return flagged
 
     def list_runs(self, statuses: Iterable[str] = (), subject: str | None = None, limit: int = 50,
                   with_docs: bool = False, maf_release: str | None = None,

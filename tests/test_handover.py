@@ -1,0 +1,228 @@
+"""Replicas come and go behind a load balancer (docs/scale-out.md, "Load balancer, honest"): a trace
+split across replicas by a scale event is merged into one run, or flagged ``split``, never silently
+wrong. Two real pipelines share one real store (SQLite and PostgreSQL); the spans are the real SDK's,
+split between the replicas as a ring change splits them (children first, the root last)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from collector.config import CollectorConfig
+from collector.formats.decode import decode_request
+from collector.live.pipeline import Pipeline
+from collector.store import open_store
+from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, run_id
+
+#: Quick settings: a trace is quiet after 0.5 s (fake clock), a part handed over after 1 s quiet.
+ASSEMBLY = {"quiet_period": 0.5, "handover_after": 1.0, "max_trace_wait": 3.0, "sweep_interval": 0.05,
+            "handover": True}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path):
+    if request.param == "sqlite":
+        return str(tmp_path / "runs.db")
+    return request.getfixturevalue("postgres").database()
+
+
+class Replica:
+    """A pipeline on a fake clock (its assembler's), named, on the shared store."""
+
+    def __init__(self, name: str, url: str, **assembly: float) -> None:
+        cfg = CollectorConfig(instance=name, store={"url": url}, journal={"enabled": False},
+                              assembly={**ASSEMBLY, **assembly})
+        self.store = open_store(url)
+        self.pipeline = Pipeline(cfg, self.store, None, None)
+        self.now = 0.0
+        self.pipeline.assembler.clock = lambda: self.now
+
+    def send(self, spans: list) -> None:
+        if spans:
+            self.pipeline.ingest_decoded(decode_request(export_request(spans), self.pipeline.matcher), "grpc")
+
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+        self.pipeline.sweep()
+
+    def close(self) -> None:
+        self.pipeline.close()
+        self.store.close()
+
+
+def until(replicas: list[Replica], done: Callable[[], bool], step: float = 0.25, timeout: float = 30.0) -> None:
+    """Sweep every replica (their clocks moving ``step`` each time) until ``done``, or fail."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "the replicas never got there"
+        for r in replicas:
+            r.tick(step)
+        time.sleep(0.02)  # the hand-over threads poll the store
+
+
+def runs_of(store, trace_id: str) -> dict[str, dict]:
+    return {d["run_id"]: d for d in store.list_runs(run_id_prefix=trace_id, with_docs=True)}
+
+
+def _split(spans: list, to_old: Callable) -> tuple[list, list]:
+    old = [s for s in spans if to_old(s)]
+    return old, [s for s in spans if not to_old(s)]
+
+
+def _executor_subtree(spans: list, executor: str) -> Callable:
+    """Spans at or under the executor's span (what a ring change sends to the old replica when that
+    executor ran before it)."""
+    by_id = {s.context.span_id: s for s in spans}
+    (top,) = [s for s in spans if s.name == f"executor.process {executor}"]
+
+    def under(span) -> bool:
+        while span is not None:
+            if span is top:
+                return True
+            span = by_id.get(span.parent.span_id) if span.parent else None
+        return False
+    return under
+
+
+def test_a_failing_executor_held_by_another_replica_is_merged_before_the_root_is_finalized(url):
+    """The issue's FAIL stored as a clean PASS: the old replica held the under-reporting executor,
+    the new one the root. The old one hands its part over; the new one merges it: one run, FAIL."""
+    spans, (trace,) = record([SCENARIOS["fail_under_report"][0]])
+    old, new = _split(spans, _executor_subtree(spans, "writer"))
+    a, b = Replica("a", url), Replica("b", url)
+    try:
+        a.send(old)
+        until([a], lambda: bool(a.store.waiting_parts()))  # quiet for handover_after: handed over
+        assert not runs_of(a.store, trace)  # nothing published of it as a run
+        until([], lambda: trace in b.pipeline.handover.waiting)  # b's poll has seen it
+        b.send(new)
+        until([a, b], lambda: run_id(trace) in runs_of(b.store, trace))
+        runs = runs_of(b.store, trace)
+        assert list(runs) == [run_id(trace)]
+        doc = runs[run_id(trace)]
+        assert doc["status"] == "FAIL" and doc["revision"] == 1 and not doc["split"]
+        assert {e["executor_id"]: e["verdict"] for e in doc["executors"]} == {"researcher": "Agree",
+                                                                            "writer": "TokenMismatch"}
+        assert any("held by a" in n and "merged into this run by b" in n for n in doc["notes"])
+        assert not b.store.waiting_parts()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_part_that_comes_after_the_root_was_finalized_makes_a_new_revision(url):
+    """The root's replica finalized first (a PASS on the units it had): the part merges into a new
+    revision, as late spans do, which replaces it."""
+    spans, (trace,) = record([SCENARIOS["fail_under_report"][0]])
+    old, new = _split(spans, _executor_subtree(spans, "writer"))
+    a, b = Replica("a", url), Replica("b", url)
+    try:
+        b.send(new)
+        until([b], lambda: run_id(trace) in runs_of(b.store, trace))
+        assert runs_of(b.store, trace)[run_id(trace)]["status"] == "PASS"  # all it could know
+        a.send(old)
+        until([a, b], lambda: runs_of(b.store, trace)[run_id(trace)]["revision"] == 2)
+        doc = runs_of(b.store, trace)[run_id(trace)]
+        assert doc["status"] == "FAIL" and doc["finalized_by"] == "b" and len(runs_of(b.store, trace)) == 1
+        assert {e["executor_id"]: e["verdict"] for e in doc["executors"]}["writer"] == "TokenMismatch"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_split_inside_one_agent_is_reconciled_on_all_its_calls(url):
+    """The writer's first chat call went to the old replica; its last call and the ledger (which
+    reports only the last call) to the new one, where they alone would Agree."""
+    spans, (trace,) = record([SCENARIOS["fail_under_report"][0]])
+    first_call = min((s for s in spans if s.name == "chat fake-model"
+                      and any(p.name == "invoke_agent writer" and p.context.span_id == s.parent.span_id for p in spans)),
+                     key=lambda s: s.start_time)
+    old, new = _split(spans, lambda s: s is first_call)
+    a, b = Replica("a", url), Replica("b", url)
+    try:
+        a.send(old)
+        b.send(new)
+        until([a, b], lambda: run_id(trace) in runs_of(b.store, trace) and not b.store.waiting_parts()
+              and not b.pipeline.handover.pending)
+        until([a, b], lambda: runs_of(b.store, trace)[run_id(trace)]["status"] == "FAIL")
+        doc = runs_of(b.store, trace)[run_id(trace)]
+        writer = next(e for e in doc["executors"] if e["executor_id"] == "writer")
+        assert writer["verdict"] == "TokenMismatch" and len(writer["evidence"]["chat_calls"]) == 2
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_stopping_replica_hands_its_parts_over_and_publishes_none(url):
+    """SIGTERM (close) on the replica holding the first executor: its part goes to the store, not
+    into a run of its own, and the replica with the root merges it."""
+    spans, (trace,) = record([SCENARIOS["fail_under_report"][0]])
+    old, new = _split(spans, _executor_subtree(spans, "writer"))
+    a, b = Replica("a", url), Replica("b", url)
+    try:
+        a.send(old)
+        a.close()
+        assert not runs_of(b.store, trace) and [p.held_by for p in b.store.waiting_parts()] == ["a"]
+        b.send(new)
+        until([b], lambda: run_id(trace) in runs_of(b.store, trace) and not b.store.waiting_parts())
+        until([b], lambda: runs_of(b.store, trace)[run_id(trace)]["status"] == "FAIL")
+    finally:
+        b.close()
+
+
+def test_a_part_no_replica_with_the_root_claims_is_flagged_split_with_the_runs_of_its_trace(url):
+    """The root's replica let the trace go (no late window) before the part came: the part is
+    reconciled apart after max_trace_wait, flagged split, and the stored PASS is flagged too
+    (never a PASS); each says which replica held which part."""
+    spans, (trace,) = record([SCENARIOS["fail_under_report"][0]])
+    old, new = _split(spans, _executor_subtree(spans, "writer"))
+    a, b = Replica("a", url, max_trace_wait=1.5), Replica("b", url, late_window=0, max_trace_wait=1.5)
+    try:
+        b.send(new)
+        until([b], lambda: run_id(trace) in runs_of(b.store, trace))
+        a.send(old)
+        until([a, b], lambda: len(runs_of(b.store, trace)) == 2 and runs_of(b.store, trace)[run_id(trace)]["split"])
+        runs = runs_of(b.store, trace)
+        whole, part = runs[run_id(trace)], runs[trace]
+        assert whole["status"] == "WARN" and whole["split"]  # was PASS
+        assert part["split"] and part["status"] == "FAIL" and part["executors"][0]["verdict"] == "TokenMismatch"
+        for doc in (whole, part):
+            assert any(n.startswith("Split across replicas") and "held by a" in n for n in doc["notes"]), doc["notes"]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_nothing_goes_to_the_store_for_a_trace_held_whole(url):
+    """Steady state: a trace held whole by one replica writes its run and nothing else."""
+    scenario = Scenario({"writer": [Invocation([ok(100, 10)])]}, name="steady")
+    spans, (trace,) = record([scenario])
+    a = Replica("a", url)
+    try:
+        a.send(spans)
+        until([a], lambda: run_id(trace) in runs_of(a.store, trace))
+        for _ in range(20):
+            a.tick(0.5)
+        assert not a.store.waiting_parts() and list(runs_of(a.store, trace)) == [run_id(trace)]
+    finally:
+        a.close()
+
+
+def test_a_replica_whose_root_comes_after_a_long_gap_claims_its_own_part_back(url):
+    """One replica, a trace quiet for longer than handover_after before its root (a long LLM call):
+    its part goes to the store and comes back when the root does; one exact run, nothing to note."""
+    spans, (trace,) = record([SCENARIOS["fail_under_report"][0]])
+    early, late = _split(spans, _executor_subtree(spans, "writer"))
+    a = Replica("a", url)
+    try:
+        a.send(early)
+        until([a], lambda: bool(a.store.waiting_parts()) and trace in a.pipeline.handover.waiting)
+        a.send(late)
+        until([a], lambda: run_id(trace) in runs_of(a.store, trace) and not a.store.waiting_parts())
+        doc = runs_of(a.store, trace)[run_id(trace)]
+        assert (doc["status"], doc["revision"], doc["split"]) == ("FAIL", 1, False)
+        assert not any("across replicas" in n for n in doc["notes"])
+    finally:
+        a.close()

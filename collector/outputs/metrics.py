@@ -311,9 +311,13 @@ class Metrics:
         self.failed = meter.create_counter("collector.runs.failed",
                                            description="Traces or runs that could not be finalized, published or "
                                                        "stored, by stage (each also logged and shown on /runs)")
+        self.kafka_skipped = meter.create_counter(
+            "collector.kafka.messages.skipped",
+            description="Kafka messages skipped (the kafka receiver; each logged with its partition and offset), "
+                        "by reason: undecodable (not an OTLP protobuf trace request), too_large, failed (an error handling it)")
         # Present at 0 from the start, so alerts and dashboards see a series before the first event
         # (a rate over nothing is no data, not 0): each counter an alert watches, with its usual labels.
-        for transport in ("grpc", "http"):
+        for transport in ("grpc", "http", *(("kafka",) if config.receivers.kafka.enabled else ())):
             self.received.add(0, {"transport": transport})
             for reason in ("capacity", "journal", "store_backlog"):
                 self.refused.add(0, {"reason": reason, "transport": transport})
@@ -321,6 +325,9 @@ class Metrics:
                 self.rejected.add(0, {"reason": reason, "transport": transport})
             for reason in ("undecodable", "unauthenticated"):
                 self.requests_rejected.add(0, {"reason": reason, "transport": transport})
+        if config.receivers.kafka.enabled:
+            for reason in ("undecodable", "too_large"):
+                self.kafka_skipped.add(0, {"reason": reason})
         self.failed.add(0, {"stage": "store"})
         for status in Status:
             self.runs.add(0, {"status": status.value, "maf_release": UNKNOWN_RELEASE})

@@ -35,8 +35,11 @@ from mafshape import SCENARIOS, export_request, record
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
-#: Our replicas are the services built from this repository's Dockerfile.
-REPLICAS = sorted(name for name, svc in SERVICES.items() if svc.get("build") == ".")
+#: Our replicas are the services built from this repository's Dockerfile: behind the load balancer by
+#: default, consuming Kafka in the `kafka` profile.
+REPLICAS = sorted(name for name, svc in SERVICES.items() if svc.get("build") == "." and not svc.get("profiles"))
+KAFKA_REPLICAS = sorted(name for name, svc in SERVICES.items()
+                        if svc.get("build") == "." and "kafka" in svc.get("profiles", []))
 #: ${env:NAME} or ${env:NAME:-default} in config/otelcol.yaml (the collector's own expansion).
 ENV_REF = re.compile(r"\$\{env:(\w+)(?::-([^}]*))?\}")
 
@@ -163,6 +166,22 @@ def test_replica_config_is_valid_and_matches_the_load_balancer_and_scrape_target
     assert svc["environment"][cfg.store.password_env] == postgres["POSTGRES_PASSWORD"]
     assert svc["depends_on"][db["host"]]["condition"] == "service_healthy"
     assert svc["hostname"] == replica  # recorded on each run as finalized_by
+
+
+@pytest.mark.parametrize("replica", KAFKA_REPLICAS)
+def test_the_kafka_profile_replicas_consume_the_topic_its_load_balancer_writes(replica):
+    svc = SERVICES[replica]
+    cfg = load_config(_mounted_config(replica, svc["command"][svc["command"].index("--config") + 1]))
+    kafka = cfg.receivers.kafka
+    assert kafka.enabled and not cfg.journal.enabled
+    exporter = _resolved(yaml.safe_load((ROOT / "config/otelcol-kafka.yaml").read_text()), {})["exporters"]["kafka"]
+    assert exporter["partition_traces_by_id"] and exporter["traces"]["encoding"] == "otlp_proto"
+    assert exporter["traces"]["topic"] == kafka.topic
+    assert [_host_port(b) for b in kafka.brokers] == [_host_port(b) for b in exporter["brokers"]]
+    assert {_host_port(b)[0] for b in kafka.brokers} <= {n for n, s in SERVICES.items() if "kafka" in s.get("profiles", [])}
+    assert _mounted_config("otelcol-kafka", SERVICES["otelcol-kafka"]["command"][0].split("=", 1)[1]) == \
+        ROOT / "config/otelcol-kafka.yaml"
+    assert len({SERVICES[r]["hostname"] for r in KAFKA_REPLICAS}) == len(KAFKA_REPLICAS) >= 2
 
 
 def test_otelcol_routes_by_trace_id_to_every_replica_and_nowhere_else():

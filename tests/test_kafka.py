@@ -406,3 +406,107 @@ def test_a_broker_outage_keeps_reads_working_and_loses_nothing(kafka_broker, tmp
         if kafka_broker.proc is None or kafka_broker.proc.poll() is not None:
             kafka_broker.start()
         replica.current.stop()
+
+
+# --- the commit's promise, without a broker (collector/live/kafka_offsets.py) ------------------------
+
+class _Span:
+    def __init__(self, trace_id: bytes) -> None:
+        self.trace_id = trace_id
+
+
+def _append(offsets, partition: int, offset: int, *traces: bytes) -> None:
+    import asyncio
+
+    async def go() -> None:
+        offsets.at = (partition, offset)
+        offsets.append([_Span(t) for t in traces])
+        offsets.at = None
+        offsets.taken(partition, offset)
+
+    asyncio.run(go())
+
+
+def test_the_commit_stays_at_the_oldest_unstored_trace_and_names_the_stored_ones_past_it():
+    from collector.live.kafka_offsets import KafkaOffsets, decode_metadata
+
+    x, y, z = (bytes([n]) * 16 for n in (1, 2, 3))
+    offsets = KafkaOffsets(4096)
+    offsets.assign(0, None, None)
+    _append(offsets, 0, 0, y)        # Y's first part
+    _append(offsets, 0, 1, x)        # X, its root still to come
+    _append(offsets, 0, 2, y, z)     # the rest of Y, and all of Z, in one message
+    assert offsets.commit_point(0).offset == 0
+    offsets.release([(y, offsets.mark()), (z, offsets.mark())])  # Y and Z stored
+    point = offsets.commit_point(0)
+    assert point.offset == 1 and decode_metadata(point.metadata) == {y[:8], z[:8]}
+    assert offsets.pending_traces(0) == {x}
+    _append(offsets, 0, 3, x)        # X's root
+    offsets.release([(x, offsets.mark())])
+    point = offsets.commit_point(0)
+    assert (point.offset, point.metadata) == (4, "")  # everything before 4 is stored: nothing to name
+
+
+def test_a_late_span_of_a_stored_trace_holds_the_commit_until_its_revision_is_stored():
+    from collector.live.kafka_offsets import KafkaOffsets, decode_metadata
+
+    x, y = bytes([1]) * 16, bytes([2]) * 16
+    offsets = KafkaOffsets(4096)
+    offsets.assign(0, None, None)
+    _append(offsets, 0, 0, x)
+    settled = offsets.mark()
+    _append(offsets, 0, 1, y)
+    _append(offsets, 0, 2, x)        # a late span of X after X was settled
+    offsets.release([(x, settled)])  # X's first revision stored: only what came before it is done
+    assert offsets.commit_point(0).offset == 1
+    offsets.release([(y, offsets.mark())])
+    point = offsets.commit_point(0)
+    assert point.offset == 2 and decode_metadata(point.metadata) == set()  # X is not done: not named
+
+
+def test_the_next_owner_skips_the_named_traces_and_keeps_naming_them_while_they_are_past_its_commit():
+    from collector.live.kafka_offsets import KafkaOffsets, decode_metadata, encode_metadata
+
+    x, y = bytes([1]) * 16, bytes([2]) * 16
+    metadata, unnamed = encode_metadata([y[:8]], 4096)
+    assert unnamed == 0
+    offsets = KafkaOffsets(4096)
+    offsets.assign(0, 10, metadata)
+    assert offsets.skips(0, 10, y) and not offsets.skips(0, 10, x)
+    _append(offsets, 0, 10, x)
+    offsets.taken(0, 11)             # Y's message at 11, skipped
+    assert offsets.skips(0, 11, y)
+    point = offsets.commit_point(0)
+    assert point.offset == 10 and decode_metadata(point.metadata) == {y[:8]}
+    offsets.release([(x, offsets.mark())])
+    point = offsets.commit_point(0)
+    assert (point.offset, point.metadata) == (12, "")
+
+
+def test_commit_metadata_over_its_limit_names_what_fits_and_counts_the_rest():
+    from collector.live.kafka_offsets import METADATA_PREFIX, decode_metadata, encode_metadata
+
+    keys = [i.to_bytes(8, "big") for i in range(1000)]
+    metadata, unnamed = encode_metadata(keys, 4096)
+    assert len(metadata) <= 4096 and unnamed == 1000 - len(decode_metadata(metadata)) > 0
+    assert decode_metadata(metadata) == set(keys[:len(decode_metadata(metadata))])
+    assert encode_metadata(keys, 0) == ("", 1000)
+    assert decode_metadata("someone else's") == set() and decode_metadata(METADATA_PREFIX + "!!") == set()
+
+
+@pytest.mark.parametrize(("section", "error"), [
+    ({"receivers": {"kafka": {"enabled": True}}}, "set journal.enabled: false too"),
+    ({"receivers": {"kafka": {"client": {"group.id": "other"}}}, "journal": {"enabled": False}},
+     "group.id: set by the receiver itself"),
+    ({"receivers": {"kafka": {"brokers": ["kafka"]}}}, "expected host:port"),
+    ({"receivers": {"kafka": {"topics": ["x"]}}}, "receivers.kafka.topics: unknown key"),
+])
+def test_a_kafka_config_that_cannot_keep_its_promise_is_refused_by_name(tmp_path, section, error):
+    import yaml
+
+    from collector.config import ConfigError, load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(section))
+    with pytest.raises(ConfigError, match=error):
+        load_config(path)

@@ -83,12 +83,12 @@ class KafkaOffsets:
 
     #: The journal's attributes the pipeline reads: nothing is kept across a shutdown here (the
     #: receiver drops its open traces before the pipeline closes; Kafka keeps their messages).
-    first_cut: dict[bytes, float] = {}
     keep_cut_for = 0.0
     size = 0
     directory = None
 
     def __init__(self, max_metadata_bytes: int) -> None:
+        self.first_cut: dict[bytes, float] = {}
         self.max_metadata_bytes = max_metadata_bytes
         self._lock = threading.Lock()
         self._partitions: dict[int, _Partition] = {}

@@ -713,6 +713,7 @@ def test_with_kafka_the_load_balancer_writes_the_topic_the_replicas_consume_as_o
     assert exporter["producer"]["required_acks"] == -1
     assert config["service"]["pipelines"]["traces"]["exporters"] == ["kafka"]
     assert "load_balancing" not in config["exporters"]
+    assert not [kind for kind, _ in objects if kind in ("Role", "RoleBinding")]  # no resolver to grant a watch
     otelcol = _built([str(ROOT / "otelcol/path.sh")], "otelcol", "AGENTEVAL_REQUIRE_OTELCOL")
     (tmp_path / "otelcol.yaml").write_text(yaml.safe_dump(config))
     result = subprocess.run([str(otelcol), "validate", f"--config={tmp_path / 'otelcol.yaml'}"],

@@ -228,15 +228,22 @@ def test_every_trace_one_exact_run_through_scale_up_sigterm_and_kill_9(otelcol_b
     try:
         a.wait_for("kafka_partitions_assigned"), b.wait_for("kafka_partitions_assigned")
         load = PacedLoad(otelcol.grpc, traffic, duration=24.0, spread=(3.0, 6.0))
-        events = {}
+        # Each change is made on time and not waited for (a start or a stop takes seconds on a busy
+        # box), so the changes fall where traces are in flight.
+        events, starting = {}, []
         events["scale up"] = load.wait_until(7.0)
-        c.start()
+        starting.append(threading.Thread(target=c.start))
+        starting[-1].start()
         events["SIGTERM"] = load.wait_until(13.0)
-        assert b.current.stop() == 0
+        b.current.proc.send_signal(signal.SIGTERM)
         events["kill -9"] = load.wait_until(19.0)
         a.kill_9()
-        a.start()  # the same group id: it resumes where the group is
+        starting.append(threading.Thread(target=a.start))  # the same group id: it resumes where the group is
+        starting[-1].start()
         load.finish()
+        for thread in starting:
+            thread.join()
+        assert b.current.stop() == 0
         assert {(s.context.trace_id, s.context.span_id) for ss in traffic.spans.values() for s in ss} == \
             set().union(*(e.acked for e in load.exporters))
         check_exact(url, traffic)
@@ -358,6 +365,35 @@ def test_bad_messages_are_counted_skipped_and_never_block_their_partition(kafka_
     assert metrics[("collector_kafka_messages_skipped_total", (("reason", "undecodable"),))] == 1
     assert metrics[("collector_kafka_messages_skipped_total", (("reason", "too_large"),))] == 1
     assert not [e for e in replica.events("run_verdict") if e["trace_id"] in big.spans]
+
+
+def test_over_capacity_consumption_pauses_and_rereads_skipping_nothing(kafka_broker, tmp_path):
+    """A replica whose assembly holds far fewer spans than the topic carries refuses (Backpressure),
+    pauses its partitions and reads the refused messages again: every trace is stored, right."""
+    topic = new_topic(kafka_broker, 2)
+    traffic = make_traffic(40, seed=5)
+    largest = max(len(spans) for spans in traffic.spans.values())
+    kafka = {"enabled": True, "brokers": [kafka_broker.bootstrap], "topic": topic, "group_id": topic, "client": CLIENT}
+    overrides = {"receivers": {"grpc": {"enabled": False}, "kafka": kafka},
+                 "assembly": {**ASSEMBLY, "quiet_period": 0.5, "max_spans_in_flight": 2 * largest,
+                              "retry_after": 0.2},
+                 "journal": {"enabled": False}}
+    from confluent_kafka import Producer
+
+    producer = Producer(kafka_broker.client())
+    for spans in traffic.spans.values():
+        producer.produce(topic, _request(spans), key=spans[0].context.trace_id.to_bytes(16, "big"))
+    assert producer.flush(30) == 0
+    life = CollectorProcess(tmp_path / "tight", overrides, env={"AGENTEVAL_INSTANCE": "agenteval-a"})
+    try:
+        for tid, scenario in traffic.scenario.items():
+            doc = life.run(tid, timeout=90)
+            assert (doc["status"], doc["incomplete"]) == (SCENARIOS[scenario][1], False)
+        refused = life.metrics()[("collector_spans_refused_total", (("reason", "capacity"), ("transport", "kafka")))]
+    finally:
+        life.stop()
+    assert refused > 0, "the replica never refused: the test did not exercise the pause"
+    assert not [e for e in life.log_events() if e.get("event") == "kafka_message_skipped"]
 
 
 def test_a_broker_outage_keeps_reads_working_and_loses_nothing(kafka_broker, tmp_path):

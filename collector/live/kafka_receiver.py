@@ -10,8 +10,8 @@ committed only up to its oldest message holding a trace not yet stored, with the
 that offset named in the commit's metadata. A partition taken away drops its traces in flight
 unpublished: the next owner re-reads them whole from the committed offset and skips the ones named.
 
-A message that is not an OTLP trace request, or larger than ``max_message_bytes``, is counted and
-logged with its offset and skipped. Over capacity (:class:`Backpressure`) consumption pauses and
+A message that is not an OTLP trace request, larger than ``max_message_bytes``, or holding more
+spans or traces than the assembly could ever take, is counted and logged with its offset and skipped. Over capacity (:class:`Backpressure`) consumption pauses and
 the message is read again after ``assembly.retry_after``; nothing is skipped. A broker outage only
 stalls ingest: librdkafka reconnects, and the run page and API are served meanwhile.
 
@@ -33,7 +33,7 @@ from collector.formats.decode import DecodeError, decode_bytes
 from collector.live.assembler import Backpressure
 from collector.live.kafka_offsets import KafkaOffsets
 from collector.live.pipeline import Pipeline
-from collector.live.receivers import OFFLOAD_BYTES, MAX_REASON_BYTES, clip
+from collector.live.receivers import MAX_REASON_BYTES, OFFLOAD_BYTES, never_fits, clip
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -160,6 +160,10 @@ class KafkaTraceReceiver:
         decoded.spans = [s for s in spans if not self.offsets.skips(partition, offset, s.trace_id)]
         if len(decoded.spans) != len(spans):
             decoded.journal_line = None
+        if (why := never_fits(self.pipeline, decoded, TRANSPORT)) is not None:  # retrying would block the partition
+            self._skipped("never_fits", why, partition, offset)
+            self.offsets.taken(partition, offset)
+            return True
         if decoded.spans or decoded.rejected or decoded.own:
             self.offsets.at = (partition, offset)
             try:

@@ -88,7 +88,7 @@ test-maf-latest: .venv-maf/latest/.installed
 clean:
 	rm -rf $(VENV) .venv-maf .pytest_cache .hypothesis
 
-.PHONY: otelcol scaleout helm
+.PHONY: otelcol scaleout helm kafka
 
 # Our OpenTelemetry Collector distribution (otelcol/manifest.yaml, built with ocb; needs Go): built
 # once into ~/.cache/agenteval/otelcol/<manifest sha256>/ and reused while the manifest is unchanged.
@@ -101,6 +101,12 @@ otelcol:
 # naming this target, when it is missing).
 helm:
 	@deploy/helm/helm.sh
+
+# Apache Kafka (tools/kafka/pom.xml: kafka_2.13 and kafka-tools from Maven Central; needs Java 17+ and
+# Maven): resolved once into ~/.cache/agenteval/kafka/<pom.xml sha256>/libs. tests/test_kafka.py runs
+# the broker from there in KRaft mode (and skips, naming this target, when it is missing).
+kafka:
+	@tools/kafka/kafka.sh
 
 # The scaled-out topology without docker: a throwaway PostgreSQL, two replicas, the load balancer.
 scaleout: install otelcol

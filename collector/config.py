@@ -119,9 +119,46 @@ class Auth(_Section):
         return _secret(self.bearer_token_file, self.bearer_token_env, "receivers.auth.bearer_token")
 
 
+#: librdkafka properties the kafka receiver sets itself (from its own keys, or because its offset
+#: promise depends on them): not accepted in ``receivers.kafka.client``.
+KAFKA_OWN_PROPERTIES = frozenset({
+    "bootstrap.servers", "group.id", "client.id", "enable.auto.commit", "enable.auto.offset.store",
+    "auto.offset.reset", "partition.assignment.strategy", "on_commit", "error_cb", "logger",
+    "enable.partition.eof",
+})
+
+
+class KafkaReceiver(_Section):
+    """The ``kafka`` receiver (docs/scale-out.md "Kafka, exact"): OTLP protobuf trace requests from a
+    topic, consumed as one consumer group; offsets are committed only up to the oldest message of a
+    trace not yet stored."""
+
+    enabled: bool = False
+    brokers: list[str] = Field(default_factory=lambda: ["127.0.0.1:9092"], min_length=1)
+    topic: str = Field("otlp_spans", min_length=1)
+    group_id: str = Field("agenteval", min_length=1)
+    client_id: str = Field("agenteval", min_length=1)
+    initial_offset: Literal["earliest", "latest"] = "earliest"
+    max_message_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    commit_interval: float = Field(1.0, gt=0)
+    max_metadata_bytes: int = Field(4096, ge=0)
+    client: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    _brokers = field_validator("brokers")(lambda value: [_check_endpoint(b) for b in value])
+
+    @field_validator("client")
+    @classmethod
+    def _not_ours(cls, value: dict[str, str | int | float | bool]) -> dict[str, str | int | float | bool]:
+        if own := sorted(KAFKA_OWN_PROPERTIES.intersection(value)):
+            raise ValueError(f"{', '.join(own)}: set by the receiver itself (its own keys: brokers, group_id, "
+                             "client_id, initial_offset), not in client")
+        return value
+
+
 class Receivers(_Section):
     grpc: GrpcReceiver = GrpcReceiver()
     http: HttpReceiver = HttpReceiver()
+    kafka: KafkaReceiver = KafkaReceiver()
     tls: Tls = Tls()
     auth: Auth = Auth()
     max_inflight_bytes: int = Field(256 * 1024 * 1024, gt=0)
@@ -262,6 +299,18 @@ class CollectorConfig(_Section):
     exporters: Exporters = Exporters()
     stream: Stream = Stream()
     logging: Logging = Logging()
+
+    @model_validator(mode="after")
+    def _one_durable_log(self) -> "CollectorConfig":
+        if self.receivers.kafka.enabled and self.journal.enabled:
+            raise ValueError("receivers.kafka.enabled: set journal.enabled: false too (with the kafka receiver, "
+                             "Kafka is the durable log: a message's offset is committed only once its traces "
+                             "are stored)")
+        if self.receivers.kafka.enabled and self.assembly.handover:
+            raise ValueError("assembly.handover: leave it unset (off) with receivers.kafka.enabled: a trace is whole "
+                             "on one replica by construction, and a part handed over through the store would be "
+                             "published while Kafka's offsets still promise its messages to the partition's next owner")
+        return self
 
     def matcher(self) -> Matcher:
         return Matcher(list(self.profiles.values()))

@@ -35,8 +35,11 @@ from mafshape import SCENARIOS, export_request, record
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
-#: Our replicas are the services built from this repository's Dockerfile.
-REPLICAS = sorted(name for name, svc in SERVICES.items() if svc.get("build") == ".")
+#: Our replicas are the services built from this repository's Dockerfile: behind the load balancer by
+#: default, consuming Kafka in the `kafka` profile.
+REPLICAS = sorted(name for name, svc in SERVICES.items() if svc.get("build") == "." and not svc.get("profiles"))
+KAFKA_REPLICAS = sorted(name for name, svc in SERVICES.items()
+                        if svc.get("build") == "." and "kafka" in svc.get("profiles", []))
 #: ${env:NAME} or ${env:NAME:-default} in config/otelcol.yaml (the collector's own expansion).
 ENV_REF = re.compile(r"\$\{env:(\w+)(?::-([^}]*))?\}")
 
@@ -163,6 +166,22 @@ def test_replica_config_is_valid_and_matches_the_load_balancer_and_scrape_target
     assert svc["environment"][cfg.store.password_env] == postgres["POSTGRES_PASSWORD"]
     assert svc["depends_on"][db["host"]]["condition"] == "service_healthy"
     assert svc["hostname"] == replica  # recorded on each run as finalized_by
+
+
+@pytest.mark.parametrize("replica", KAFKA_REPLICAS)
+def test_the_kafka_profile_replicas_consume_the_topic_its_load_balancer_writes(replica):
+    svc = SERVICES[replica]
+    cfg = load_config(_mounted_config(replica, svc["command"][svc["command"].index("--config") + 1]))
+    kafka = cfg.receivers.kafka
+    assert kafka.enabled and not cfg.journal.enabled
+    exporter = _resolved(yaml.safe_load((ROOT / "config/otelcol-kafka.yaml").read_text()), {})["exporters"]["kafka"]
+    assert exporter["partition_traces_by_id"] and exporter["traces"]["encoding"] == "otlp_proto"
+    assert exporter["traces"]["topic"] == kafka.topic
+    assert [_host_port(b) for b in kafka.brokers] == [_host_port(b) for b in exporter["brokers"]]
+    assert {_host_port(b)[0] for b in kafka.brokers} <= {n for n, s in SERVICES.items() if "kafka" in s.get("profiles", [])}
+    assert _mounted_config("otelcol-kafka", SERVICES["otelcol-kafka"]["command"][0].split("=", 1)[1]) == \
+        ROOT / "config/otelcol-kafka.yaml"
+    assert len({SERVICES[r]["hostname"] for r in KAFKA_REPLICAS}) == len(KAFKA_REPLICAS) >= 2
 
 
 def test_otelcol_routes_by_trace_id_to_every_replica_and_nowhere_else():
@@ -667,6 +686,41 @@ def test_our_otelcol_distribution_accepts_the_charts_config(helm, tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+KAFKA_VALUES = {"replicas": 3, "store": {"url": PG_URL},
+                "kafka": {"enabled": True, "brokers": ["kafka-0.kafka:9092", "kafka-1.kafka:9092"], "topic": "spans",
+                          "consumer": {"session.timeout.ms": 10000}, "exporter": {"producer": {"compression": "zstd"}}}}
+
+
+def test_with_kafka_the_load_balancer_writes_the_topic_the_replicas_consume_as_one_group(helm, tmp_path):
+    objects = _objects(helm, KAFKA_VALUES)
+    for obj in objects.values():
+        kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+    sts = _one(objects, "StatefulSet")
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    config_path = Path(container["args"][1])
+    config_file = tmp_path / config_path.name
+    config_file.write_text(_one(objects, "ConfigMap", sts["metadata"]["name"])["data"][config_path.name])
+    cfg = load_config(config_file)  # our own validation: the journal must be off with the kafka receiver
+    kafka = cfg.receivers.kafka
+    assert kafka.enabled and not cfg.journal.enabled
+    assert (kafka.brokers, kafka.topic, kafka.group_id) == (KAFKA_VALUES["kafka"]["brokers"], "spans",
+                                                            sts["metadata"]["name"])
+    assert kafka.client == {"session.timeout.ms": 10000}
+    _, config = _otelcol_config(objects)
+    exporter = config["exporters"]["kafka"]
+    assert exporter["brokers"] == kafka.brokers and exporter["traces"] == {"topic": "spans", "encoding": "otlp_proto"}
+    assert exporter["partition_traces_by_id"] and exporter["producer"]["compression"] == "zstd"
+    assert exporter["producer"]["required_acks"] == -1
+    assert config["service"]["pipelines"]["traces"]["exporters"] == ["kafka"]
+    assert "load_balancing" not in config["exporters"]
+    assert not [kind for kind, _ in objects if kind in ("Role", "RoleBinding")]  # no resolver to grant a watch
+    otelcol = _built([str(ROOT / "otelcol/path.sh")], "otelcol", "AGENTEVAL_REQUIRE_OTELCOL")
+    (tmp_path / "otelcol.yaml").write_text(yaml.safe_dump(config))
+    result = subprocess.run([str(otelcol), "validate", f"--config={tmp_path / 'otelcol.yaml'}"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
 @pytest.mark.parametrize("values", VARIANTS.values(), ids=VARIANTS.keys())
 def test_helm_lint_finds_nothing_to_warn_about(helm, values):
     """--strict: a warning (e.g. a listed dependency missing from charts/) fails the lint."""
@@ -681,6 +735,7 @@ def test_helm_lint_finds_nothing_to_warn_about(helm, values):
     ({"store": {"url": PG_URL, "password": "pw", "existingSecret": "agenteval-db"}}, "not both"),
     ({"store": {"existingSecret": "agenteval-db"}}, "store.existingSecret: needs store.url"),
     ({"store": {"password": "pw"}}, "store.password: needs store.url"),
+    ({"kafka": {"enabled": True}}, "kafka.brokers: give the Kafka bootstrap servers"),
 ])
 def test_the_chart_refuses_a_setup_that_cannot_work(helm, values, error):
     result = _helm(helm, "template", values)

@@ -350,6 +350,19 @@ class Assembler:
         return [Finalized(run, revision, arrived if revision == 1 else None, trace.merged, trace.adopted)
                 for run, revision in runs]
 
+    def discard(self, tids: Iterable[bytes]) -> int:
+        """Forget these traces, open or in the late window, without finalizing them: another
+        collector reconciles them whole (the kafka receiver, when a partition moves away). Their
+        spans are taken again if they come back. Returns how many were open."""
+        dropped = 0
+        for tid in tids:
+            if (trace := self._open.pop(tid, None)) is not None:
+                self.spans_in_flight -= trace.spans
+                dropped += 1
+            if (trace := self._late.pop(tid, None)) is not None:
+                self._late_spans -= trace.held
+        return dropped
+
     def revise(self, tid: bytes, run_id: str, revision: int) -> None:
         """See :meth:`TraceState.revise`."""
         trace = self._open.get(tid) or self._late.get(tid)

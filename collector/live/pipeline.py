@@ -23,6 +23,7 @@ from collector.live import logs
 from collector.live.assembler import Assembler, Backpressure, Finalized
 from collector.live.handover import Handover, merged_note, split_note
 from collector.live.journal import Journal, decode, encode
+from collector.live.kafka_offsets import KafkaOffsets
 from collector.outputs.emit_spans import VerdictSpans
 from collector.outputs.metrics import Metrics
 from collector.store import Retention, RunStore, StoredRun, StoreError, instance_name, replaces
@@ -218,14 +219,17 @@ class StoreWriter:
 
 class Pipeline:
     def __init__(self, config: CollectorConfig, store: RunStore, metrics: Metrics | None,
-                 spans: VerdictSpans | None, store_url: str = "") -> None:
+                 spans: VerdictSpans | None, store_url: str = "", offsets: KafkaOffsets | None = None) -> None:
+        """``offsets``: with the kafka receiver, Kafka is the durable log and its offsets stand in
+        for the journal (settled, stored traces release their messages instead of journal records)."""
         self.config = config
         self.instance = config.instance or instance_name()
         self.matcher = config.matcher()
         self.policy = config.scoring.policy()
         # Hand-over (docs/scale-out.md): on by default where the store is shared by replicas.
         handover = config.assembly.handover
-        handover = store.notifies_all_writers if handover is None else handover
+        if handover is None:  # on with a shared store, off where Kafka keeps every trace on one replica
+            handover = store.notifies_all_writers and not config.receivers.kafka.enabled
         self.assembler = Assembler(config.assembly, self.matcher, handover=handover)
         self.handover = Handover(store, self.instance, config.assembly.sweep_interval) if handover else None
         self.metrics = metrics
@@ -240,10 +244,11 @@ class Pipeline:
         #: The most recent traces or runs that could not be finalized, published or stored (run page).
         self.failures: deque[Failure] = deque(maxlen=100)
         # A trace cut short at shutdown stays journaled as long as its late spans would be taken.
-        self.journal = (Journal(config.journal.directory(store_url), config.journal.segment_bytes,
-                                config.journal.max_bytes,
-                                keep_cut_for=max(config.assembly.late_window, config.assembly.max_trace_wait))
-                        if config.journal.enabled else None)
+        self.journal: Journal | KafkaOffsets | None = (
+            offsets if offsets is not None
+            else Journal(config.journal.directory(store_url), config.journal.segment_bytes, config.journal.max_bytes,
+                         keep_cut_for=max(config.assembly.late_window, config.assembly.max_trace_wait))
+            if config.journal.enabled else None)
         #: Called after spans are accepted with the deadline of their traces' quiet period, so a
         #: sweeper sleeping past it can wake (set by the server; the pipeline knows no event loop).
         self.on_deadline: Callable[[float], None] = lambda due: None

@@ -180,7 +180,7 @@ def _count_refusal(pipeline: Pipeline, transport: str, exc: Backpressure) -> Non
     log.warning("request_refused", transport=transport, reason=exc.reason)
 
 
-def _never_fits(pipeline: Pipeline, decoded: Decoded, transport: str) -> str | None:
+def never_fits(pipeline: Pipeline, decoded: Decoded, transport: str) -> str | None:
     """Why even an idle collector could not accept this request (retrying it is then pointless)."""
     cfg = pipeline.config.assembly
     spans = len(decoded.spans)
@@ -282,7 +282,7 @@ class GrpcTraceService:
                 self._count_undecodable()
                 log.warning("request_invalid", transport="grpc", error=clip(str(exc), 300), bytes=len(payload))
                 return _Refusal(grpc.StatusCode.INVALID_ARGUMENT, clip(f"cannot decode ExportTraceServiceRequest: {exc}"))
-            if reason := _never_fits(self.pipeline, decoded, "grpc"):
+            if reason := never_fits(self.pipeline, decoded, "grpc"):
                 # Not RESOURCE_EXHAUSTED: OTLP exporters retry that code, and this request can never succeed.
                 return _Refusal(grpc.StatusCode.INVALID_ARGUMENT, reason)
             result = self.pipeline.ingest_decoded(decoded, "grpc")
@@ -565,7 +565,7 @@ class HttpTraceReceiver:
             return self._too_large(str(exc), ctype)
         except (ProtoDecodeError, RuntimeError, ValueError, DecodeError, RecursionError) as exc:
             return self._invalid(400, f"cannot decode ExportTraceServiceRequest: {exc}", ctype)
-        if reason := _never_fits(self.pipeline, decoded, "http"):
+        if reason := never_fits(self.pipeline, decoded, "http"):
             return self._error(413, reason, ctype)
         try:
             result = self.pipeline.ingest_decoded(decoded, "http")

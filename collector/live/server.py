@@ -25,6 +25,7 @@ from collector.formats import decode
 from collector.live import logs
 from collector.live.budget import MemoryBudget
 from collector.live.health import Health
+from collector.live.kafka_offsets import KafkaOffsets
 from collector.live.pipeline import Pipeline
 from collector.live.receivers import (
     DISCARDED_SIGNALS,
@@ -54,6 +55,8 @@ class Listening:
     store: str
     #: The crash journal's directory; None when it is off.
     journal: str | None
+    #: The kafka receiver's topic and brokers; None when it is off.
+    kafka: str | None = None
 
 
 class Collector:
@@ -82,6 +85,7 @@ class Collector:
         self._listener: HttpListener | None = None
         self._sweeper: asyncio.Task | None = None
         self.health: Health | None = None
+        self._kafka = None
         self.listening: Listening | None = None
 
     async def start(self) -> Listening:
@@ -96,7 +100,9 @@ class Collector:
         files = raise_file_limit()
         self.metrics = Metrics(cfg, self.resource, self._gauges,
                                scrape_auth=auth if prometheus.require_auth else None)
-        self.pipeline = Pipeline(cfg, self.store, self.metrics, self.spans, cfg.store.url or "")
+        kafka = cfg.receivers.kafka
+        offsets = KafkaOffsets(kafka.max_metadata_bytes) if kafka.enabled else None
+        self.pipeline = Pipeline(cfg, self.store, self.metrics, self.spans, cfg.store.url or "", offsets)
         if replayed := self.pipeline.replay():  # before any receiver opens: journaled spans first
             log.info("journal_replayed", spans=replayed, journal=str(self.pipeline.journal.directory))
         hub = self.hub
@@ -137,11 +143,18 @@ class Collector:
         if self.metrics.prometheus_port is not None:
             prom = f"{split_endpoint(cfg.exporters.prometheus.endpoint)[0]}:{self.metrics.prometheus_port}"
         self._sweeper = asyncio.create_task(self._sweep_forever())
-        journal = self.pipeline.journal
+        if offsets is not None:
+            from collector.live.kafka_receiver import KafkaTraceReceiver  # confluent-kafka: the kafka extra
+
+            self._kafka = KafkaTraceReceiver(kafka, self.pipeline, offsets)
+            await self._kafka.start()
+        directory = getattr(self.pipeline.journal, "directory", None)
         self.listening = Listening(grpc_addr, http_addr and f"{scheme}://{http_addr}", prom, self.store.display,
-                                   str(journal.directory) if journal is not None else None)
+                                   str(directory) if directory is not None else None,
+                                   f"{kafka.topic} @ {','.join(kafka.brokers)}" if kafka.enabled else None)
         log.info("collector_listening", grpc=grpc_addr, http=self.listening.http, prometheus=prom,
-                 store=self.store.display, store_open=self.store.is_open, journal=self.listening.journal, otlp_out=cfg.exporters.otlp.endpoint, tls=tls.enabled,
+                 store=self.store.display, store_open=self.store.is_open, journal=self.listening.journal,
+                 kafka=self.listening.kafka, otlp_out=cfg.exporters.otlp.endpoint, tls=tls.enabled,
                  mtls=bool(tls.client_ca_file), auth=auth.enabled, metrics_auth=prometheus.require_auth,
                  open_files_limit=files, decoder="native" if decode.NATIVE else "python")
         logs.flush()
@@ -190,6 +203,8 @@ class Collector:
     async def stop(self) -> None:
         if self.hub is not None:
             self.hub.close()
+        if self._kafka is not None:  # first: its open traces are dropped, not finalized as cut short
+            await self._kafka.stop()
         if self._grpc is not None:
             await self._grpc.stop(grace=2.0)
         if self._listener is not None:
@@ -326,7 +341,9 @@ async def serve(config: CollectorConfig, stop: asyncio.Event | None = None) -> N
         + (f"\n  metrics    http://{listening.prometheus}/metrics" if listening.prometheus else "")
         + f"\n  run store  {listening.store}"
         + ("" if collector.store.is_open else "  (not reachable yet: retrying; spans are journaled meanwhile)")
-        + f"\n  journal    {listening.journal or 'off: an accepted span is in memory only until its run is stored'}"
+        + (f"\n  kafka      {listening.kafka}  (group {config.receivers.kafka.group_id}; Kafka is the durable log)"
+           if listening.kafka else
+           f"\n  journal    {listening.journal or 'off: an accepted span is in memory only until its run is stored'}")
         + "\nPress Ctrl-C to stop.",
         flush=True,
     )

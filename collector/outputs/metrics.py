@@ -318,9 +318,14 @@ class Metrics:
             description="Parts of traces split across replicas by a scale event (docs/scale-out.md), by event: "
                         "handed_over (this replica held spans without the trace's root), merged (into a run "
                         "here), split (no replica with the root claimed them: reconciled apart, flagged)")
+        self.kafka_skipped = meter.create_counter(
+            "collector.kafka.messages.skipped",
+            description="Kafka messages skipped (the kafka receiver; each logged with its partition and offset), "
+                        "by reason: undecodable (not an OTLP protobuf trace request), too_large, never_fits (more spans or traces "
+                        "than the assembly can hold), failed (an error handling it)")
         # Present at 0 from the start, so alerts and dashboards see a series before the first event
         # (a rate over nothing is no data, not 0): each counter an alert watches, with its usual labels.
-        for transport in ("grpc", "http"):
+        for transport in ("grpc", "http", *(("kafka",) if config.receivers.kafka.enabled else ())):
             self.received.add(0, {"transport": transport})
             for reason in ("capacity", "journal", "store_backlog"):
                 self.refused.add(0, {"reason": reason, "transport": transport})
@@ -328,6 +333,9 @@ class Metrics:
                 self.rejected.add(0, {"reason": reason, "transport": transport})
             for reason in ("undecodable", "unauthenticated"):
                 self.requests_rejected.add(0, {"reason": reason, "transport": transport})
+        if config.receivers.kafka.enabled:
+            for reason in ("undecodable", "too_large"):
+                self.kafka_skipped.add(0, {"reason": reason})
         self.failed.add(0, {"stage": "store"})
         self.runs_deleted.add(0)
         for event in ("handed_over", "merged", "split"):

@@ -79,11 +79,27 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if include "agenteval.passwordSecret" . | fromJson -}}
 {{- $_ := set $store "password_env" "AGENTEVAL_DB_PASSWORD" -}}
 {{- end -}}
+{{- $receivers := dict "grpc" (dict "endpoint" (printf "0.0.0.0:%d" (int .Values.ports.grpc)))
+                      "http" (dict "endpoint" (printf "0.0.0.0:%d" (int .Values.ports.http))) -}}
+{{- $journal := dict "path" (printf "%s/journal" .Values.dataDir) -}}
+{{- if .Values.kafka.enabled -}}
+{{- $_ := set $receivers "kafka" (dict "enabled" true "brokers" (include "agenteval.kafkaBrokers" . | fromJsonArray)
+      "topic" .Values.kafka.topic "group_id" (.Values.kafka.groupId | default (include "agenteval.fullname" .))
+      "client" .Values.kafka.consumer) -}}
+{{- $_ := set $journal "enabled" false -}}
+{{- end -}}
 {{- $chart := dict
-  "receivers" (dict "grpc" (dict "endpoint" (printf "0.0.0.0:%d" (int .Values.ports.grpc)))
-                    "http" (dict "endpoint" (printf "0.0.0.0:%d" (int .Values.ports.http))))
+  "receivers" $receivers
   "store" $store
-  "journal" (dict "path" (printf "%s/journal" .Values.dataDir))
+  "journal" $journal
   "exporters" (dict "prometheus" (dict "endpoint" (printf "0.0.0.0:%d" (int .Values.ports.metrics)))) -}}
 {{- mustMergeOverwrite (deepCopy .Values.collectorConfig) $chart | toYaml -}}
+{{- end -}}
+
+{{/* kafka.brokers as a JSON list, refusing an empty one when kafka.enabled. */}}
+{{- define "agenteval.kafkaBrokers" -}}
+{{- if not .Values.kafka.brokers -}}
+{{- fail "kafka.brokers: give the Kafka bootstrap servers (host:port each) with kafka.enabled" -}}
+{{- end -}}
+{{- .Values.kafka.brokers | toJson -}}
 {{- end -}}

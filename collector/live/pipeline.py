@@ -24,6 +24,7 @@ from collector.live.assembler import Assembler, Backpressure, Finalized
 from collector.live.journal import Journal
 from collector.outputs.emit_spans import VerdictSpans
 from collector.outputs.metrics import Metrics
+from collector.outputs.pricing import Pricing
 from collector.store import RunStore, StoredRun, StoreError, instance_name, replaces
 
 log = structlog.get_logger("agenteval.collector")
@@ -176,6 +177,7 @@ class Pipeline:
         self.instance = instance_name()
         self.matcher = config.matcher()
         self.policy = config.scoring.policy()
+        self.pricer = Pricing(config.pricing) if config.pricing.enabled else None
         self.assembler = Assembler(config.assembly, self.matcher)
         self.metrics = metrics
         self.spans = spans
@@ -496,7 +498,7 @@ class Pipeline:
     def _publish(self, item: Finalized) -> StoredRun:
         """Reconcile a finalized run and hand it to every sink but the store (the sweep queues its
         runs for the store together)."""
-        verdict = reconcile(item.run, self.policy, self.config.scoring.preset, item.revision)
+        verdict = reconcile(item.run, self.policy, self.config.scoring.preset, item.revision, self.pricer)
         run_id = item.run.run_id or verdict.trace_id or ""
         stored = StoredRun(run_id, SOURCE_LIVE, verdict, self.instance)
         if self.spans is not None:

@@ -122,7 +122,7 @@ class Collector:
             app = receiver.app()
             Health(self.pipeline.writer).register(app)
             if http.run_page:
-                RunPage(self.store, auth, http.trace_link, lambda: self.pipeline.failures).register(app)
+                RunPage(self.store, auth, self.config.ui.trace_url, lambda: self.pipeline.failures).register(app)
             self._http = receiver.runner(app)
             await self._http.setup()
             host, port = split_endpoint(http.endpoint)

@@ -40,11 +40,11 @@ _env.globals["statuses"] = [s.value for s in Status]
 
 
 class RunPage:
-    def __init__(self, store: RunStore, auth: BearerAuth, trace_link: str | None,
+    def __init__(self, store: RunStore, auth: BearerAuth, trace_url: str | None,
                  failures: Callable[[], Iterable[Failure]] = tuple) -> None:
         self.store = store
         self.auth = auth
-        self.trace_link = trace_link
+        self.trace_url = trace_url
         #: This collector's recent traces and runs that could not be finalized, published or stored.
         self.failures = failures
 
@@ -92,7 +92,7 @@ class RunPage:
         rows = await self._read(self.store.list_runs, [status] if status else (), subject, limit,
                                 True, None, prefix)  # with each run's units and reasons
         return self._page("runs.html", rows=rows, status=status, subject=subject or "", run_id=prefix or "",
-                          limit=limit, failures=list(self.failures())[::-1])
+                          limit=limit, failures=list(self.failures())[::-1], trace_url=self.trace_url)
 
     async def run_json(self, request: web.Request) -> web.Response:
         """The stored run document, as ``agenteval runs show --json`` prints it."""
@@ -127,8 +127,8 @@ class RunPage:
                           trace_url=span_url(doc["root_span_id"]) if span_url else None)
 
     def _span_url(self, trace_id: str | None) -> Callable[[str | None], str] | None:
-        """A span's link into the trace UI: ``trace_link`` with the trace id, and the span id if it names one."""
-        template = self.trace_link
+        """A span's link into the trace UI: ``ui.trace_url`` with the trace id, and the span id if it names one."""
+        template = self.trace_url
         if not (template and trace_id):
             return None
         return lambda span_id: template.format(trace_id=trace_id, span_id=span_id or "")

@@ -68,6 +68,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE runs ADD COLUMN maf_release TEXT",
         "CREATE INDEX IF NOT EXISTS runs_by_release ON runs (maf_release, updated_at DESC)",
     ),
+    (  # 5: the spend the framework did not report (USD; NULL: not priced, as every earlier run)
+        "ALTER TABLE runs ADD COLUMN unreported_usd DOUBLE PRECISION",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -75,23 +78,24 @@ SCHEMA_VERSION = len(MIGRATIONS)
 #: then passes the stored revision's number). :func:`_plan` mirrors this rule to know what it wrote.
 _UPSERT = """
 INSERT INTO runs (run_id, trace_id, subject, status, score, preset, source, revision, incomplete,
-                  checked, unchecked, created_at, updated_at, doc, finalized_by, maf_release)
+                  checked, unchecked, created_at, updated_at, doc, finalized_by, maf_release, unreported_usd)
 VALUES {rows}
 ON CONFLICT (run_id) DO UPDATE SET
     subject = excluded.subject, status = excluded.status, score = excluded.score,
     preset = excluded.preset, incomplete = excluded.incomplete,
     revision = CASE WHEN excluded.revision > runs.revision THEN excluded.revision ELSE runs.revision + 1 END,
     checked = excluded.checked, unchecked = excluded.unchecked, updated_at = excluded.updated_at,
-    doc = excluded.doc, finalized_by = excluded.finalized_by, maf_release = excluded.maf_release
+    doc = excluded.doc, finalized_by = excluded.finalized_by, maf_release = excluded.maf_release,
+    unreported_usd = excluded.unreported_usd
 WHERE excluded.revision > runs.revision OR (runs.incomplete = 1 AND excluded.incomplete = 0)
 """
 #: A workflow run's verdict supersedes the incomplete verdict its trace got when it was cut short
 #: before its workflow-run span arrived (e.g. by a restart): that one was stored under the trace id.
 _SUPERSEDE = "DELETE FROM runs WHERE incomplete = 1 AND run_id IN ({ids})"
 _CURRENT = "SELECT run_id, revision, incomplete FROM runs WHERE run_id IN ({ids})"
-#: Rows per upsert at most; fewer where the database allows fewer parameters (a row has 16).
+#: Rows per upsert at most; fewer where the database allows fewer parameters (a row has 17).
 _ROWS_PER_STATEMENT = 256
-_COLUMNS = 16
+_COLUMNS = 17
 
 
 @lru_cache(maxsize=128)
@@ -112,7 +116,7 @@ def _chunks(items: list, size: int) -> Iterator[list]:
 
 
 _SUMMARY = ("run_id, trace_id, subject, status, score, preset, source, revision, incomplete, checked, "
-            "unchecked, created_at, updated_at, finalized_by, maf_release")
+            "unchecked, created_at, updated_at, finalized_by, maf_release, unreported_usd")
 _DOC = "doc, revision, created_at, updated_at, finalized_by"
 
 
@@ -219,7 +223,7 @@ def _none() -> None:
 _ADDED_KEYS: dict[str, Callable[[], Any]] = {
     "non_agent_executors": list, "workflow_errors": list, "coverage_note": _none, "unattributed_chat": list,
     "maf_release": _none, "instrumentation_version": _none, "instrumentation_status": _none, "service_name": _none,
-    "started_at": _none, "duration_s": _none, **{f"{name}_more": int for name in BOUNDED_RUN}}
+    "started_at": _none, "duration_s": _none, "spend": _none, **{f"{name}_more": int for name in BOUNDED_RUN}}
 #: Likewise, evidence keys (an older document left nothing out of its lists).
 _ADDED_EVIDENCE: dict[str, Callable[[], Any]] = {
     "chat_calls": list, "ledger": list, "framework_input_tokens": _none, "framework_output_tokens": _none,
@@ -235,6 +239,7 @@ def _doc(row: dict[str, Any]) -> dict[str, Any]:
         if "chat_calls_more" not in evidence:  # written by an earlier version
             for key, empty in _ADDED_EVIDENCE.items():
                 evidence.setdefault(key, empty())
+        evidence.setdefault("cost", None)  # written before pricing: unknown
     doc.update(created_at=row["created_at"], updated_at=row["updated_at"], finalized_by=row["finalized_by"],
                revision=row["revision"])  # the store may have raised it past the verdict's own
     return doc
@@ -390,7 +395,8 @@ class RunStore(ABC):
             now = start + index * 1e-6  # distinct times keep a batch's order in "newest first"
             rows.append((item.run_id, run.trace_id, run.subject, run.status.value, run.score, run.preset, item.source,
                          run.revision, int(run.incomplete), run.checked, run.unchecked, now, now,
-                         doc.decode(), item.finalized_by, run.maf_release))
+                         doc.decode(), item.finalized_by, run.maf_release,
+                         run.spend.unreported_usd if run.spend is not None else None))
         if not rows:
             return []
         with self._transaction() as execute:

@@ -26,6 +26,7 @@ from collector.core.model import EXIT_ERROR, STATUS_EXIT_CODES, Preset, Status
 from collector.core.reconcile import reconcile
 from collector.formats.loader import TRACE_WINDOW, NoSteps, TraceFileError, iter_runs
 from collector.live.journal import JournalError
+from collector.outputs.pricing import Pricing
 from collector.store import RunStore, StoredRun, StoreError, StoreUnavailable, instance_name, open_store
 from collector.ui.render import demo_table, print_run, runs_table, shown
 
@@ -174,6 +175,7 @@ def bench_workflow_trace_fidelity(
         raise _Fatal("--subject: empty: name what is being evaluated (e.g. the workflow), so its runs can be found")
     cfg = _config(config)
     policy, matcher, host = cfg.scoring.policy(), cfg.matcher(), instance_name()
+    pricer = Pricing(cfg.pricing) if cfg.pricing.enabled else None
     try:
         db = _open_store(store, cfg)
     except _Fatal as exc:
@@ -202,7 +204,7 @@ def bench_workflow_trace_fidelity(
     try:
         with _progress(workflow_trace, out.is_terminal and not as_json) as on_bytes:
             for run_input in iter_runs(workflow_trace, matcher, on_bytes, trace_window):
-                verdict = replace(reconcile(run_input, policy, preset), subject=subject)
+                verdict = replace(reconcile(run_input, policy, preset, pricer=pricer), subject=subject)
                 statuses.add(verdict.status)
                 batch.append(StoredRun(uuid.uuid4().hex, source, verdict, host))
                 if len(batch) >= STORE_BATCH:

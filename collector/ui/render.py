@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from collector.core.model import fmt_duration, fmt_score, fmt_started
+from collector.core.model import fmt_duration, fmt_score, fmt_started, fmt_usd
 
 STATUS_STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "PENDING": "bold magenta"}
 VERDICT_STYLE = {
@@ -48,7 +48,7 @@ def executor_table(run: dict[str, Any]) -> Table:
     for col, justify in [
         ("unit", "left"), ("verdict", "left"), ("score", "right"), ("framework tok", "right"),
         ("truth tok", "right"), ("delta", "right"), ("finish fw / truth", "left"), ("ledger", "left"),
-        ("no-truth reason", "left"),
+        ("no-truth reason", "left"), ("unreported $", "right"),
     ]:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for e in run["executors"]:
@@ -65,8 +65,30 @@ def executor_table(run: dict[str, Any]) -> Table:
             f"{shown(_finish(ev['truth_finish']))}",
             shown(ev["ledger_source"]) + (" (missing)" if ev["ledger_missing"] else ""),
             e["no_truth_reason"] or "",
+            unit_unreported(ev.get("cost")),
         )
     return table
+
+
+def unit_unreported(cost: dict[str, Any] | None) -> str:
+    """A unit's unreported spend for a table cell: a figure, ``unknown``, or ``-`` where not compared."""
+    if cost is None or cost["unreported_tokens"] is None:
+        return "-"
+    return fmt_usd(cost["unreported_usd"])
+
+
+def spend_line(run: dict[str, Any]) -> str | None:
+    """The run's spend in one line (plain text), or None for a run that was not priced."""
+    spend = run.get("spend")
+    if spend is None:
+        return None
+    line = (f"spend  framework {fmt_usd(spend['framework_usd'])}, truth {fmt_usd(spend['truth_usd'])}, "
+            f"unreported spend {fmt_usd(spend['unreported_usd'])} ({spend['unreported_tokens']:,} tokens)")
+    if spend["units_unknown"]:
+        n = spend["units_unknown"]
+        whose = "unit's" if n == 1 else "units'"
+        line += f"; {n} {whose} cost unknown (in no sum)"
+    return line
 
 
 def _finish(value: str | None, truth: str | None = None) -> str:
@@ -135,6 +157,12 @@ def print_run(console: Console, run: dict[str, Any]) -> None:
     console.print(status_line(run))
     if run.get("coverage_note"):
         console.print(f"  {run['coverage_note']}", markup=False)
+    if spend := spend_line(run):
+        console.print(spend, markup=False, highlight=False)
+        for e in run["executors"]:
+            cost = e["evidence"].get("cost") or {}
+            if cost.get("unknown"):
+                console.print(f"  {e['executor_id']}: cost unknown: {cost['unknown']}", markup=False, highlight=False)
 
 
 #: Narrower than this, `runs list` shows each run id as a prefix `runs show` takes (a live run's id

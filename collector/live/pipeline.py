@@ -421,7 +421,7 @@ class Pipeline:
             return
         if self.metrics is not None:
             try:
-                self.metrics.record_runs([stored.verdict for stored, _ in published])
+                self.metrics.record_runs([stored for stored, _ in published])
             except Exception:  # noqa: BLE001 - failing metrics cost no run its store write or the sweep its rest
                 log.exception("metrics_record_failed", runs=len(published))
         self.writer.put(published)

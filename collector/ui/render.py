@@ -77,6 +77,16 @@ def unit_unreported(cost: dict[str, Any] | None) -> str:
     return fmt_usd(cost["unreported_usd"])
 
 
+def run_unreported(run: dict[str, Any]) -> str:
+    """The run's unreported spend in a few characters: ``$0.02``, ``$0.02 +1 unknown``, or ``-``
+    for a run that was not priced."""
+    spend = run.get("spend")
+    if spend is None:
+        return "-"
+    unknown = f" +{spend['units_unknown']} unknown" if spend["units_unknown"] else ""
+    return fmt_usd(spend["unreported_usd"]) + unknown
+
+
 def spend_line(run: dict[str, Any]) -> str | None:
     """The run's spend in one line (plain text), or None for a run that was not priced."""
     spend = run.get("spend")

@@ -41,7 +41,7 @@ class Pricing:
 
     def __call__(self, model: str | None, provider: str | None, usage: Usage, at_ns: int | None) -> Quote:
         if not model:
-            return Quote(None, "the chat spans name no model (gen_ai.response.model / gen_ai.request.model)")
+            return Quote(None, "no model is named on its chat calls (gen_ai.response.model / gen_ai.request.model)")
         fix = f"set pricing.models.{model!r} in the config (0 for a self-hosted model)"
         named = self.overrides.get(model.casefold())
         if named is not None and named[1].provider in (None, provider):

@@ -83,6 +83,8 @@ def run_unreported(run: dict[str, Any]) -> str:
     spend = run.get("spend")
     if spend is None:
         return "-"
+    if not spend["units_priced"]:
+        return "unknown"
     unknown = f" +{spend['units_unknown']} unknown" if spend["units_unknown"] else ""
     return fmt_usd(spend["unreported_usd"]) + unknown
 
@@ -92,6 +94,9 @@ def spend_line(run: dict[str, Any]) -> str | None:
     spend = run.get("spend")
     if spend is None:
         return None
+    if not spend["units_priced"]:
+        return (f"spend  unknown: no unit's model could be priced ({spend['units_unknown']} unit(s); "
+                f"{spend['unreported_tokens']:,} tokens unreported)")
     line = (f"spend  framework {fmt_usd(spend['framework_usd'])}, truth {fmt_usd(spend['truth_usd'])}, "
             f"unreported spend {fmt_usd(spend['unreported_usd'])} ({spend['unreported_tokens']:,} tokens)")
     if spend["units_unknown"]:

@@ -16,12 +16,15 @@ from collector.core.model import ChatTurn, Usage
 from collector.demo.maf_fakes import AgentSpec, Turn, chain, keep_last_call_usage, lookup
 
 from conftest import AGENTEVAL, CollectorProcess, export_spans
+from test_run_page import _screenshot, browser, page  # noqa: F401 - the run page's Chromium fixtures
 
 #: OpenAI's published price of gpt-4o-mini (https://openai.com/api/pricing): USD per million tokens.
 GPT_4O_MINI_INPUT, GPT_4O_MINI_OUTPUT = 0.15, 0.60
 #: A self-hosted model priced by hand in the config, and its rate.
 LOCAL_MODEL, LOCAL_RATE = "llama3.2:3b", (0.0, 0.0)
 TUNED_MODEL, TUNED_RATE = "contoso-gpt4o-prod", (2.5, 10.0)
+#: The user's trace backend (answered by the browser test itself: nothing listens there).
+TRACE_URL = "http://traces.test/trace/{trace_id}?span={span_id}"
 #: The writer's tool loop: two calls; the framework keeps only the last one's usage (under-reports).
 LOOP = [Turn(90_000, 12_000, "tool_calls", tool_call="lookup"), Turn(110_000, 16_000)]
 
@@ -35,6 +38,7 @@ def site(tmp_path_factory):
     overrides = {"pricing": {"models": {
         LOCAL_MODEL: {"input_per_mtok": LOCAL_RATE[0], "output_per_mtok": LOCAL_RATE[1], "provider": "ollama"},
         TUNED_MODEL: {"input_per_mtok": TUNED_RATE[0], "output_per_mtok": TUNED_RATE[1]}}}}
+    overrides["ui"] = {"trace_url": TRACE_URL}
     proc = CollectorProcess(tmp_path_factory.mktemp("spend"), overrides)
     yield proc
     proc.stop()
@@ -169,3 +173,61 @@ def test_a_unit_whose_calls_used_several_models_prices_its_truth_and_says_why_no
     cost = price_unit(reconcile_executor(record).evidence, Pricing(CollectorConfig().pricing))
     assert cost.truth_usd == pytest.approx(usd(1000, 100, (0.15, 0.6)) + usd(1000, 100, (2.5, 10.0)), abs=1e-12)
     assert cost.framework_usd is None and cost.unreported_usd is None and "2 models" in cost.unknown
+
+
+def test_the_run_page_leads_with_the_unreported_spend_and_links_ids_to_the_trace_backend(site, page, tmp_path):
+    run = _sent(site, chain("nightly-report", [
+        AgentSpec("researcher", [Turn(40_000, 5_000)]),
+        AgentSpec("writer", LOOP, tools=[lookup], middleware=[keep_last_call_usage()]),
+        AgentSpec("reviewer", [Turn(30_000, 2_000)], model="acme-llm-7")]))
+    page.goto(f"{site.http}/runs/{run['run_id']}")
+    spend = page.locator("#spend")
+    assert spend.locator(".spend-figure").inner_text() == "$0.02"  # $0.0207, to the cent
+    assert "102,000 tokens" in spend.inner_text() and "1 unit(s) of unknown cost are in no sum" in spend.inner_text()
+    cells = {name: page.locator(f'#executors tr[data-executor="{name}"] td.cost') for name in ("writer", "reviewer")}
+    assert cells["writer"].inner_text() == "$0.02"
+    assert cells["reviewer"].inner_text() == "$0.00"  # it reported all it used: nothing unreported, whatever the price
+    writer = page.locator('details[data-unit="writer"]')
+    assert writer.locator("tr.cost td").inner_text() == "$0.026 / $0.047"
+    reviewer = page.locator('details[data-unit="reviewer"]')
+    reviewer.locator("summary").click()
+    assert "does not know model 'acme-llm-7'" in reviewer.locator("tr.cost-unknown td").inner_text()
+    assert reviewer.locator("tr.cost td").inner_text() == "unknown / unknown"
+    _screenshot(page, "run-page-spend.png", tmp_path)
+    # every span id links into the configured backend; following one opens it
+    chat_span = run["executors"][[e["executor_id"] for e in run["executors"]].index("writer")]["evidence"]["chat_span_ids"][0]
+    target = TRACE_URL.format(trace_id=run["trace_id"], span_id=chat_span)
+    page.route("http://traces.test/**", lambda route: route.fulfill(body="the trace backend", content_type="text/plain"))
+    link = writer.get_by_role("link", name=chat_span, exact=True)
+    assert link.get_attribute("href") == target
+    link.click()
+    page.wait_for_url(target)
+    assert page.locator("body").inner_text() == "the trace backend"
+
+
+def test_without_a_trace_url_ids_stay_plain_text(site, page, tmp_path):
+    run = _sent(site, chain("plain-ids", [AgentSpec("researcher", [Turn(400, 50)])]))
+    plain = CollectorProcess(tmp_path, store_url=site.store_url)
+    try:
+        page.goto(f"{plain.http}/runs/{run['run_id']}")
+        assert page.locator("#trace-id").inner_text() == run["trace_id"]
+        assert page.locator("#trace-id a").count() == 0 and page.locator('a[href*="traces.test"]').count() == 0
+        assert page.locator(".id", has_text=run["executors"][0]["evidence"]["chat_span_ids"][0]).count() >= 1
+    finally:
+        plain.stop()
+
+
+def test_watch_shows_the_unreported_spend_of_each_run(site):
+    from rich.console import Console
+
+    from collector.ui.watch import Board, run_line
+
+    run = site.store().get_run(_sent(site, chain("watched", [
+        AgentSpec("writer", LOOP, tools=[lookup], middleware=[keep_last_call_usage()])]))["run_id"])
+    assert "unreported_usd=0.020700  unreported_tokens=102000" in run_line(run)
+    board = Board(rows=3)
+    board.add(run)
+    console = Console(record=True, width=180, color_system=None)
+    console.print(board.render())
+    row = next(line for line in console.export_text().splitlines() if "watched" in line)
+    assert "$0.02" in row

@@ -17,7 +17,7 @@ import jinja2
 import structlog
 from aiohttp import web
 
-from collector.core.model import Failure, Status, Usage, fmt_duration, fmt_started
+from collector.core.model import Failure, Status, Usage, fmt_duration, fmt_started, fmt_usd
 from collector.core.serialize import to_json
 from collector.security import BearerAuth
 from collector.store import RETRY_READ_AFTER, UNREADABLE, RunStore, StoreError
@@ -36,6 +36,7 @@ _env.filters["total"] = lambda usage: Usage(**usage).total
 _env.filters["when"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t else "–"
 _env.filters["started"] = fmt_started
 _env.filters["duration"] = fmt_duration
+_env.filters["usd"] = fmt_usd
 _env.globals["statuses"] = [s.value for s in Status]
 
 

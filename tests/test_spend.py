@@ -5,9 +5,12 @@ figures in the run document, `runs show`, the spend counters, and pricing with n
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import subprocess
+from pathlib import Path
 
+import jsonschema
 import pytest
 
 from collector.bridge import FidelityBridge
@@ -83,6 +86,8 @@ def test_a_real_maf_run_is_priced_to_the_cent_with_the_spend_the_framework_did_n
                             "truth_usd": pytest.approx(truth + usd(40_000, 5_000, rate), abs=1e-9),
                             "unreported_usd": pytest.approx(truth - framework, abs=1e-9),
                             "unreported_tokens": 102_000, "units_priced": 2, "units_unknown": 0}
+    schema = json.loads((Path(__file__).resolve().parent.parent / "collector/formats/schemas/run.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(site.store().get_run(run["run_id"]))
     # what `runs show` prints, to the cent
     shown = subprocess.run([AGENTEVAL, "runs", "show", run["run_id"], "--store", site.store_url],
                            capture_output=True, text=True, check=False)

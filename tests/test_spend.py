@@ -8,6 +8,7 @@ import asyncio
 import json
 import socket
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jsonschema
@@ -54,9 +55,11 @@ def _telemetry(maf_spans):
 
 
 def run_maf(workflow) -> tuple[list, str]:
+    """Run a real MAF workflow, on a thread of its own: a browser test's Playwright holds this one's loop."""
     bridge = FidelityBridge()
     MAF_SPANS.clear()
-    asyncio.run(bridge.run(workflow, "Write a short report."))
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(lambda: asyncio.run(bridge.run(workflow, "Write a short report."))).result()
     return list(MAF_SPANS.get_finished_spans()), bridge.last_trace_id
 
 
@@ -193,7 +196,7 @@ def test_the_run_page_leads_with_the_unreported_spend_and_links_ids_to_the_trace
     assert cells["writer"].inner_text() == "$0.02"
     assert cells["reviewer"].inner_text() == "$0.00"  # it reported all it used: nothing unreported, whatever the price
     writer = page.locator('details[data-unit="writer"]')
-    assert writer.locator("tr.cost td").inner_text() == "$0.026 / $0.047"
+    assert writer.locator("tr.cost td").inner_text() == "$0.03 / $0.05"  # $0.0261 and $0.0468, to the cent
     reviewer = page.locator('details[data-unit="reviewer"]')
     reviewer.locator("summary").click()
     assert "does not know model 'acme-llm-7'" in reviewer.locator("tr.cost-unknown td").inner_text()

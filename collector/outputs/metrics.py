@@ -48,7 +48,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.samples import Exemplar as PromExemplar
 
 from collector.config import CollectorConfig, split_endpoint
-from collector.core.model import NoTruthReason, RunVerdict, Status, Verdict
+from collector.core.model import NoTruthReason, Status, Verdict
 from collector.security import BearerAuth
 from collector.store import StoredRun
 

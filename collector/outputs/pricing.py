@@ -42,7 +42,7 @@ class Pricing:
     def __call__(self, model: str | None, provider: str | None, usage: Usage, at_ns: int | None) -> Quote:
         if not model:
             return Quote(None, "no model is named on its chat calls (gen_ai.response.model / gen_ai.request.model)")
-        fix = f"set pricing.models.{model!r} in the config (0 for a self-hosted model)"
+        fix = f"add {model} under pricing.models in the config (0 for a self-hosted model)"
         named = self.overrides.get(model.casefold())
         if named is not None and named[1].provider in (None, provider):
             key, rate = named
@@ -68,8 +68,8 @@ class Pricing:
                                model, provider_id=provider_id, genai_request_timestamp=_when(at_ns))
         except LookupError:
             on = f" from {provider}" if provider else ""
-            return Quote(None, f"genai-prices {genai_prices.__version__} does not know model {model!r}{on} (an "
-                               f"Azure OpenAI deployment name is not a model name): {fix}")
+            hint = " (a span that names an Azure OpenAI deployment, not its model)" if provider_id == "azure" else ""
+            return Quote(None, f"genai-prices {genai_prices.__version__} does not know model {model!r}{on}{hint}: {fix}")
         return Quote(float(price.total_price), f"{_SOURCE}: {price.provider.id} {price.model.id}")
 
 

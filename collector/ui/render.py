@@ -48,9 +48,12 @@ def executor_table(run: dict[str, Any]) -> Table:
     for col, justify in [
         ("unit", "left"), ("verdict", "left"), ("score", "right"), ("framework tok", "right"),
         ("truth tok", "right"), ("delta", "right"), ("finish fw / truth", "left"), ("ledger", "left"),
-        ("no-truth reason", "left"), ("unreported $", "right"),
+        ("no-truth reason", "left"),
     ]:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    priced = bool((run.get("spend") or {}).get("units_priced"))  # a run nothing could price: no column of "unknown"
+    if priced:
+        table.add_column("unreported $", justify="right")
     for e in run["executors"]:
         ev = e["evidence"]
         delta = "-" if ev["delta"] is None or not e["checked"] else f"{ev['delta']:+d} {ev['direction']}"
@@ -65,7 +68,7 @@ def executor_table(run: dict[str, Any]) -> Table:
             f"{shown(_finish(ev['truth_finish']))}",
             shown(ev["ledger_source"]) + (" (missing)" if ev["ledger_missing"] else ""),
             e["no_truth_reason"] or "",
-            unit_unreported(ev.get("cost")),
+            *([unit_unreported(ev.get("cost"))] if priced else []),
         )
     return table
 
@@ -177,7 +180,7 @@ def print_run(console: Console, run: dict[str, Any]) -> None:
         for e in run["executors"]:
             cost = e["evidence"].get("cost") or {}
             if cost.get("unknown"):
-                console.print(f"  {e['executor_id']}: cost unknown: {cost['unknown']}", markup=False, highlight=False)
+                console.print(f"  {shown(e['executor_id'])}: cost unknown: {shown(cost['unknown'])}", highlight=False)
 
 
 #: Narrower than this, `runs list` shows each run id as a prefix `runs show` takes (a live run's id

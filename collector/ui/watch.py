@@ -121,9 +121,9 @@ class Board:
         table.add_column("checked", justify="right", **fixed)
         table.add_column("subject", overflow="fold", ratio=2)
         table.add_column("run", overflow="fold", ratio=2)
-        if not narrow:
+        if not narrow:  # below 100 columns the revision and the unreported spend go (piped lines keep both)
             table.add_column("rev", justify="right", **fixed)
-        table.add_column("unreported", justify="right", overflow="fold")
+            table.add_column("unreported", justify="right", overflow="fold")
         table.add_column("diverged / NoTruth reasons", overflow="fold", ratio=3)
         ids = distinct_prefixes(list(self.runs))
         for doc in reversed(self.runs.values()):
@@ -132,8 +132,7 @@ class Board:
                      f"{doc['checked']}/{doc['checked'] + doc['unchecked']}", shown(doc["subject"] or "-"),
                      ids[doc["run_id"]]]
             if not narrow:
-                cells.append(str(doc["revision"]))
-            cells.append(run_unreported(doc))
+                cells += [str(doc["revision"]), run_unreported(doc)]
             units = [f"{unit} [{VERDICT_STYLE[verdict]}]{verdict}[/]" for unit, verdict in diverged_units(doc)]
             if reasons := no_truth_summary(doc):
                 units.append(f"[{VERDICT_STYLE[Verdict.NO_TRUTH]}]NoTruth[/] {reasons}")

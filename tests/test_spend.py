@@ -9,6 +9,7 @@ import json
 import socket
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from pathlib import Path
 
 import jsonschema
@@ -239,3 +240,24 @@ def test_watch_shows_the_unreported_spend_of_each_run(site):
     console.print(board.render())
     row = next(line for line in console.export_text().splitlines() if "watched" in line)
     assert "$0.02" in row
+
+
+@pytest.mark.parametrize(("model", "provider", "provider_id"), [
+    ("gpt-4o-mini", "openai", "openai"), ("claude-3-5-sonnet-latest", "anthropic", "anthropic"),
+    ("gemini-1.5-flash", "gcp.gemini", "google"),  # tiered: a higher rate past a prompt size
+    ("deepseek-chat", "deepseek", "deepseek"), ("gpt-4o-mini-2024-07-18", "azure.ai.openai", "azure")])
+def test_each_call_is_priced_as_genai_prices_own_calculation_prices_it(model, provider, provider_id):
+    """The collector applies a price's rates instead of genai-prices' slow calculation per call: the
+    same figures, below and past a tier, on several dates."""
+    import genai_prices
+
+    from collector.outputs.pricing import Pricing
+
+    pricing = Pricing(CollectorConfig().pricing)
+    for input_tokens, output_tokens in ((0, 0), (1, 0), (0, 1), (90_000, 12_000), (250_000, 40_000)):
+        for when in (1_720_000_000, 1_790_000_000):  # 2024-07 and 2026-09 (Unix seconds)
+            ours = pricing(model, provider, Usage(input_tokens, output_tokens), when * 10**9)
+            theirs = genai_prices.calc_price(
+                genai_prices.Usage(input_tokens=input_tokens, output_tokens=output_tokens), model,
+                provider_id=provider_id, genai_request_timestamp=datetime.fromtimestamp(when, timezone.utc))
+            assert ours.usd == pytest.approx(float(theirs.total_price), abs=1e-12), (input_tokens, output_tokens, when)

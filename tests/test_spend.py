@@ -261,3 +261,24 @@ def test_each_call_is_priced_as_genai_prices_own_calculation_prices_it(model, pr
                 genai_prices.Usage(input_tokens=input_tokens, output_tokens=output_tokens), model,
                 provider_id=provider_id, genai_request_timestamp=datetime.fromtimestamp(when, timezone.utc))
             assert ours.usd == pytest.approx(float(theirs.total_price), abs=1e-12), (input_tokens, output_tokens, when)
+
+
+def test_the_grpc_api_carries_each_units_cost_and_the_runs_spend(site):
+    import grpc
+
+    from collector.api.v1 import fidelity_pb2 as pb
+    from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
+    from collector.outputs.wire import to_doc
+
+    run = _sent(site, chain("over-grpc", [
+        AgentSpec("writer", LOOP, tools=[lookup], middleware=[keep_last_call_usage()]),
+        AgentSpec("reviewer", [Turn(300, 20)], model="acme-llm-7")]))
+    with grpc.insecure_channel(site.grpc) as channel:
+        message = FidelityServiceStub(channel).GetRun(pb.GetRunRequest(run_id=run["run_id"]), timeout=10)
+    assert message.spend.unreported_usd == pytest.approx(usd(90_000, 12_000, (GPT_4O_MINI_INPUT, GPT_4O_MINI_OUTPUT)))
+    assert (message.spend.units_priced, message.spend.units_unknown) == (1, 1)
+    reviewer = next(e for e in message.executors if e.executor_id == "reviewer")
+    assert not reviewer.evidence.cost.HasField("truth_usd") and "acme-llm-7" in reviewer.evidence.cost.unknown
+    doc = to_doc(message)
+    assert doc["spend"] == run["spend"]
+    assert [e["evidence"]["cost"] for e in doc["executors"]] == [e["evidence"]["cost"] for e in run["executors"]]

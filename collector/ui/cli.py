@@ -181,7 +181,11 @@ def bench_workflow_trace_fidelity(
     pricer = Pricing(cfg.pricing) if cfg.pricing.enabled else None
     try:
         db = _open_store(store, cfg)
-        reports = _reports(junit, markdown, cfg.ui.trace_url)
+        try:
+            reports = _reports(junit, markdown, cfg.ui.trace_url)
+        except _Fatal:
+            db.close()
+            raise
     except _Fatal as exc:
         if as_json:  # the promised envelope, even when nothing could start
             print(json.dumps({"runs": [], "status": None, "exit_code": EXIT_ERROR, "error": str(exc)}))
@@ -261,10 +265,7 @@ def _reports(junit: Path | None, markdown: Path | None, trace_url: str | None) -
 
 def _close_reports(reports: list, status: str | None = None, code: int | None = None) -> None:
     for report in reports:
-        if isinstance(report, MarkdownReport):
-            report.finish(status, code)
-        else:
-            report.finish()
+        report.finish(status, code)
         report.out.close()
 
 

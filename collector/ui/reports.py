@@ -109,7 +109,8 @@ class JUnitReport:
         ET.indent(element, level=1)
         self.out.write("  " + ET.tostring(element, encoding="unicode") + "\n")
 
-    def finish(self) -> None:
+    def finish(self, status: str | None = None, exit_code: int | None = None) -> None:
+        """The closing tag (the overall status is each suite's ``status`` property)."""
         self.out.write("</testsuites>\n")
 
 

@@ -26,7 +26,6 @@ from collector.core.model import EXIT_ERROR, STATUS_EXIT_CODES, Preset, Status
 from collector.core.reconcile import reconcile
 from collector.formats.loader import TRACE_WINDOW, NoSteps, TraceFileError, iter_runs
 from collector.live.journal import JournalError
-from collector.outputs.pricing import Pricing
 from collector.store import RunStore, StoredRun, StoreError, StoreUnavailable, instance_name, open_store
 from collector.ui.render import demo_table, print_run, runs_table, shown
 from collector.ui.reports import JUnitReport, MarkdownReport, markdown_run
@@ -178,7 +177,11 @@ def bench_workflow_trace_fidelity(
         raise _Fatal("--subject: empty: name what is being evaluated (e.g. the workflow), so its runs can be found")
     cfg = _config(config)
     policy, matcher, host = cfg.scoring.policy(), cfg.matcher(), instance_name()
-    pricer = Pricing(cfg.pricing) if cfg.pricing.enabled else None
+    pricer = None
+    if cfg.pricing.enabled:
+        from collector.outputs.pricing import Pricing  # genai-prices' data: loaded by the commands that price
+
+        pricer = Pricing(cfg.pricing)
     try:
         db = _open_store(store, cfg)
         try:

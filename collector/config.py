@@ -250,8 +250,15 @@ class Ui(_Section):
     @field_validator("trace_url")
     @classmethod
     def _link(cls, value: str | None) -> str | None:
-        if value is not None and "{trace_id}" not in value:
+        if value is None:
+            return value
+        if "{trace_id}" not in value:
             raise ValueError("must contain {trace_id}, e.g. http://localhost:16686/trace/{trace_id}")
+        try:
+            value.format(trace_id="0", span_id="0")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"only {{trace_id}} and {{span_id}} may be in braces; write a literal brace as "
+                             f"{{{{ or }}}} ({exc!r})") from None
         return value
 
 

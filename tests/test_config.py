@@ -89,3 +89,16 @@ def test_a_collector_started_on_a_config_of_environment_references_listens_there
         assert proc.grpc == f"127.0.0.1:{grpc_port}"
     finally:
         assert proc.stop() == 0
+
+
+@pytest.mark.parametrize(("section", "message"), [
+    ({"ui": {"trace_url": 'http://grafana:3000/explore?left={"query":"{trace_id}"}'}},
+     r"ui\.trace_url.*only \{trace_id\} and \{span_id\} may be in braces"),
+    ({"ui": {"trace_url": "http://localhost:16686/search"}}, r"ui\.trace_url.*must contain \{trace_id\}"),
+    ({"receivers": {"http": {"trace_link": "http://localhost:16686/trace/{trace_id}"}}},
+     r"receivers\.http.*trace_link is now ui\.trace_url")])
+def test_a_trace_url_the_run_page_could_not_fill_is_refused_naming_the_key(tmp_path, section, message):
+    path = tmp_path / "collector.yaml"
+    path.write_text(yaml.safe_dump(section))
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)

@@ -56,14 +56,13 @@ class HttpReceiver(_Section):
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     read_timeout: float = Field(10.0, gt=0)
     run_page: bool = True
-    trace_link: str | None = None
 
-    @field_validator("trace_link")
+    @model_validator(mode="before")
     @classmethod
-    def _link(cls, value: str | None) -> str | None:
-        if value is not None and "{trace_id}" not in value:
-            raise ValueError("must contain {trace_id}, e.g. http://localhost:16686/trace/{trace_id}")
-        return value
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "trace_link" in data:
+            raise ValueError("trace_link is now ui.trace_url (the same template, {trace_id} and {span_id})")
+        return data
 
     _endpoint = field_validator("endpoint")(_check_endpoint)
 
@@ -283,6 +282,40 @@ class Journal(_Section):
         return db.with_name(db.name + ".journal")
 
 
+class ModelRate(_Section):
+    """A model's price by hand (docs/outputs.md "Spend"): USD per million tokens."""
+
+    input_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(ge=0)
+    #: Only calls whose provider (``gen_ai.provider.name`` / ``gen_ai.system``, as sent) is this one; None: any.
+    provider: str | None = None
+
+
+class Pricing(_Section):
+    enabled: bool = True
+    #: Model name as the chat spans carry it (case-insensitive) -> its rate; wins over genai-prices.
+    models: dict[str, ModelRate] = Field(default_factory=dict)
+
+
+class Ui(_Section):
+    #: A link into the user's trace backend for every trace and span id on the run page.
+    trace_url: str | None = None
+
+    @field_validator("trace_url")
+    @classmethod
+    def _link(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if "{trace_id}" not in value:
+            raise ValueError("must contain {trace_id}, e.g. http://localhost:16686/trace/{trace_id}")
+        try:
+            value.format(trace_id="0", span_id="0")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"only {{trace_id}} and {{span_id}} may be in braces; write a literal brace as "
+                             f"{{{{ or }}}} ({exc!r})") from None
+        return value
+
+
 class Logging(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -299,6 +332,8 @@ class CollectorConfig(_Section):
     exporters: Exporters = Exporters()
     stream: Stream = Stream()
     logging: Logging = Logging()
+    pricing: Pricing = Pricing()
+    ui: Ui = Ui()
 
     @model_validator(mode="after")
     def _one_durable_log(self) -> "CollectorConfig":

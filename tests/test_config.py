@@ -97,3 +97,16 @@ def test_finish_aliases_given_are_added_to_the_shipped_map(tmp_path):
     aliases = dict(load_config(path).scoring.policy().finish_aliases)
     assert aliases["done"] == "stop" and aliases["end_turn"] == "stop"  # a vendor's kept
     assert aliases["load"] == "load"  # one dropped by mapping it to itself
+
+
+@pytest.mark.parametrize(("section", "message"), [
+    ({"ui": {"trace_url": 'http://grafana:3000/explore?left={"query":"{trace_id}"}'}},
+     r"ui\.trace_url.*only \{trace_id\} and \{span_id\} may be in braces"),
+    ({"ui": {"trace_url": "http://localhost:16686/search"}}, r"ui\.trace_url.*must contain \{trace_id\}"),
+    ({"receivers": {"http": {"trace_link": "http://localhost:16686/trace/{trace_id}"}}},
+     r"receivers\.http.*trace_link is now ui\.trace_url")])
+def test_a_trace_url_the_run_page_could_not_fill_is_refused_naming_the_key(tmp_path, section, message):
+    path = tmp_path / "collector.yaml"
+    path.write_text(yaml.safe_dump(section))
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)

@@ -58,7 +58,7 @@ def sent():
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory, sent):
-    proc = CollectorProcess(tmp_path_factory.mktemp("page"), {"receivers": {"http": {"trace_link": JAEGER}}})
+    proc = CollectorProcess(tmp_path_factory.mktemp("page"), {"ui": {"trace_url": JAEGER}})
     spans, ids = sent
     hostile = Scenario({"w<i>": [Invocation([ok(10, 5)])]}, name="<script>alert(1)</script>")
     # a unit over the token tolerance with its finish reason suppressed (three invocations), beside a Path-2 unit
@@ -347,7 +347,7 @@ def test_span_ids_link_to_the_trace_ui(site, page):
 def test_span_ids_link_to_the_span_when_the_template_names_it(site, page, tmp_path):
     proc, runs = site
     run = runs["fail_under_report"]
-    spans = CollectorProcess(tmp_path, {"receivers": {"http": {"trace_link": JAEGER_SPAN}}}, store_url=proc.store_url)
+    spans = CollectorProcess(tmp_path, {"ui": {"trace_url": JAEGER_SPAN}}, store_url=proc.store_url)
     try:
         page.goto(f"{spans.http}/runs/{run['run_id']}")
         _assert_span_ids_link(page, run, JAEGER_SPAN)

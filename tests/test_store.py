@@ -14,7 +14,7 @@ import pytest
 
 from collector.core.model import ChatTurn, ExecutorRecord, LedgerEntry, NoTruthReason, RunInput, Usage
 from collector.core.reconcile import reconcile
-from collector.core.serialize import BOUNDED_EVIDENCE
+from collector.core.serialize import BOUNDED_EVIDENCE, run_to_dict
 from collector.store import StoredRun, StoreError, open_store
 from collector.store.base import MIGRATIONS, SCHEMA_VERSION, pack
 from collector.store.sqlite import CHECKPOINT_INTERVAL
@@ -219,6 +219,42 @@ def test_migrates_a_version_1_store_and_keeps_its_runs(url):
     store = open_store(url)  # opening again applies nothing twice
     assert len(store.list_runs()) == 2
     store.close()
+
+
+def test_migrates_a_version_4_store_whose_runs_read_as_not_priced(url):
+    """Migration 5 (runs.unreported_usd): a run written before pricing reads as not priced (spend and
+    each unit's cost null, never $0); a run written after carries its unreported spend in its row."""
+    from collector.config import CollectorConfig
+    from collector.outputs.pricing import Pricing
+
+    for migration in MIGRATIONS[:4]:
+        for statement in migration:
+            _raw(url, statement)
+    doc = run_to_dict(_verdict(1, 1000), run_id="old", source="live")
+    del doc["spend"]
+    for unit in doc["executors"]:
+        del unit["evidence"]["cost"]
+    _raw(url, "INSERT INTO runs (run_id, trace_id, subject, status, score, preset, source, revision, incomplete, "
+              f"checked, unchecked, created_at, updated_at, doc, finalized_by, maf_release) VALUES ('old', NULL, "
+              f"'legacy', 'FAIL', 0.5, 'standard', 'live', 1, 0, 1, 0, 1.0, 2.0, '{json.dumps(doc)}', NULL, NULL)")
+    if url.startswith("postgresql://"):
+        _raw(url, "CREATE TABLE agenteval_schema (version INTEGER NOT NULL); INSERT INTO agenteval_schema VALUES (4)")
+    else:
+        _raw(url, "PRAGMA user_version=4")
+    store = open_store(url)
+    try:
+        old = store.get_run("old")
+        assert old["spend"] is None and old["executors"][0]["evidence"]["cost"] is None
+        turn = ChatTurn(Usage(1000, 0), "stop", model="gpt-4o-mini", provider="openai")
+        priced = reconcile(RunInput((ExecutorRecord("e0", (LedgerEntry(Usage(100, 0), "stop"),), (turn,), "t"),),
+                                    trace_id="cd" * 16), pricer=Pricing(CollectorConfig().pricing))
+        store.save(StoredRun("new", "live", priced))
+        rows = {r["run_id"]: r for r in store.list_runs()}
+        assert rows["old"]["unreported_usd"] is None
+        assert rows["new"]["unreported_usd"] == pytest.approx(900 * 0.15 / 1e6)  # gpt-4o-mini input, per token
+        assert store.get_run("new")["spend"]["unreported_tokens"] == 900
+    finally:
+        store.close()
 
 
 def test_revisions_are_those_of_the_stored_runs(url):

@@ -345,6 +345,36 @@ class FinishComparison:
 
 
 @dataclass(slots=True)
+class UnitCost:
+    """What a unit's tokens cost in USD (docs/outputs.md "Spend"); a figure is None when its price
+    is unknown (``unknown`` says why), never 0."""
+
+    #: The model(s) its chat calls used, with their provider ("gpt-4o-mini (openai)").
+    model: str | None
+    framework_usd: float | None
+    truth_usd: float | None
+    #: truth - framework where the framework under-reported, 0 where it did not; None: not compared.
+    unreported_usd: float | None
+    unreported_tokens: int | None
+    #: What priced the truth ("genai-prices 0.2.5: openai gpt-4o-mini", "pricing.models override").
+    priced_by: str | None = None
+    unknown: str | None = None
+
+
+@dataclass(slots=True)
+class RunSpend:
+    """The run's spend: each figure summed over the units that have it; ``units_unknown`` units
+    could not be priced and are in no sum."""
+
+    framework_usd: float
+    truth_usd: float
+    unreported_usd: float
+    unreported_tokens: int
+    units_priced: int
+    units_unknown: int
+
+
+@dataclass(slots=True)
 class Evidence:
     framework_tokens: int | None
     truth_tokens: int | None
@@ -383,6 +413,8 @@ class Evidence:
     stacked_chat_spans: int = 0
     #: Records of one call that report different token totals: a finding about the instrumentation.
     chat_layers_disagree: tuple[LayerDisagreement, ...] = ()
+    #: What the unit's tokens cost (None: not priced, e.g. a run stored before pricing existed).
+    cost: UnitCost | None = None
 
 
 @dataclass(slots=True)
@@ -431,6 +463,8 @@ class RunVerdict:
     #: spans); None: unknown (a file format without span times, spans without end times).
     started_at: str | None = None
     duration_s: float | None = None
+    #: What the run's units cost (None: not priced).
+    spend: RunSpend | None = None
 
     @property
     def checked(self) -> int:
@@ -457,6 +491,16 @@ class Failure:
 def fmt_score(score: float | None) -> str:
     """A score as people read it (terminal tables, watch lines, a failed run's span status)."""
     return "-" if score is None else f"{score:.3f}"
+
+
+def fmt_usd(usd: float | None) -> str:
+    """A dollar figure as people read it: to the cent, or where under a cent to two significant
+    digits (a unit's spend is often a fraction of a cent); ``unknown`` for None, never $0."""
+    if usd is None:
+        return "unknown"
+    if usd == 0 or abs(usd) >= 0.01:
+        return f"${usd:,.2f}"
+    return f"${usd:.2g}"
 
 
 def fmt_started(started_at: str) -> str:

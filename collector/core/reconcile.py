@@ -30,16 +30,20 @@ from collector.core.model import (
     Status,
     Verdict,
 )
+from collector.core.spend import Pricer, price_units
 
 #: The reasons that say a unit had chat-boundary truth but no framework ledger to compare with it.
 _NO_LEDGER = (NoTruthReason.LEDGER_MISSING, NoTruthReason.LEDGER_DERIVED)
 
 
-def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard", revision: int = 1) -> RunVerdict:
-    """Reconcile every agent unit of one workflow run and derive the run's score and status."""
+def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard", revision: int = 1,
+              pricer: Pricer | None = None) -> RunVerdict:
+    """Reconcile every agent unit of one workflow run and derive the run's score and status; with a
+    ``pricer``, price each unit and the run (:mod:`collector.core.spend`)."""
     verdicts = tuple(
         reconcile_executor(e, policy) for e in sorted(merge_units(run.executors), key=lambda e: e.executor_id.casefold())
     )
+    spend = price_units(verdicts, pricer) if pricer is not None else None
     score = run_score(verdicts)
     unchecked = [v.checked for v in verdicts].count(False)
     return RunVerdict(
@@ -64,6 +68,7 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
         service_name=run.service_name,
         started_at=_utc(run.start_ns),
         duration_s=_duration(run.start_ns, run.end_ns),
+        spend=spend,
         **_announcement(run.announcement),
     )
 

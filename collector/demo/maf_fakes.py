@@ -178,11 +178,16 @@ class AgentSpec:
     instrumented: bool = True
     middleware: Sequence[Any] = ()
     tools: Sequence[Any] = ()
+    #: What its chat spans name as the model and provider (a model genai-prices prices: the demo shows spend).
+    model: str = "gpt-4o-mini"
+    provider: str = "openai"
 
 
 def make_agent(spec: AgentSpec) -> Agent:
     client_cls = InstrumentedChatClient if spec.instrumented else UninstrumentedChatClient
-    return Agent(client_cls(turns=spec.turns), name=spec.name, instructions=f"You are {spec.name}.",
+    telemetry = {"otel_provider_name": spec.provider} if spec.instrumented else {}
+    client = client_cls(turns=spec.turns, model=spec.model, **telemetry)
+    return Agent(client, name=spec.name, instructions=f"You are {spec.name}.",
                  middleware=list(spec.middleware), tools=list(spec.tools) or None)
 
 

@@ -26,6 +26,7 @@ from collector.live.journal import Journal, decode, encode
 from collector.live.kafka_offsets import KafkaOffsets
 from collector.outputs.emit_spans import VerdictSpans
 from collector.outputs.metrics import Metrics
+from collector.outputs.pricing import Pricing
 from collector.store import Retention, RunStore, StoredRun, StoreError, instance_name, replaces
 from collector.store.base import Part
 
@@ -226,6 +227,7 @@ class Pipeline:
         self.instance = config.instance or instance_name()
         self.matcher = config.matcher()
         self.policy = config.scoring.policy()
+        self.pricer = Pricing(config.pricing) if config.pricing.enabled else None
         # Hand-over (docs/scale-out.md): on by default where the store is shared by replicas.
         handover = config.assembly.handover
         if handover is None:  # on with a shared store, off where Kafka keeps every trace on one replica
@@ -515,7 +517,7 @@ class Pipeline:
             return
         if self.metrics is not None:
             try:
-                self.metrics.record_runs([stored.verdict for stored, _ in published])
+                self.metrics.record_runs([stored for stored, _ in published])
             except Exception:  # noqa: BLE001 - failing metrics cost no run its store write or the sweep its rest
                 log.exception("metrics_record_failed", runs=len(published))
         self.writer.put(published)
@@ -604,7 +606,7 @@ class Pipeline:
                                                      sorted(spans.items())], self.instance))
             else:
                 run.notes = (*run.notes, merged_note(spans, self.instance))
-        verdict = reconcile(item.run, self.policy, self.config.scoring.preset, item.revision)
+        verdict = reconcile(item.run, self.policy, self.config.scoring.preset, item.revision, self.pricer)
         run_id = item.run.run_id or verdict.trace_id or ""
         stored = StoredRun(run_id, SOURCE_LIVE, verdict, self.instance)
         if self.spans is not None:

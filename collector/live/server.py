@@ -130,7 +130,7 @@ class Collector:
             self.health = Health(self.pipeline.writer)
             self.health.register(app)
             if http.run_page:
-                RunPage(self.store, auth, http.trace_link, lambda: self.pipeline.failures,
+                RunPage(self.store, auth, self.config.ui.trace_url, lambda: self.pipeline.failures,
                         cfg.store.retention.max_age).register(app)
             self._http = receiver.runner(app)
             await self._http.setup()

@@ -16,9 +16,12 @@ from functools import lru_cache
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import structlog
+from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import Histogram as SdkHistogram
+from opentelemetry.sdk.metrics import Exemplar as SdkExemplar
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -35,15 +38,19 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.export import (
     Histogram as HistogramData,
 )
+from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import HistogramMetricFamily, Metric as PromMetric
 from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.samples import Exemplar as PromExemplar
 
 from collector.config import CollectorConfig, split_endpoint
-from collector.core.model import NoTruthReason, RunVerdict, Status, Verdict
+from collector.core.model import NoTruthReason, Status, Verdict
 from collector.security import BearerAuth
+from collector.store import StoredRun
 
 SCORE_BUCKETS = (0.0, 0.25, 0.5, 0.75, 0.8, 0.9, 0.95, 0.99, 1.0)
 DELTA_BUCKETS = (0, 1, 10, 50, 100, 500, 1_000, 5_000, 10_000, 50_000)
@@ -79,6 +86,50 @@ class _BoundedLabel:
 SCOPE = InstrumentationScope("agenteval.collector")
 
 
+@dataclass(frozen=True, slots=True)
+class RunExemplar:
+    """The run a measurement came from (docs/outputs.md "Exemplars"): its trace (hex ids; the span is
+    the workflow-run span) and run id, so a dashboard goes from a number to the trace."""
+
+    trace_id: str
+    span_id: str | None
+    run_id: str
+    time_ns: int
+
+    @classmethod
+    def of(cls, stored: StoredRun) -> RunExemplar | None:
+        """None for a run without a usable trace id (nothing to link to)."""
+        trace_id = stored.verdict.trace_id
+        if not trace_id or len(trace_id) != 32 or not _is_hex(trace_id) or not int(trace_id, 16):
+            return None
+        span_id = stored.verdict.root_span_id
+        span_id = span_id if span_id and len(span_id) == 16 and _is_hex(span_id) and int(span_id, 16) else None
+        return cls(trace_id, span_id, stored.run_id, time.time_ns())
+
+    def prometheus(self, value: float) -> PromExemplar:
+        """As an OpenMetrics exemplar: ``trace_id`` and ``run_id`` (the latter left out where the two
+        would pass the 128 characters OpenMetrics allows an exemplar's labels)."""
+        labels = {"trace_id": self.trace_id, "run_id": self.run_id}
+        if sum(len(k) + len(v) for k, v in labels.items()) > 128:
+            del labels["run_id"]
+        return PromExemplar(labels, value, self.time_ns / 1e9)
+
+    def otlp(self, value: float) -> SdkExemplar:
+        return SdkExemplar({"run_id": self.run_id}, value, self.time_ns,
+                           int(self.span_id, 16) if self.span_id else None, int(self.trace_id, 16))
+
+    def context(self) -> Context:
+        """A context whose current span is the run's (sampled), so the SDK's trace-based exemplar
+        filter keeps the measurement as an exemplar of that trace."""
+        span_id = int(self.span_id, 16) if self.span_id else int(self.trace_id[16:], 16) or 1
+        return trace.set_span_in_context(NonRecordingSpan(SpanContext(
+            int(self.trace_id, 16), span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))))
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdefABCDEF" for c in text)
+
+
 @lru_cache(maxsize=1)
 def build_info() -> dict[str, str]:
     """Labels of ``agenteval_build_info``: what is running, for dashboards and support."""
@@ -107,6 +158,8 @@ def _scope_labels() -> dict[str, str]:
 @dataclass(slots=True)
 class _Series:
     counts: list[int]  # per bucket, the last one above every bound
+    #: Per bucket, the latest measurement with its run (value, run), or None.
+    exemplars: list[tuple[float, RunExemplar] | None]
     total: float = 0.0
     low: float = float("inf")
     high: float = float("-inf")
@@ -136,14 +189,18 @@ class Histogram:
         self._series: dict[str | None, _Series] = {}
         self._lock = threading.Lock()
 
-    def record(self, value: float, label_value: str | None = None) -> None:
+    def record(self, value: float, label_value: str | None = None, exemplar: RunExemplar | None = None) -> None:
         if value < 0:  # as the SDK's histogram: a negative measurement is dropped
             return
         with self._lock:
             series = self._series.get(label_value)
             if series is None:
-                series = self._series[label_value] = _Series([0] * (len(self.buckets) + 1))
-            series.counts[bisect_left(self.buckets, value)] += 1  # bucket i holds (bound[i-1], bound[i]]
+                size = len(self.buckets) + 1
+                series = self._series[label_value] = _Series([0] * size, [None] * size)
+            bucket = bisect_left(self.buckets, value)  # bucket i holds (bound[i-1], bound[i]]
+            series.counts[bucket] += 1
+            if exemplar is not None:
+                series.exemplars[bucket] = (value, exemplar)
             series.total += value
             series.since_total += value
             if value < series.low:
@@ -162,10 +219,11 @@ class Histogram:
             out = []
             for key, s in self._series.items():
                 if interval:
-                    out.append((key, _Series(list(s.counts), s.since_total, s.since_low, s.since_high)))
+                    out.append((key, _Series(list(s.counts), list(s.exemplars), s.since_total, s.since_low,
+                                             s.since_high)))
                     s.since_total, s.since_low, s.since_high = 0.0, float("inf"), float("-inf")
                 else:
-                    out.append((key, _Series(list(s.counts), s.total, s.low, s.high)))
+                    out.append((key, _Series(list(s.counts), list(s.exemplars), s.total, s.low, s.high)))
             return out
 
     def attributes(self, label_value: str | None) -> dict[str, str]:
@@ -185,11 +243,43 @@ class _PrometheusHistograms:
             family = HistogramMetricFamily(h.prometheus_name, h.description, labels=labels)
             for key, series in h.snapshot():
                 running, buckets = 0, []
-                for le, count in zip(h.le, series.counts):
+                for le, count, seen in zip(h.le, series.counts, series.exemplars):
                     running += count
-                    buckets.append((le, running))
+                    buckets.append((le, running) if seen is None else (le, running, seen[1].prometheus(seen[0])))
                 family.add_metric([*([key] if h.label else []), *scope.values()], buckets, series.total)
             yield family
+
+
+#: The counters whose samples carry an exemplar (their Prometheus family names).
+EXEMPLAR_COUNTERS = ("fidelity_runs", "fidelity_executor_verdicts", "fidelity_unreported_tokens",
+                     "fidelity_unreported_cost_usd")
+
+
+class _CounterExemplars:
+    """The SDK's metrics as its Prometheus reader renders them (read from the registry it fills), with
+    the latest run's exemplar on each sample of :data:`EXEMPLAR_COUNTERS`: the SDK's reader writes
+    none, and OpenMetrics shows them to a scraper that asks for it (text 0.0.4 leaves them out)."""
+
+    def __init__(self, sdk: CollectorRegistry) -> None:
+        self.sdk = sdk
+        #: (family, labels without the scope's) -> (the counter's increment, its run)
+        self.latest: dict[tuple[str, frozenset], tuple[float, RunExemplar]] = {}
+
+    def seen(self, family: str, labels: dict[str, str], value: float, run: RunExemplar) -> None:
+        self.latest[family, frozenset(labels.items())] = (value, run)
+
+    def collect(self) -> Iterator[PromMetric]:
+        for family in self.sdk.collect():
+            if family.name in EXEMPLAR_COUNTERS:
+                family.samples = [self._with_exemplar(family.name, sample) for sample in family.samples]
+            yield family
+
+    def _with_exemplar(self, name: str, sample):
+        if not sample.name.endswith("_total"):
+            return sample
+        key = frozenset((k, v) for k, v in sample.labels.items() if not k.startswith("otel_scope_"))
+        seen = self.latest.get((name, key))
+        return sample if seen is None else sample._replace(exemplar=seen[1].prometheus(seen[0]))
 
 
 class _WithHistograms(MetricExporter):
@@ -220,8 +310,10 @@ class _WithHistograms(MetricExporter):
                     start = self._last_ns or h.start_ns
                     if not any(counts):
                         continue
+                exemplars = [run.otlp(value) for seen in series.exemplars if seen is not None
+                             for value, run in (seen,) if not delta or run.time_ns >= start]
                 points.append(HistogramDataPoint(h.attributes(key), start, now, sum(counts), total, counts,
-                                                 h.buckets, series.low, series.high))
+                                                 h.buckets, series.low, series.high, exemplars))
             if points:
                 out.append(Metric(h.name, h.description, h.unit, HistogramData(points, self.temporality)))
         self._last_ns = now
@@ -264,8 +356,12 @@ class Metrics:
                                  "trace: a later human-in-the-loop turn) to its first stored verdict", LATENCY_BUCKETS)
         histograms = (self.score, self.delta, self.latency)
         prom = config.exporters.prometheus
+        self._exemplars: _CounterExemplars | None = None
         if prom.enabled:
-            readers.append(PrometheusMetricReader(registry=self.registry))
+            sdk_registry = CollectorRegistry()
+            readers.append(PrometheusMetricReader(registry=sdk_registry))
+            self._exemplars = _CounterExemplars(sdk_registry)
+            self.registry.register(self._exemplars)
             self.registry.register(_PrometheusHistograms(histograms))
             ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, _resident_memory_bytes, _open_fds
             host, port = split_endpoint(prom.endpoint)
@@ -281,11 +377,21 @@ class Metrics:
         self._shutdown_timeout = config.exporters.otlp.shutdown_timeout
         self._subject = _BoundedLabel(config.exporters.metric_subjects)
         self._release = _BoundedLabel(MAX_RELEASES)
-        self.provider = MeterProvider(metric_readers=readers, resource=resource)
+        # The run id rides on each verdict measurement for the exemplar only: never a label (a series per run).
+        views = [View(instrument_name=name, attribute_keys=set(keys) | {"maf_release", "subject"})
+                 for name, keys in (("fidelity.runs", {"status"}), ("fidelity.executor.verdicts", {"verdict"}),
+                                    ("fidelity.unreported.tokens", ()), ("fidelity.unreported.cost_usd", ()))]
+        self.provider = MeterProvider(metric_readers=readers, resource=resource, views=views)
         meter = self.provider.get_meter(SCOPE.name)
         self.runs = meter.create_counter("fidelity.runs", description="Run verdicts by status (revisions included)")
         self.verdicts = meter.create_counter("fidelity.executor.verdicts", description="Executor verdicts by verdict")
         self.no_truth = meter.create_counter("fidelity.no_truth.executors", description="NoTruth executors by reason")
+        self.unreported_tokens = meter.create_counter(
+            "fidelity.unreported.tokens", description="Tokens the framework did not report (truth - framework where "
+                                                      "it under-reported), summed over checked units")
+        self.unreported_cost = meter.create_counter(
+            "fidelity.unreported.cost_usd", description="USD of the tokens the framework did not report, over units "
+                                                        "whose model could be priced (docs/outputs.md)")
         self.received = meter.create_counter("collector.spans.received", description="Spans accepted, by transport")
         self.refused = meter.create_counter("collector.spans.refused",
                                             description="Spans refused with a retryable status (over capacity)")
@@ -346,6 +452,8 @@ class Metrics:
             self.verdicts.add(0, {"verdict": verdict.value, "maf_release": UNKNOWN_RELEASE})
         for reason in NoTruthReason:
             self.no_truth.add(0, {"reason": reason.value, "maf_release": UNKNOWN_RELEASE})
+        self.unreported_tokens.add(0, {"maf_release": UNKNOWN_RELEASE})
+        self.unreported_cost.add(0, {"maf_release": UNKNOWN_RELEASE})
         meter.create_observable_gauge("agenteval.build.info", [lambda _: [Observation(1, build_info())]],
                                       description="The collector's version and build (value 1)")
 
@@ -371,32 +479,56 @@ class Metrics:
                             "the history goes")]:
             meter.create_observable_gauge(f"collector.{name}", [observe(name)], description=desc)
 
-    def record_runs(self, runs: list[RunVerdict]) -> None:
+    def record_runs(self, runs: Sequence[StoredRun]) -> None:
         """A sweep's verdicts: counted locally, then one ``add`` per attribute set (the SDK hashes a
-        record's attributes on every call, which per run and per unit was a tenth of the main thread);
-        scores and deltas go to our own histograms."""
+        record's attributes on every call, which per run and per unit was a tenth of the main thread),
+        each carrying the latest run of its set as its exemplar; scores and deltas go to our own
+        histograms, each with its run."""
         Labels = tuple[str, str | None, str | None]
         statuses: Counter[Labels] = Counter()
         verdicts: Counter[Labels] = Counter()
         reasons: Counter[Labels] = Counter()
-        for run in runs:
+        tokens: Counter[Labels] = Counter()
+        cost: Counter[Labels] = Counter()
+        latest: dict[tuple[str, Labels], RunExemplar | None] = {}
+        for stored in runs:
+            run = stored.verdict
+            exemplar = RunExemplar.of(stored)
             subject, release = self._subject(run.subject), self._release(run.maf_release or UNKNOWN_RELEASE)
             statuses[run.status.value, subject, release] += 1
+            latest["status", (run.status.value, subject, release)] = exemplar
             if run.score is not None:
-                self.score.record(run.score)
+                self.score.record(run.score, exemplar=exemplar)
             for e in run.executors:
                 verdicts[e.verdict.value, subject, release] += 1
+                latest["verdict", (e.verdict.value, subject, release)] = exemplar
                 if e.no_truth_reason is not None:
                     reasons[e.no_truth_reason.value, subject, release] += 1
                 elif e.evidence.delta is not None:
-                    self.delta.record(abs(e.evidence.delta), e.evidence.direction or "equal")
-        for counter, counts, key in ((self.runs, statuses, "status"), (self.verdicts, verdicts, "verdict"),
-                                     (self.no_truth, reasons, "reason")):
-            for (value, subject, release), n in counts.items():
-                labels = {key: value, "maf_release": release}
+                    self.delta.record(abs(e.evidence.delta), e.evidence.direction or "equal", exemplar)
+            if run.spend is not None and run.spend.unreported_tokens:
+                tokens["", subject, release] += run.spend.unreported_tokens
+                cost["", subject, release] += run.spend.unreported_usd
+                latest["tokens", ("", subject, release)] = latest["cost", ("", subject, release)] = exemplar
+        # (counter, counts, its kind in ``latest``, its label, its family where it carries exemplars)
+        for counter, counts, kind, label, family in (
+                (self.runs, statuses, "status", "status", "fidelity_runs"),
+                (self.verdicts, verdicts, "verdict", "verdict", "fidelity_executor_verdicts"),
+                (self.no_truth, reasons, "reason", "reason", None),
+                (self.unreported_tokens, tokens, "tokens", None, "fidelity_unreported_tokens"),
+                (self.unreported_cost, cost, "cost", None, "fidelity_unreported_cost_usd")):
+            for labels_key, n in counts.items():
+                value, subject, release = labels_key
+                labels = {"maf_release": release, **({label: value} if label else {})}
                 if subject is not None:
                     labels["subject"] = subject
-                counter.add(n, labels)
+                exemplar = latest.get((kind, labels_key)) if family else None
+                if exemplar is None:
+                    counter.add(n, labels)
+                    continue
+                counter.add(n, labels | {"run_id": exemplar.run_id}, context=exemplar.context())
+                if self._exemplars is not None:
+                    self._exemplars.seen(family, labels, n, exemplar)
 
     def shutdown(self) -> None:
         """Stop; the last OTLP push may take ``exporters.otlp.shutdown_timeout`` (an endpoint that is

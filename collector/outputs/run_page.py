@@ -17,7 +17,7 @@ import jinja2
 import structlog
 from aiohttp import web
 
-from collector.core.model import Failure, Status, Usage, fmt_duration, fmt_started
+from collector.core.model import Failure, Status, Usage, fmt_duration, fmt_started, fmt_usd
 from collector.core.serialize import to_json
 from collector.security import BearerAuth
 from collector.store import RETRY_READ_AFTER, UNREADABLE, RunStore, StoreError
@@ -36,17 +36,18 @@ _env.filters["total"] = lambda usage: Usage(**usage).total
 _env.filters["when"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t else "–"
 _env.filters["started"] = fmt_started
 _env.filters["duration"] = fmt_duration
+_env.filters["usd"] = fmt_usd
 _env.globals["statuses"] = [s.value for s in Status]
 
 
 class RunPage:
-    def __init__(self, store: RunStore, auth: BearerAuth, trace_link: str | None,
+    def __init__(self, store: RunStore, auth: BearerAuth, trace_url: str | None,
                  failures: Callable[[], Iterable[Failure]] = tuple, max_age: float | None = None) -> None:
         self.store = store
         #: How long the collector keeps runs (``store.retention.max_age``), said beside the history.
         self.max_age = max_age
         self.auth = auth
-        self.trace_link = trace_link
+        self.trace_url = trace_url
         #: This collector's recent traces and runs that could not be finalized, published or stored.
         self.failures = failures
 
@@ -95,7 +96,8 @@ class RunPage:
                                 True, None, prefix)  # with each run's units and reasons
         history = await self._read(self.store.history, self.max_age)
         return self._page("runs.html", rows=rows, status=status, subject=subject or "", run_id=prefix or "",
-                          limit=limit, failures=list(self.failures())[::-1], history=history)
+                          limit=limit, failures=list(self.failures())[::-1], history=history,
+                          trace_url=self.trace_url)
 
     async def run_json(self, request: web.Request) -> web.Response:
         """The stored run document, as ``agenteval runs show --json`` prints it."""
@@ -130,8 +132,8 @@ class RunPage:
                           trace_url=span_url(doc["root_span_id"]) if span_url else None)
 
     def _span_url(self, trace_id: str | None) -> Callable[[str | None], str] | None:
-        """A span's link into the trace UI: ``trace_link`` with the trace id, and the span id if it names one."""
-        template = self.trace_link
+        """A span's link into the trace UI: ``ui.trace_url`` with the trace id, and the span id if it names one."""
+        template = self.trace_url
         if not (template and trace_id):
             return None
         return lambda span_id: template.format(trace_id=trace_id, span_id=span_id or "")

@@ -125,6 +125,9 @@ MIGRATIONS: tuple[tuple[Step, ...], ...] = (
             spans INTEGER NOT NULL, created_at DOUBLE PRECISION NOT NULL, records TEXT NOT NULL)""",
         "CREATE INDEX IF NOT EXISTS parts_by_trace ON parts (trace_id)",
     ),
+    (  # 7: the spend the framework did not report (USD; NULL: not priced, as every earlier run)
+        "ALTER TABLE runs ADD COLUMN unreported_usd DOUBLE PRECISION",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -133,7 +136,8 @@ SCHEMA_VERSION = len(MIGRATIONS)
 #: and leaves out of the statement the rows its further rule keeps out (see :func:`keeps`).
 _UPSERT = """
 INSERT INTO runs (run_id, trace_id, subject, status, score, preset, source, revision, incomplete,
-                  checked, unchecked, created_at, updated_at, body, finalized_by, maf_release, units)
+                  checked, unchecked, created_at, updated_at, body, finalized_by, maf_release, units,
+                  unreported_usd)
 VALUES {rows}
 ON CONFLICT (run_id) DO UPDATE SET
     subject = excluded.subject, status = excluded.status, score = excluded.score,
@@ -141,7 +145,7 @@ ON CONFLICT (run_id) DO UPDATE SET
     revision = CASE WHEN excluded.revision > runs.revision THEN excluded.revision ELSE runs.revision + 1 END,
     checked = excluded.checked, unchecked = excluded.unchecked, updated_at = excluded.updated_at,
     body = excluded.body, finalized_by = excluded.finalized_by, maf_release = excluded.maf_release,
-    units = excluded.units
+    units = excluded.units, unreported_usd = excluded.unreported_usd
 WHERE excluded.revision > runs.revision OR (runs.incomplete = 1 AND excluded.incomplete = 0)
 """
 #: A workflow run's verdict supersedes the incomplete verdict its trace got when it was cut short
@@ -154,9 +158,9 @@ _CURRENT = "SELECT run_id, revision, incomplete, finalized_by, units FROM runs W
 #: which checks the time again: a revision written meanwhile made the run young.
 _OLDEST = "SELECT run_id FROM runs WHERE updated_at < :before ORDER BY updated_at LIMIT :limit"
 _DELETE = "DELETE FROM runs WHERE run_id IN ({ids}) AND updated_at < {mark}"
-#: Rows per upsert at most; fewer where the database allows fewer parameters (a row has 17).
+#: Rows per upsert at most; fewer where the database allows fewer parameters (a row has 18).
 _ROWS_PER_STATEMENT = 256
-_COLUMNS = 17
+_COLUMNS = 18
 
 
 @lru_cache(maxsize=128)
@@ -177,7 +181,7 @@ def _chunks(items: list, size: int) -> Iterator[list]:
 
 
 _SUMMARY = ("run_id, trace_id, subject, status, score, preset, source, revision, incomplete, checked, "
-            "unchecked, created_at, updated_at, finalized_by, maf_release")
+            "unchecked, created_at, updated_at, finalized_by, maf_release, unreported_usd")
 _DOC = "body, revision, created_at, updated_at, finalized_by"
 
 
@@ -365,7 +369,7 @@ def _none() -> None:
 _ADDED_KEYS: dict[str, Callable[[], Any]] = {
     "non_agent_executors": list, "workflow_errors": list, "coverage_note": _none, "unattributed_chat": list,
     "maf_release": _none, "instrumentation_version": _none, "instrumentation_status": _none, "service_name": _none,
-    "started_at": _none, "duration_s": _none, "split": bool, **{f"{name}_more": int for name in BOUNDED_RUN}}
+    "started_at": _none, "duration_s": _none, "split": bool, "spend": _none, **{f"{name}_more": int for name in BOUNDED_RUN}}
 #: Likewise, evidence keys (an older document left nothing out of its lists).
 _ADDED_EVIDENCE: dict[str, Callable[[], Any]] = {
     "chat_calls": list, "ledger": list, "framework_input_tokens": _none, "framework_output_tokens": _none,
@@ -383,6 +387,7 @@ def _doc(row: dict[str, Any]) -> dict[str, Any]:
         if "chat_layers_disagree" not in evidence or "chat_calls_more" not in evidence:  # an earlier version's
             for key, empty in _ADDED_EVIDENCE.items():
                 evidence.setdefault(key, empty())
+        evidence.setdefault("cost", None)  # written before pricing: unknown
     doc.update(created_at=row["created_at"], updated_at=row["updated_at"], finalized_by=row["finalized_by"],
                revision=row["revision"])  # the store may have raised it past the verdict's own
     return doc
@@ -659,7 +664,8 @@ class RunStore(ABC):
             docs.append(doc)
             rows.append((item.run_id, run.trace_id, run.subject, run.status.value, run.score, run.preset, item.source,
                          run.revision, int(run.incomplete), run.checked, run.unchecked, now, now,
-                         pack(doc), item.finalized_by, run.maf_release, unit_names(run)))
+                         pack(doc), item.finalized_by, run.maf_release, unit_names(run),
+                         run.spend.unreported_usd if run.spend is not None else None))
         if not rows:
             return []
         with self._transaction() as execute:

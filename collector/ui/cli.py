@@ -28,6 +28,7 @@ from collector.formats.loader import TRACE_WINDOW, NoSteps, TraceFileError, iter
 from collector.live.journal import JournalError
 from collector.store import RunStore, StoredRun, StoreError, StoreUnavailable, instance_name, open_store
 from collector.ui.render import demo_table, print_run, runs_table, shown
+from collector.ui.reports import JUnitReport, MarkdownReport, markdown_run
 
 
 class _WholeDescriptions(TyperGroup):
@@ -162,6 +163,8 @@ def bench_workflow_trace_fidelity(
     preset: Annotated[Preset, typer.Option("--preset", help="Informational; never changes scoring.")] = "standard",
     as_json: Annotated[bool, typer.Option("--json", help='Print {"runs": [...], "status", "exit_code"}, one run per line (schema: collector/formats/schemas/run.schema.json).')] = False,
     trace_window: Annotated[int, typer.Option("--trace-window", min=0, metavar="<spans>", help="JSON Lines: spans read after a trace's last span before it is reconciled (its root must have arrived).")] = TRACE_WINDOW,
+    junit: Annotated[Optional[Path], typer.Option("--junit", metavar="<file>", help="Also write a JUnit XML report: each run a test suite, each agent unit a test case (a mismatch a failure with its evidence, NoTruth skipped with its reason and fix).")] = None,
+    markdown: Annotated[Optional[Path], typer.Option("--markdown", metavar="<file>", help="Also write a Markdown report fit for a CI job summary (e.g. $GITHUB_STEP_SUMMARY): status, score, a table of units, the fixes.")] = None,
     store: StoreOpt = None,
     config: ConfigOpt = None,
 ) -> None:
@@ -174,8 +177,18 @@ def bench_workflow_trace_fidelity(
         raise _Fatal("--subject: empty: name what is being evaluated (e.g. the workflow), so its runs can be found")
     cfg = _config(config)
     policy, matcher, host = cfg.scoring.policy(), cfg.matcher(), instance_name()
+    pricer = None
+    if cfg.pricing.enabled:
+        from collector.outputs.pricing import Pricing  # genai-prices' data: loaded by the commands that price
+
+        pricer = Pricing(cfg.pricing)
     try:
         db = _open_store(store, cfg)
+        try:
+            reports = _reports(junit, markdown, cfg.ui.trace_url)
+        except _Fatal:
+            db.close()
+            raise
     except _Fatal as exc:
         if as_json:  # the promised envelope, even when nothing could start
             print(json.dumps({"runs": [], "status": None, "exit_code": EXIT_ERROR, "error": str(exc)}))
@@ -189,6 +202,8 @@ def bench_workflow_trace_fidelity(
         written = set(db.save_many(batch))
         stored_docs = {doc["run_id"]: doc for doc in db.docs(written)}  # as stored: one shape everywhere
         for doc in (stored_docs[item.run_id] for item in batch if item.run_id in written):
+            for report in reports:
+                report.add(doc)
             if as_json:
                 print(("" if stored == 0 else ",\n") + json.dumps(doc), end="")
             else:
@@ -202,7 +217,7 @@ def bench_workflow_trace_fidelity(
     try:
         with _progress(workflow_trace, out.is_terminal and not as_json) as on_bytes:
             for run_input in iter_runs(workflow_trace, matcher, on_bytes, trace_window):
-                verdict = replace(reconcile(run_input, policy, preset), subject=subject)
+                verdict = replace(reconcile(run_input, policy, preset, pricer=pricer), subject=subject)
                 statuses.add(verdict.status)
                 batch.append(StoredRun(uuid.uuid4().hex, source, verdict, host))
                 if len(batch) >= STORE_BATCH:
@@ -211,6 +226,7 @@ def bench_workflow_trace_fidelity(
     except NoSteps as exc:
         code = STATUS_EXIT_CODES[Status.PENDING]
         note = f"{exc}: PENDING (exit {code}), nothing stored"
+        _close_reports(reports, Status.PENDING.value, code)
         if as_json:
             print(f'\n], "status": "PENDING", "exit_code": {code}, "note": {json.dumps(note)}}}')
         err.print(note, highlight=False, markup=False, soft_wrap=True)
@@ -219,17 +235,41 @@ def bench_workflow_trace_fidelity(
         if as_json:
             print(f'\n], "status": null, "exit_code": {EXIT_ERROR}, "error": {json.dumps(str(exc))}}}')
         kept = f" ({stored} run(s) completed before it were stored)" if stored else ""
+        _close_reports(reports)
         raise _Fatal(f"{exc}{kept}") from exc
     finally:
         db.close()
     worst = min(statuses, key=SEVERITY.index)
     code = STATUS_EXIT_CODES[worst]
+    _close_reports(reports, worst.value, code)
     if as_json:
         print(f'\n], "status": "{worst.value}", "exit_code": {code}}}')
     else:
         again = f" --store {shlex.quote(db.display)}" if store else f" --config {shlex.quote(str(config))}" if config else ""
         err.print(f"[dim]stored {stored} run(s) in {escape(db.display)} (`agenteval runs list{escape(again)}`)[/]")
     raise typer.Exit(code)
+
+
+def _reports(junit: Path | None, markdown: Path | None, trace_url: str | None) -> list:
+    """The CI reports asked for, their files opened now, so a path that cannot be written fails
+    before anything is reconciled."""
+    reports: list = []
+    try:
+        if junit is not None:
+            reports.append(JUnitReport(junit.open("w", encoding="utf-8")))
+        if markdown is not None:
+            reports.append(MarkdownReport(markdown.open("w", encoding="utf-8"), trace_url))
+    except OSError as exc:
+        _close_reports(reports)
+        option = "--junit" if junit is not None and not reports else "--markdown"
+        raise _Fatal(f"{option} {exc.filename}: {exc.strerror}") from None
+    return reports
+
+
+def _close_reports(reports: list, status: str | None = None, code: int | None = None) -> None:
+    for report in reports:
+        report.finish(status, code)
+        report.out.close()
 
 
 @runs_app.command("list")
@@ -268,7 +308,8 @@ def runs_list(
 def runs_show(
     # described in the docstring: typer would label the argument with its Python type, <str>
     run_id: Annotated[str, typer.Argument(metavar="RUN_ID", hidden=True)],
-    as_json: Annotated[bool, typer.Option("--json", help="Print the run as JSON (schema: collector/formats/schemas/run.schema.json).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run as JSON (schema: collector/formats/schemas/run.schema.json); the same as --format json.")] = False,
+    output: Annotated[str, typer.Option("--format", metavar="<table|json|junit|markdown>", help="table (default), json, junit (JUnit XML: the run a suite, each unit a test case) or markdown (a CI job summary).")] = "table",
     store: StoreOpt = None,
     config: ConfigOpt = None,
 ) -> None:
@@ -276,15 +317,24 @@ def runs_show(
 
     RUN_ID: the run's id, or a unique prefix of it (as `runs list` and `watch` show it).
     """
-    db = _open_store(store, _config(config) if config else None, existing=True)
+    if output not in ("table", "json", "junit", "markdown"):
+        raise _Fatal(f"--format: expected table, json, junit or markdown, got {output!r}")
+    cfg = _config(config) if config else None
+    db = _open_store(store, cfg, existing=True)
     try:
         doc = db.get_run(run_id)
         if doc is None:
             raise _Fatal(db.missing_run(run_id))
     finally:
         db.close()
-    if as_json:
+    if as_json or output == "json":
         print(json.dumps(doc, indent=2))
+    elif output == "junit":
+        report = JUnitReport(sys.stdout)
+        report.add(doc)
+        report.finish()
+    elif output == "markdown":
+        print(markdown_run(doc, (cfg or CollectorConfig()).ui.trace_url), end="")
     else:
         out.print(f"source {doc['source']}")
         print_run(out, doc)

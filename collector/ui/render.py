@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from collector.core.model import fmt_duration, fmt_score, fmt_started
+from collector.core.model import fmt_duration, fmt_score, fmt_started, fmt_usd
 
 STATUS_STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "PENDING": "bold magenta"}
 VERDICT_STYLE = {
@@ -51,6 +51,9 @@ def executor_table(run: dict[str, Any]) -> Table:
         ("no-truth reason", "left"),
     ]:
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    priced = bool((run.get("spend") or {}).get("units_priced"))  # a run nothing could price: no column of "unknown"
+    if priced:
+        table.add_column("unreported $", justify="right")
     for e in run["executors"]:
         ev = e["evidence"]
         delta = "-" if ev["delta"] is None or not e["checked"] else f"{ev['delta']:+d} {ev['direction']}"
@@ -65,6 +68,7 @@ def executor_table(run: dict[str, Any]) -> Table:
             f"{shown(_finish(ev['truth_finish']))}",
             shown(ev["ledger_source"]) + (" (missing)" if ev["ledger_missing"] else ""),
             e["no_truth_reason"] or "",
+            *([unit_unreported(ev.get("cost"))] if priced else []),
         )
     return table
 
@@ -86,6 +90,42 @@ def unit_findings(ev: dict[str, Any]) -> list[str]:
     if parts:
         lines.append(f"of the truth's tokens: {', '.join(parts)} (parts of input and output, not added on top)")
     return lines
+
+
+def unit_unreported(cost: dict[str, Any] | None) -> str:
+    """A unit's unreported spend for a table cell: a figure, ``unknown``, or ``-`` where not compared."""
+    if cost is None or cost["unreported_tokens"] is None:
+        return "-"
+    return fmt_usd(cost["unreported_usd"])
+
+
+def run_unreported(run: dict[str, Any]) -> str:
+    """The run's unreported spend in a few characters: ``$0.02``, ``$0.02 +1 unknown``, or ``-``
+    for a run that was not priced."""
+    spend = run.get("spend")
+    if spend is None:
+        return "-"
+    if not spend["units_priced"]:
+        return "unknown"
+    unknown = f" +{spend['units_unknown']} unknown" if spend["units_unknown"] else ""
+    return fmt_usd(spend["unreported_usd"]) + unknown
+
+
+def spend_line(run: dict[str, Any]) -> str | None:
+    """The run's spend in one line (plain text), or None for a run that was not priced."""
+    spend = run.get("spend")
+    if spend is None:
+        return None
+    if not spend["units_priced"]:
+        return (f"spend  unknown: no unit's model could be priced ({spend['units_unknown']} unit(s); "
+                f"{spend['unreported_tokens']:,} tokens unreported)")
+    line = (f"spend  framework {fmt_usd(spend['framework_usd'])}, truth {fmt_usd(spend['truth_usd'])}, "
+            f"unreported spend {fmt_usd(spend['unreported_usd'])} ({spend['unreported_tokens']:,} tokens)")
+    if spend["units_unknown"]:
+        n = spend["units_unknown"]
+        whose = "unit's" if n == 1 else "units'"
+        line += f"; {n} {whose} cost unknown (in no sum)"
+    return line
 
 
 def _finish(value: str | None, truth: str | None = None) -> str:
@@ -157,6 +197,12 @@ def print_run(console: Console, run: dict[str, Any]) -> None:
     console.print(status_line(run))
     if run.get("coverage_note"):
         console.print(f"  {run['coverage_note']}", markup=False)
+    if spend := spend_line(run):
+        console.print(spend, markup=False, highlight=False)
+        for e in run["executors"]:
+            cost = e["evidence"].get("cost") or {}
+            if cost.get("unknown"):
+                console.print(f"  {shown(e['executor_id'])}: cost unknown: {shown(cost['unknown'])}", highlight=False)
 
 
 #: Narrower than this, `runs list` shows each run id as a prefix `runs show` takes (a live run's id

@@ -28,7 +28,7 @@ from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
 from collector.core.model import Verdict, fmt_score
 from collector.outputs.wire import status_number, to_doc
-from collector.ui.render import STATUS_STYLE, VERDICT_STYLE, distinct_prefixes, shown
+from collector.ui.render import STATUS_STYLE, VERDICT_STYLE, distinct_prefixes, run_unreported, shown
 
 #: Errors that retrying cannot fix: the watcher exits 1 with the server's message.
 FATAL_CODES = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
@@ -79,6 +79,11 @@ def run_line(doc: dict[str, Any]) -> str:
     parts = [stamp, f"{doc['status']:<7}", f"score={fmt_score(doc['score'])}",
              f"checked={doc['checked']}/{total}", f"rev={doc['revision']}", f"run={doc['run_id']}",
              f"subject={shown(doc['subject'] or '-')}"]
+    if (spend := doc.get("spend")) is not None:
+        parts.append(f"unreported_usd={spend['unreported_usd']:.6f}")
+        parts.append(f"unreported_tokens={spend['unreported_tokens']}")
+        if spend["units_unknown"]:
+            parts.append(f"cost_unknown_units={spend['units_unknown']}")
     if diverged := diverged_units(doc):
         parts.append("diverged=" + ",".join(f"{unit}:{verdict}" for unit, verdict in diverged).replace(" ", "_"))
     if reasons := no_truth_summary(doc):
@@ -116,8 +121,9 @@ class Board:
         table.add_column("checked", justify="right", **fixed)
         table.add_column("subject", overflow="fold", ratio=2)
         table.add_column("run", overflow="fold", ratio=2)
-        if not narrow:
+        if not narrow:  # below 100 columns the revision and the unreported spend go (piped lines keep both)
             table.add_column("rev", justify="right", **fixed)
+            table.add_column("unreported", justify="right", overflow="fold")
         table.add_column("diverged / NoTruth reasons", overflow="fold", ratio=3)
         ids = distinct_prefixes(list(self.runs))
         for doc in reversed(self.runs.values()):
@@ -126,7 +132,7 @@ class Board:
                      f"{doc['checked']}/{doc['checked'] + doc['unchecked']}", shown(doc["subject"] or "-"),
                      ids[doc["run_id"]]]
             if not narrow:
-                cells.append(str(doc["revision"]))
+                cells += [str(doc["revision"]), run_unreported(doc)]
             units = [f"{unit} [{VERDICT_STYLE[verdict]}]{verdict}[/]" for unit, verdict in diverged_units(doc)]
             if reasons := no_truth_summary(doc):
                 units.append(f"[{VERDICT_STYLE[Verdict.NO_TRUTH]}]NoTruth[/] {reasons}")

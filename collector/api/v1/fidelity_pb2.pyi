@@ -78,7 +78,7 @@ class FinishComparison(_message.Message):
     def __init__(self, invocation: _Optional[str] = ..., framework: _Optional[str] = ..., truth: _Optional[str] = ..., diverged: _Optional[bool] = ...) -> None: ...
 
 class Evidence(_message.Message):
-    __slots__ = ("framework_tokens", "truth_tokens", "delta", "direction", "tolerance", "framework_finish", "truth_finish", "finish_comparisons", "aligned", "ledger_source", "ledger_missing", "ledger_entries", "response_turns", "request_turns", "ledger_span_ids", "chat_span_ids", "executor_span_ids", "failed_turns", "finish_comparisons_more", "ledger_span_ids_more", "chat_span_ids_more", "executor_span_ids_more", "chat_calls", "chat_calls_more", "ledger", "ledger_more", "framework_input_tokens", "framework_output_tokens", "truth_input_tokens", "truth_output_tokens", "truth_cache_read_tokens", "truth_cache_write_tokens", "truth_reasoning_tokens", "stacked_chat_spans", "chat_layers_disagree")
+    __slots__ = ("framework_tokens", "truth_tokens", "delta", "direction", "tolerance", "framework_finish", "truth_finish", "finish_comparisons", "aligned", "ledger_source", "ledger_missing", "ledger_entries", "response_turns", "request_turns", "ledger_span_ids", "chat_span_ids", "executor_span_ids", "failed_turns", "finish_comparisons_more", "ledger_span_ids_more", "chat_span_ids_more", "executor_span_ids_more", "chat_calls", "chat_calls_more", "ledger", "ledger_more", "framework_input_tokens", "framework_output_tokens", "truth_input_tokens", "truth_output_tokens", "truth_cache_read_tokens", "truth_cache_write_tokens", "truth_reasoning_tokens", "stacked_chat_spans", "chat_layers_disagree", "cost")
     FRAMEWORK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRUTH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +114,7 @@ class Evidence(_message.Message):
     TRUTH_REASONING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STACKED_CHAT_SPANS_FIELD_NUMBER: _ClassVar[int]
     CHAT_LAYERS_DISAGREE_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
     framework_tokens: int
     truth_tokens: int
     delta: int
@@ -149,7 +150,8 @@ class Evidence(_message.Message):
     truth_reasoning_tokens: int
     stacked_chat_spans: int
     chat_layers_disagree: _containers.RepeatedCompositeFieldContainer[LayerDisagreement]
-    def __init__(self, framework_tokens: _Optional[int] = ..., truth_tokens: _Optional[int] = ..., delta: _Optional[int] = ..., direction: _Optional[str] = ..., tolerance: _Optional[float] = ..., framework_finish: _Optional[str] = ..., truth_finish: _Optional[str] = ..., finish_comparisons: _Optional[_Iterable[_Union[FinishComparison, _Mapping]]] = ..., aligned: _Optional[bool] = ..., ledger_source: _Optional[str] = ..., ledger_missing: _Optional[bool] = ..., ledger_entries: _Optional[int] = ..., response_turns: _Optional[int] = ..., request_turns: _Optional[int] = ..., ledger_span_ids: _Optional[_Iterable[str]] = ..., chat_span_ids: _Optional[_Iterable[str]] = ..., executor_span_ids: _Optional[_Iterable[str]] = ..., failed_turns: _Optional[int] = ..., finish_comparisons_more: _Optional[int] = ..., ledger_span_ids_more: _Optional[int] = ..., chat_span_ids_more: _Optional[int] = ..., executor_span_ids_more: _Optional[int] = ..., chat_calls: _Optional[_Iterable[_Union[ChatCall, _Mapping]]] = ..., chat_calls_more: _Optional[int] = ..., ledger: _Optional[_Iterable[_Union[LedgerEntry, _Mapping]]] = ..., ledger_more: _Optional[int] = ..., framework_input_tokens: _Optional[int] = ..., framework_output_tokens: _Optional[int] = ..., truth_input_tokens: _Optional[int] = ..., truth_output_tokens: _Optional[int] = ..., truth_cache_read_tokens: _Optional[int] = ..., truth_cache_write_tokens: _Optional[int] = ..., truth_reasoning_tokens: _Optional[int] = ..., stacked_chat_spans: _Optional[int] = ..., chat_layers_disagree: _Optional[_Iterable[_Union[LayerDisagreement, _Mapping]]] = ...) -> None: ...
+    cost: UnitCost
+    def __init__(self, framework_tokens: _Optional[int] = ..., truth_tokens: _Optional[int] = ..., delta: _Optional[int] = ..., direction: _Optional[str] = ..., tolerance: _Optional[float] = ..., framework_finish: _Optional[str] = ..., truth_finish: _Optional[str] = ..., finish_comparisons: _Optional[_Iterable[_Union[FinishComparison, _Mapping]]] = ..., aligned: _Optional[bool] = ..., ledger_source: _Optional[str] = ..., ledger_missing: _Optional[bool] = ..., ledger_entries: _Optional[int] = ..., response_turns: _Optional[int] = ..., request_turns: _Optional[int] = ..., ledger_span_ids: _Optional[_Iterable[str]] = ..., chat_span_ids: _Optional[_Iterable[str]] = ..., executor_span_ids: _Optional[_Iterable[str]] = ..., failed_turns: _Optional[int] = ..., finish_comparisons_more: _Optional[int] = ..., ledger_span_ids_more: _Optional[int] = ..., chat_span_ids_more: _Optional[int] = ..., executor_span_ids_more: _Optional[int] = ..., chat_calls: _Optional[_Iterable[_Union[ChatCall, _Mapping]]] = ..., chat_calls_more: _Optional[int] = ..., ledger: _Optional[_Iterable[_Union[LedgerEntry, _Mapping]]] = ..., ledger_more: _Optional[int] = ..., framework_input_tokens: _Optional[int] = ..., framework_output_tokens: _Optional[int] = ..., truth_input_tokens: _Optional[int] = ..., truth_output_tokens: _Optional[int] = ..., truth_cache_read_tokens: _Optional[int] = ..., truth_cache_write_tokens: _Optional[int] = ..., truth_reasoning_tokens: _Optional[int] = ..., stacked_chat_spans: _Optional[int] = ..., chat_layers_disagree: _Optional[_Iterable[_Union[LayerDisagreement, _Mapping]]] = ..., cost: _Optional[_Union[UnitCost, _Mapping]] = ...) -> None: ...
 
 class LayerDisagreement(_message.Message):
     __slots__ = ("span_id", "tokens", "inner_span_ids", "inner_tokens")
@@ -162,6 +164,40 @@ class LayerDisagreement(_message.Message):
     inner_span_ids: _containers.RepeatedScalarFieldContainer[str]
     inner_tokens: int
     def __init__(self, span_id: _Optional[str] = ..., tokens: _Optional[int] = ..., inner_span_ids: _Optional[_Iterable[str]] = ..., inner_tokens: _Optional[int] = ...) -> None: ...
+
+class UnitCost(_message.Message):
+    __slots__ = ("model", "framework_usd", "truth_usd", "unreported_usd", "unreported_tokens", "priced_by", "unknown")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    FRAMEWORK_USD_FIELD_NUMBER: _ClassVar[int]
+    TRUTH_USD_FIELD_NUMBER: _ClassVar[int]
+    UNREPORTED_USD_FIELD_NUMBER: _ClassVar[int]
+    UNREPORTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PRICED_BY_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    framework_usd: float
+    truth_usd: float
+    unreported_usd: float
+    unreported_tokens: int
+    priced_by: str
+    unknown: str
+    def __init__(self, model: _Optional[str] = ..., framework_usd: _Optional[float] = ..., truth_usd: _Optional[float] = ..., unreported_usd: _Optional[float] = ..., unreported_tokens: _Optional[int] = ..., priced_by: _Optional[str] = ..., unknown: _Optional[str] = ...) -> None: ...
+
+class RunSpend(_message.Message):
+    __slots__ = ("framework_usd", "truth_usd", "unreported_usd", "unreported_tokens", "units_priced", "units_unknown")
+    FRAMEWORK_USD_FIELD_NUMBER: _ClassVar[int]
+    TRUTH_USD_FIELD_NUMBER: _ClassVar[int]
+    UNREPORTED_USD_FIELD_NUMBER: _ClassVar[int]
+    UNREPORTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    UNITS_PRICED_FIELD_NUMBER: _ClassVar[int]
+    UNITS_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    framework_usd: float
+    truth_usd: float
+    unreported_usd: float
+    unreported_tokens: int
+    units_priced: int
+    units_unknown: int
+    def __init__(self, framework_usd: _Optional[float] = ..., truth_usd: _Optional[float] = ..., unreported_usd: _Optional[float] = ..., unreported_tokens: _Optional[int] = ..., units_priced: _Optional[int] = ..., units_unknown: _Optional[int] = ...) -> None: ...
 
 class LedgerEntry(_message.Message):
     __slots__ = ("usage", "finish_reason", "seq", "invocation", "span_id")
@@ -238,7 +274,7 @@ class ExecutorVerdict(_message.Message):
     def __init__(self, executor_id: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., score: _Optional[float] = ..., token_diverged: _Optional[bool] = ..., finish_diverged: _Optional[bool] = ..., no_truth_reason: _Optional[_Union[NoTruthReason, str]] = ..., no_truth_explanation: _Optional[str] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., checked: _Optional[bool] = ..., no_truth_fix: _Optional[str] = ...) -> None: ...
 
 class RunVerdict(_message.Message):
-    __slots__ = ("run_id", "trace_id", "subject", "status", "score", "preset", "source", "revision", "incomplete", "checked", "unchecked", "unattributed_chat_spans", "notes", "exit_code", "root_span_id", "updated_at", "executors", "cost_tier", "created_at", "finalized_by", "non_agent_executors", "workflow_errors", "coverage_note", "replayed", "maf_release", "instrumentation_version", "instrumentation_status", "unattributed_chat", "service_name", "workflow_errors_more", "started_at", "duration_s", "split")
+    __slots__ = ("run_id", "trace_id", "subject", "status", "score", "preset", "source", "revision", "incomplete", "checked", "unchecked", "unattributed_chat_spans", "notes", "exit_code", "root_span_id", "updated_at", "executors", "cost_tier", "created_at", "finalized_by", "non_agent_executors", "workflow_errors", "coverage_note", "replayed", "maf_release", "instrumentation_version", "instrumentation_status", "unattributed_chat", "service_name", "workflow_errors_more", "started_at", "duration_s", "split", "spend")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -272,6 +308,7 @@ class RunVerdict(_message.Message):
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     DURATION_S_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
+    SPEND_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     trace_id: str
     subject: str
@@ -305,7 +342,8 @@ class RunVerdict(_message.Message):
     started_at: str
     duration_s: float
     split: bool
-    def __init__(self, run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., subject: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., score: _Optional[float] = ..., preset: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[int] = ..., incomplete: _Optional[bool] = ..., checked: _Optional[int] = ..., unchecked: _Optional[int] = ..., unattributed_chat_spans: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., root_span_id: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., executors: _Optional[_Iterable[_Union[ExecutorVerdict, _Mapping]]] = ..., cost_tier: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finalized_by: _Optional[str] = ..., non_agent_executors: _Optional[_Iterable[str]] = ..., workflow_errors: _Optional[_Iterable[str]] = ..., coverage_note: _Optional[str] = ..., replayed: _Optional[bool] = ..., maf_release: _Optional[str] = ..., instrumentation_version: _Optional[str] = ..., instrumentation_status: _Optional[str] = ..., unattributed_chat: _Optional[_Iterable[_Union[UnattributedChat, _Mapping]]] = ..., service_name: _Optional[str] = ..., workflow_errors_more: _Optional[int] = ..., started_at: _Optional[str] = ..., duration_s: _Optional[float] = ..., split: _Optional[bool] = ...) -> None: ...
+    spend: RunSpend
+    def __init__(self, run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., subject: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., score: _Optional[float] = ..., preset: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[int] = ..., incomplete: _Optional[bool] = ..., checked: _Optional[int] = ..., unchecked: _Optional[int] = ..., unattributed_chat_spans: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., root_span_id: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., executors: _Optional[_Iterable[_Union[ExecutorVerdict, _Mapping]]] = ..., cost_tier: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finalized_by: _Optional[str] = ..., non_agent_executors: _Optional[_Iterable[str]] = ..., workflow_errors: _Optional[_Iterable[str]] = ..., coverage_note: _Optional[str] = ..., replayed: _Optional[bool] = ..., maf_release: _Optional[str] = ..., instrumentation_version: _Optional[str] = ..., instrumentation_status: _Optional[str] = ..., unattributed_chat: _Optional[_Iterable[_Union[UnattributedChat, _Mapping]]] = ..., service_name: _Optional[str] = ..., workflow_errors_more: _Optional[int] = ..., started_at: _Optional[str] = ..., duration_s: _Optional[float] = ..., split: _Optional[bool] = ..., spend: _Optional[_Union[RunSpend, _Mapping]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("subject", "statuses", "replay")

@@ -1,0 +1,109 @@
+"""What the divergence costs (docs/outputs.md "Spend"): each unit's framework and truth totals priced,
+and the spend the framework did not report. Pure: the prices come from a :class:`Pricer` the caller
+passes in (the collector's is :mod:`collector.outputs.pricing`), so the reconciler imports no price data.
+
+An unknown price is ``None`` with the reason said, never 0: a unit whose model nobody can price
+is counted apart in the run's sums, not summed as free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from collector.core.model import ChatTurn, Evidence, ExecutorVerdict, RunSpend, UnitCost, Usage
+
+#: USD figures are kept to a billionth of a dollar (sums of floats otherwise show 1e-19 residue).
+_DIGITS = 9
+
+
+@dataclass(frozen=True, slots=True)
+class Quote:
+    """One price: ``usd`` None when unknown, ``by`` what priced it or why nobody could."""
+
+    usd: float | None
+    by: str
+
+
+class Pricer(Protocol):
+    def __call__(self, model: str | None, provider: str | None, usage: Usage, at_ns: int | None) -> Quote:
+        """The price of ``usage`` on ``model`` served by ``provider``, at ``at_ns`` (Unix ns; None: now)."""
+
+
+def price_unit(evidence: Evidence, pricer: Pricer) -> UnitCost:
+    """A unit's cost: the truth priced call by call (each call's own model and time), the framework's
+    total priced with the model its calls used (one model: the ledger does not split its total by
+    model), and the unreported spend (truth - framework) where the framework under-reported."""
+    priced = [c for c in evidence.chat_calls if c.usage.total is not None]
+    models = sorted({(c.model, c.provider) for c in priced}, key=str)
+    unknown: list[str] = []
+    quotes = [pricer(c.model, c.provider, c.usage, c.seq or None) for c in priced]
+    truth = _sum(quotes, unknown)
+    if not priced and evidence.truth_tokens == 0:
+        truth = 0.0  # every call failed: no tokens, nothing spent
+    framework = None
+    if not evidence.ledger_missing:
+        if len(models) == 1:
+            model, provider = models[0]
+            usage = Usage(evidence.framework_input_tokens, evidence.framework_output_tokens, evidence.framework_tokens)
+            framework = _sum([pricer(model, provider, usage, _first_seq(priced))], unknown)
+        elif models:
+            unknown.append(f"its calls used {len(models)} models ({', '.join(_name(m, p) for m, p in models)}); the "
+                           "framework's total is not split by model, so its price is unknown")
+    tokens = None if evidence.delta is None else max(-evidence.delta, 0)
+    unreported = None
+    if tokens == 0:
+        unreported = 0.0
+    elif tokens is not None and truth is not None and framework is not None:
+        unreported = _round(max(truth - framework, 0.0))
+    if truth is None and not priced:
+        unknown.append("no chat call of the unit reported its tokens")
+    return UnitCost(
+        model=", ".join(_name(m, p) for m, p in models) or None,
+        framework_usd=framework,
+        truth_usd=truth,
+        unreported_usd=unreported,
+        unreported_tokens=tokens,
+        priced_by="; ".join(sorted({q.by for q in quotes})) if quotes and truth is not None else None,
+        unknown="; ".join(dict.fromkeys(unknown)) or None,
+    )
+
+
+def run_spend(units: Iterable[ExecutorVerdict]) -> RunSpend:
+    """The run's spend: each figure summed over the units that have it; a unit whose truth could
+    not be priced is counted in ``units_unknown``, never summed as 0."""
+    costs = [u.evidence.cost for u in units if u.evidence.cost is not None]
+    return RunSpend(
+        framework_usd=_round(sum(c.framework_usd for c in costs if c.framework_usd is not None)),
+        truth_usd=_round(sum(c.truth_usd for c in costs if c.truth_usd is not None)),
+        unreported_usd=_round(sum(c.unreported_usd for c in costs if c.unreported_usd is not None)),
+        unreported_tokens=sum(c.unreported_tokens for c in costs if c.unreported_tokens is not None),
+        units_priced=sum(c.truth_usd is not None for c in costs),
+        units_unknown=sum(c.truth_usd is None for c in costs),
+    )
+
+
+def price_units(units: Sequence[ExecutorVerdict], pricer: Pricer) -> RunSpend:
+    """Each unit's evidence given its cost, and the run's spend."""
+    for unit in units:
+        unit.evidence.cost = price_unit(unit.evidence, pricer)
+    return run_spend(units)
+
+
+def _sum(quotes: list[Quote], unknown: list[str]) -> float | None:
+    missing = [q.by for q in quotes if q.usd is None]
+    unknown.extend(missing)
+    return None if missing or not quotes else _round(sum(q.usd for q in quotes if q.usd is not None))
+
+
+def _first_seq(calls: Sequence[ChatTurn]) -> int | None:
+    return min((c.seq for c in calls if c.seq), default=None)
+
+
+def _name(model: str | None, provider: str | None) -> str:
+    return f"{model or '(no model)'}" + (f" ({provider})" if provider else "")
+
+
+def _round(usd: float) -> float:
+    return round(usd, _DIGITS)

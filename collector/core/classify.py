@@ -817,9 +817,10 @@ def _side_by_side(pairs: list[tuple[_Turn, list[_Turn]]], disagree: list[tuple[i
 
     One call's attempts follow one another, and an agent's model calls too: sibling chat spans whose
     times overlap and whose names differ are two instrumentations of one request (Anthropic's SDK's
-    span beside OpenLLMetry's `anthropic.chat`), counted once: the first of them that carries a token
-    count, else a response, else the first. Same-named spans side by side stay apart (a client's
-    concurrent calls each get their own span: merging them would under-count the truth)."""
+    span beside OpenLLMetry's `anthropic.chat`), counted once: the one that says most (a token count
+    and a finish reason, else a token count, else a response; the first such). Same-named spans side
+    by side stay apart (a client's concurrent calls each get their own span: merging them would
+    under-count the truth)."""
     pairs.sort(key=lambda pair: pair[0][_T_START])
     out: list[_Turn] = []
     group: list[tuple[_Turn, list[_Turn]]] = []
@@ -844,7 +845,8 @@ def _one_record(group: list[tuple[_Turn, list[_Turn]]], disagree: list[tuple[int
     """One request's records side by side: the one that counts, and any other total that differs."""
     if len(group) == 1:
         return group[0][1]
-    chosen = (next((p for p in group if any(_tokens(r) is not None for r in p[1])), None)
+    chosen = (next((p for p in group if any(_tokens(r) is not None and r[_T_FINISH] is not None for r in p[1])), None)
+              or next((p for p in group if any(_tokens(r) is not None for r in p[1])), None)
               or next((p for p in group if any(_responded(r) for r in p[1])), group[0]))
     total = _total(chosen[1])
     for other in group:

@@ -133,9 +133,12 @@ class _Unit:
     top_level: bool = False
     #: A chat span of the unit lies beneath another (stacked instrumentations): see :func:`_calls`.
     stacked: bool = False
-    #: Chat spans directly under the unit's agent span (two of them side by side may be two records of
-    #: one call): see :func:`_calls`.
-    direct: int = 0
+    #: Two chat spans directly under the unit's agent span may lie side by side (two records of one
+    #: call): see :func:`_calls`. Set unless each arrived after the previous one ended (the usual case,
+    #: so the run is built without looking); the start and end of the last one that arrived.
+    side_by_side: bool = False
+    direct_start: int = -1
+    direct_end: int = -1
 
 
 @dataclass(slots=True)
@@ -446,7 +449,9 @@ class TraceState:
                 unit.stacked = True
             elif invocation is not None and s.parent_id.hex() == invocation:
                 end = s.end_ns
-                unit.direct += 1
+                if s.start_ns < unit.direct_end or s.start_ns < unit.direct_start:
+                    unit.side_by_side = True
+                unit.direct_start, unit.direct_end = s.start_ns, s.start_ns if end is None else end
             else:
                 end = None
             unit.turns.append((i, o, t, finish, s.start_ns, invocation, s.span_id, self._error(s), model, provider,
@@ -651,7 +656,7 @@ class TraceState:
                 ledger, source, derived = tuple(unit.agent_spans), LEDGER_SOURCE_AGENT_SPAN, False
             else:
                 ledger, source, derived = (), "none", unit.derived_agent_spans > 0
-            calls, stacked, disagree = (_calls(unit.turns) if unit.stacked or unit.direct > 1
+            calls, stacked, disagree = (_calls(unit.turns) if unit.stacked or unit.side_by_side
                                         else (unit.turns, 0, ()))
             if agent is None and not ledger and not hosts_agent:
                 # chat calls with no agent above them, by an executor that hosts none (a function

@@ -107,6 +107,9 @@ _Turn = tuple[int | None, int | None, int | None, str | None, int, str | None, b
 #: Positions in :data:`_Turn`.
 _T_FINISH, _T_START, _T_INVOCATION, _T_SPAN, _T_ERROR, _T_OUTER, _T_PARTS, _T_END, _T_NAME = 3, 4, 5, 6, 7, 10, 11, 12, 13
 
+#: :attr:`_Unit.direct_name` once its direct chat spans have several names.
+_NAMES = "\x00several"
+
 #: Past every span start (a fixed64): a run's earliest start while none is known.
 _NO_START = 2**64
 
@@ -133,12 +136,14 @@ class _Unit:
     top_level: bool = False
     #: A chat span of the unit lies beneath another (stacked instrumentations): see :func:`_calls`.
     stacked: bool = False
-    #: Two chat spans directly under the unit's agent span may lie side by side (two records of one
-    #: call): see :func:`_calls`. Set unless each arrived after the previous one ended (the usual case,
-    #: so the run is built without looking); the start and end of the last one that arrived.
+    #: Two chat spans directly under the unit's agent span of different names may lie side by side
+    #: (two records of one call): see :func:`_calls`. Not set where each arrived after those before it
+    #: ended, or all have one name (the usual cases: the run is built without looking). The latest
+    #: start and end of those that arrived, and their one name (:data:`_NAMES`: several).
     side_by_side: bool = False
     direct_start: int = -1
     direct_end: int = -1
+    direct_name: str | None = None
 
 
 @dataclass(slots=True)
@@ -449,9 +454,15 @@ class TraceState:
                 unit.stacked = True
             elif invocation is not None and s.parent_id.hex() == invocation:
                 end = s.end_ns
-                if s.start_ns < unit.direct_end or s.start_ns < unit.direct_start:
-                    unit.side_by_side = True
-                unit.direct_start, unit.direct_end = s.start_ns, s.start_ns if end is None else end
+                start = s.start_ns
+                if unit.direct_name is None:
+                    unit.direct_name = name
+                elif unit.direct_name != name:
+                    unit.direct_name = _NAMES
+                    if start < unit.direct_end or start < unit.direct_start:
+                        unit.side_by_side = True
+                unit.direct_start = max(unit.direct_start, start)
+                unit.direct_end = max(unit.direct_end, start if end is None else end)
             else:
                 end = None
             unit.turns.append((i, o, t, finish, s.start_ns, invocation, s.span_id, self._error(s), model, provider,

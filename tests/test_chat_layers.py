@@ -298,8 +298,8 @@ def test_a_provider_only_stack_of_two_records_side_by_side_counts_each_call_once
     are both directly under the agent span, side by side. Streamed, OpenLLMetry over-counts the
     output by one: the record with a count stands, the other total is shown."""
     first = anthropic_records(100, 20)
-    second = anthropic_records(130, 41)
-    second[1].attrs["gen_ai.usage.output_tokens"] = 40  # the SDK's own count
+    second = anthropic_records(130, 41)[::-1]  # the SDK's span first this time: the one saying most stands
+    second[0].attrs["gen_ai.usage.output_tokens"] = 40  # the SDK's own count
     writer = Agent("writer", [side_by_side(*first), side_by_side(*second)], (230, 60, "stop"))
     run = the_run(trace_of(writer)[0])
     evidence = unit(run, "writer")["evidence"]

@@ -107,6 +107,9 @@ _Turn = tuple[int | None, int | None, int | None, str | None, int, str | None, b
 #: Positions in :data:`_Turn`.
 _T_FINISH, _T_START, _T_INVOCATION, _T_SPAN, _T_ERROR, _T_OUTER, _T_PARTS, _T_END, _T_NAME = 3, 4, 5, 6, 7, 10, 11, 12, 13
 
+#: :attr:`_Unit.direct_name` once its direct chat spans have several names.
+_NAMES = "\x00several"
+
 #: Past every span start (a fixed64): a run's earliest start while none is known.
 _NO_START = 2**64
 
@@ -133,9 +136,14 @@ class _Unit:
     top_level: bool = False
     #: A chat span of the unit lies beneath another (stacked instrumentations): see :func:`_calls`.
     stacked: bool = False
-    #: Chat spans directly under the unit's agent span (two of them side by side may be two records of
-    #: one call): see :func:`_calls`.
-    direct: int = 0
+    #: Two chat spans directly under the unit's agent span of different names may lie side by side
+    #: (two records of one call): see :func:`_calls`. Not set where each arrived after those before it
+    #: ended, or all have one name (the usual cases: the run is built without looking). The latest
+    #: start and end of those that arrived, and their one name (:data:`_NAMES`: several).
+    side_by_side: bool = False
+    direct_start: int = -1
+    direct_end: int = -1
+    direct_name: str | None = None
 
 
 @dataclass(slots=True)
@@ -446,7 +454,15 @@ class TraceState:
                 unit.stacked = True
             elif invocation is not None and s.parent_id.hex() == invocation:
                 end = s.end_ns
-                unit.direct += 1
+                start = s.start_ns
+                if unit.direct_name is None:
+                    unit.direct_name = name
+                elif unit.direct_name != name:
+                    unit.direct_name = _NAMES
+                    if start < unit.direct_end or start < unit.direct_start:
+                        unit.side_by_side = True
+                unit.direct_start = max(unit.direct_start, start)
+                unit.direct_end = max(unit.direct_end, start if end is None else end)
             else:
                 end = None
             unit.turns.append((i, o, t, finish, s.start_ns, invocation, s.span_id, self._error(s), model, provider,
@@ -651,7 +667,7 @@ class TraceState:
                 ledger, source, derived = tuple(unit.agent_spans), LEDGER_SOURCE_AGENT_SPAN, False
             else:
                 ledger, source, derived = (), "none", unit.derived_agent_spans > 0
-            calls, stacked, disagree = (_calls(unit.turns) if unit.stacked or unit.direct > 1
+            calls, stacked, disagree = (_calls(unit.turns) if unit.stacked or unit.side_by_side
                                         else (unit.turns, 0, ()))
             if agent is None and not ledger and not hosts_agent:
                 # chat calls with no agent above them, by an executor that hosts none (a function
@@ -817,9 +833,10 @@ def _side_by_side(pairs: list[tuple[_Turn, list[_Turn]]], disagree: list[tuple[i
 
     One call's attempts follow one another, and an agent's model calls too: sibling chat spans whose
     times overlap and whose names differ are two instrumentations of one request (Anthropic's SDK's
-    span beside OpenLLMetry's `anthropic.chat`), counted once: the first of them that carries a token
-    count, else a response, else the first. Same-named spans side by side stay apart (a client's
-    concurrent calls each get their own span: merging them would under-count the truth)."""
+    span beside OpenLLMetry's `anthropic.chat`), counted once: the one that says most (a token count
+    and a finish reason, else a token count, else a response; the first such). Same-named spans side
+    by side stay apart (a client's concurrent calls each get their own span: merging them would
+    under-count the truth)."""
     pairs.sort(key=lambda pair: pair[0][_T_START])
     out: list[_Turn] = []
     group: list[tuple[_Turn, list[_Turn]]] = []
@@ -844,7 +861,8 @@ def _one_record(group: list[tuple[_Turn, list[_Turn]]], disagree: list[tuple[int
     """One request's records side by side: the one that counts, and any other total that differs."""
     if len(group) == 1:
         return group[0][1]
-    chosen = (next((p for p in group if any(_tokens(r) is not None for r in p[1])), None)
+    chosen = (next((p for p in group if any(_tokens(r) is not None and r[_T_FINISH] is not None for r in p[1])), None)
+              or next((p for p in group if any(_tokens(r) is not None for r in p[1])), None)
               or next((p for p in group if any(_responded(r) for r in p[1])), group[0]))
     total = _total(chosen[1])
     for other in group:

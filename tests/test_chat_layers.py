@@ -107,6 +107,11 @@ def trace_of(*agents: Agent, functions: dict[str, list[Span]] | None = None,
     tracer = provider.get_tracer("agent_framework")
 
     def emit(span: Span) -> None:
+        if not span.name:  # no span of its own: its children side by side where it stands
+            opened = [tracer.start_span(child.name, attributes=child.attrs) for child in span.children]
+            for child in reversed(opened):
+                child.end()
+            return
         with tracer.start_as_current_span(span.name, attributes=span.attrs) as s:
             if span.side_by_side:
                 opened = [tracer.start_span(child.name, attributes=child.attrs) for child in span.children]
@@ -282,6 +287,36 @@ def test_two_records_of_one_attempt_side_by_side_count_once():
     assert (found["tokens"], found["inner_tokens"], len(found["inner_span_ids"])) == (90, 120, 1)
     # 30 a call: the first's own span reported none (taken from beneath, once), the second's from beneath
     assert evidence["truth_cache_read_tokens"] == 60
+
+
+def side_by_side(*records: Span) -> Span:
+    return Span("", children=list(records))
+
+
+def test_a_provider_only_stack_of_two_records_side_by_side_counts_each_call_once():
+    """MAF's chat telemetry off on Anthropic, OpenLLMetry on: its anthropic.chat and the SDK's own span
+    are both directly under the agent span, side by side. Streamed, OpenLLMetry over-counts the
+    output by one: the record with a count stands, the other total is shown."""
+    first = anthropic_records(100, 20)
+    second = anthropic_records(130, 41)[::-1]  # the SDK's span first this time: the one saying most stands
+    second[0].attrs["gen_ai.usage.output_tokens"] = 40  # the SDK's own count
+    writer = Agent("writer", [side_by_side(*first), side_by_side(*second)], (230, 60, "stop"))
+    run = the_run(trace_of(writer)[0])
+    evidence = unit(run, "writer")["evidence"]
+    assert verdicts(run) == {"writer": "Agree"}
+    assert (evidence["truth_tokens"], evidence["response_turns"], evidence["stacked_chat_spans"]) == (291, 2, 2)
+    (found,) = evidence["chat_layers_disagree"]
+    assert (found["tokens"], found["inner_tokens"]) == (171, 170)
+
+
+def test_same_named_calls_side_by_side_stay_two_calls():
+    """A client's concurrent calls each get their own span of the same name: never merged (that
+    would under-count the truth and could hide an under-report)."""
+    writer = Agent("writer", [side_by_side(openai_v2(i=100, o=10, finish="stop"), openai_v2(i=100, o=10, finish="stop"))],
+                   (100, 10, "stop"))
+    run = the_run(trace_of(writer)[0])
+    assert verdicts(run) == {"writer": "TokenMismatch"}
+    assert unit(run, "writer")["evidence"]["truth_tokens"] == 220
 
 
 def test_a_provider_only_stack_takes_its_truth_from_the_provider_spans():

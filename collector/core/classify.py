@@ -95,16 +95,17 @@ class SpanRecord:
 #: A chat call while its trace is assembled and in the late window: (input, output and total tokens,
 #: finish reason, start, invocation, span id bytes, error, model, provider, the span id of the chat
 #: span it is beneath in its unit (None: it is outermost), the parts of its counts (cache read, cache
-#: write, reasoning; None: none known), its end where it is beneath another (else None)): ~100 bytes
+#: write, reasoning; None: none known), its end where another record of the same call could lie beside
+#: it (beneath a chat span, or directly under its agent span; else None), its span name): ~100 bytes
 #: less than a ChatTurn with its Usage and hex id (the span id is the very object the trace keys the
-#: span by; model and provider strings are shared per trace), and a tuple of atoms the garbage
-#: collector stops tracking. bench/late_memory.py: 286 -> 194 bytes a span held for agents of 50 chat
-#: calls, 425 -> 377 for agents of 3 (before model, provider, outer call, parts and end: five
-#: references more now, None unless reported or stacked).
+#: span by; model, provider and span name strings are shared per trace), and a tuple of atoms the
+#: garbage collector stops tracking. bench/late_memory.py: 286 -> 194 bytes a span held for agents of
+#: 50 chat calls, 425 -> 377 for agents of 3 (before model, provider, outer call, parts, end and name:
+#: six references and an end more now).
 _Turn = tuple[int | None, int | None, int | None, str | None, int, str | None, bytes, str | None, str | None,
-              str | None, bytes | None, tuple[int | None, int | None, int | None] | None, int | None]
+              str | None, bytes | None, tuple[int | None, int | None, int | None] | None, int | None, str]
 #: Positions in :data:`_Turn`.
-_T_FINISH, _T_START, _T_SPAN, _T_ERROR, _T_OUTER, _T_PARTS, _T_END = 3, 4, 6, 7, 10, 11, 12
+_T_FINISH, _T_START, _T_INVOCATION, _T_SPAN, _T_ERROR, _T_OUTER, _T_PARTS, _T_END, _T_NAME = 3, 4, 5, 6, 7, 10, 11, 12, 13
 
 #: Past every span start (a fixed64): a run's earliest start while none is known.
 _NO_START = 2**64
@@ -132,6 +133,12 @@ class _Unit:
     top_level: bool = False
     #: A chat span of the unit lies beneath another (stacked instrumentations): see :func:`_calls`.
     stacked: bool = False
+    #: Two chat spans directly under the unit's agent span may lie side by side (two records of one
+    #: call): see :func:`_calls`. Set unless each arrived after the previous one ended (the usual case,
+    #: so the run is built without looking); the start and end of the last one that arrived.
+    side_by_side: bool = False
+    direct_start: int = -1
+    direct_end: int = -1
 
 
 @dataclass(slots=True)
@@ -436,13 +443,19 @@ class TraceState:
             parts = (None if facts[CACHE_READ] is None and facts[CACHE_WRITE] is None and facts[REASONING] is None
                      else facts[CACHE_READ:])
             unit = self._run(run_key).units[(executor, agent)]
-            if outer is None:
-                unit.turns.append((i, o, t, finish, s.start_ns, invocation, s.span_id, self._error(s), model,
-                                   provider, None, parts, None))
-            else:
-                unit.turns.append((i, o, t, finish, s.start_ns, invocation, s.span_id, self._error(s), model,
-                                   provider, outer, parts, s.end_ns))
+            name = shared.setdefault(s.name, s.name)
+            if outer is not None:
+                end = s.end_ns
                 unit.stacked = True
+            elif invocation is not None and s.parent_id.hex() == invocation:
+                end = s.end_ns
+                if s.start_ns < unit.direct_end or s.start_ns < unit.direct_start:
+                    unit.side_by_side = True
+                unit.direct_start, unit.direct_end = s.start_ns, s.start_ns if end is None else end
+            else:
+                end = None
+            unit.turns.append((i, o, t, finish, s.start_ns, invocation, s.span_id, self._error(s), model, provider,
+                               outer, parts, end, name))
             return (run_key, executor, agent, invocation, s.span_id)  # a chat span beneath is this call
         return parent
 
@@ -643,7 +656,8 @@ class TraceState:
                 ledger, source, derived = tuple(unit.agent_spans), LEDGER_SOURCE_AGENT_SPAN, False
             else:
                 ledger, source, derived = (), "none", unit.derived_agent_spans > 0
-            calls, stacked, disagree = _calls(unit.turns) if unit.stacked else (unit.turns, 0, ())
+            calls, stacked, disagree = (_calls(unit.turns) if unit.stacked or unit.side_by_side
+                                        else (unit.turns, 0, ()))
             if agent is None and not ledger and not hosts_agent:
                 # chat calls with no agent above them, by an executor that hosts none (a function
                 # executor calling a chat client itself) or by none: a run note, not a unit (docs/design.md §1)
@@ -660,7 +674,7 @@ class TraceState:
                 ledger=ledger,
                 turns=tuple([ChatTurn(Usage(i, o, t, *parts) if parts else Usage(i, o, t), finish, start, invocation,
                                       sid.hex(), error, model, provider)
-                             for i, o, t, finish, start, invocation, sid, error, model, provider, _, parts, _ in calls]),
+                             for i, o, t, finish, start, invocation, sid, error, model, provider, _, parts, *_ in calls]),
                 ledger_source=source,
                 span_ids=tuple([sid for _, sid in sorted(spans)]),
                 ledger_derived=derived,
@@ -751,16 +765,15 @@ def _calls(turns: list[_Turn]) -> tuple[list[_Turn], int, tuple[LayerDisagreemen
     (a retried or fallen-back call: each attempt once), never both. A failed call stays failed: what
     its attempts beneath saw without an answer is part of that failure, never a bare request (so
     never the Path-2 gap). Count parts a call lacks are taken from beneath (shown, never counted).
-    One call's attempts follow one another: records beneath it whose times overlap are two records of
-    one attempt (two instrumentations side by side, as Anthropic's SDK beside OpenLLMetry's), counted
-    once (:func:`_attempts`).
+    Records side by side are one (:func:`_side_by_side`): beneath one call, or directly under one
+    agent invocation.
     """
     ids = {t[_T_SPAN] for t in turns}
     beneath: dict[bytes, list[_Turn]] = defaultdict(list)
     for t in turns:
         if t[_T_OUTER] in ids:
             beneath[t[_T_OUTER]].append(t)
-    disagree: list[LayerDisagreement] = []
+    disagree: list[tuple[int, LayerDisagreement]] = []  # (the call's start, what disagrees)
     resolved: dict[bytes, list[_Turn]] = {}
     # A turn is classified after its parent, so in reverse the records beneath come first.
     for t in reversed(turns):
@@ -768,53 +781,85 @@ def _calls(turns: list[_Turn]) -> tuple[list[_Turn], int, tuple[LayerDisagreemen
         if not inner:
             resolved[t[_T_SPAN]] = [t]
             continue
-        records = _attempts([(turn, resolved.pop(turn[_T_SPAN])) for turn in inner])
+        records = _side_by_side([(turn, resolved.pop(turn[_T_SPAN])) for turn in inner], disagree)
         if _responded(t):
-            totals = [_tokens(r) for r in records if _responded(r) or r[_T_ERROR] is None]  # failed attempts: 0
+            total = _total(records)
             own = _tokens(t)
-            if own is not None and totals and None not in totals and sum(totals) != own:
-                disagree.append(LayerDisagreement(t[_T_SPAN].hex(), own, tuple(r[_T_SPAN].hex() for r in records),
-                                                  sum(totals)))
+            if own is not None and total is not None and total != own:
+                disagree.append((t[_T_START], LayerDisagreement(t[_T_SPAN].hex(), own,
+                                                                 tuple(r[_T_SPAN].hex() for r in records), total)))
             if t[_T_PARTS] is None:
-                t = (*t[:_T_PARTS], _sum_parts(records), t[_T_END])
+                t = (*t[:_T_PARTS], _sum_parts(records), *t[_T_END:])
             resolved[t[_T_SPAN]] = [t]
         elif t[_T_ERROR] is not None:
             resolved[t[_T_SPAN]] = [r for r in records if _responded(r) or r[_T_ERROR] is not None] or [t]
         else:
             resolved[t[_T_SPAN]] = records
-    calls = [r for t in turns if t[_T_SPAN] in resolved for r in resolved[t[_T_SPAN]]]
-    return calls, len(turns) - len(calls), tuple(reversed(disagree))
+    calls: list[_Turn] = []
+    direct: dict[str | None, list[tuple[_Turn, list[_Turn]]]] = defaultdict(list)
+    for t in turns:
+        if t[_T_SPAN] in resolved:
+            if t[_T_END] is None:
+                calls += resolved[t[_T_SPAN]]
+            else:  # directly under its agent span
+                direct[t[_T_INVOCATION]].append((t, resolved[t[_T_SPAN]]))
+    for pairs in direct.values():
+        calls += _side_by_side(pairs, disagree) if len(pairs) > 1 else pairs[0][1]
+    disagree.sort(key=lambda found: (found[0], found[1].span_id or ""))  # the same in any arrival order
+    return calls, len(turns) - len(calls), tuple(found for _, found in disagree)
 
 
-def _attempts(inner: list[tuple[_Turn, list[_Turn]]]) -> list[_Turn]:
-    """The records beneath one call (each inner turn with what it resolved to), one attempt once:
-    inner turns whose times overlap record the same attempt, whose record is the first of them that
-    carries a token count, else a response, else the first."""
-    inner.sort(key=lambda pair: pair[0][_T_START])
+def _total(records: list[_Turn]) -> int | None:
+    """The token total of a call's records (failed attempts add 0); None where a response or a record
+    without one has no count."""
+    totals = [_tokens(r) for r in records if _responded(r) or r[_T_ERROR] is None]
+    return sum(totals) if totals and None not in totals else None
+
+
+def _side_by_side(pairs: list[tuple[_Turn, list[_Turn]]], disagree: list[tuple[int, LayerDisagreement]]
+                  ) -> list[_Turn]:
+    """Sibling records (each turn with what it resolved to) as calls, two records of one request once.
+
+    One call's attempts follow one another, and an agent's model calls too: sibling chat spans whose
+    times overlap and whose names differ are two instrumentations of one request (Anthropic's SDK's
+    span beside OpenLLMetry's `anthropic.chat`), counted once: the one that says most (a token count
+    and a finish reason, else a token count, else a response; the first such). Same-named spans side
+    by side stay apart (a client's concurrent calls each get their own span: merging them would
+    under-count the truth)."""
+    pairs.sort(key=lambda pair: pair[0][_T_START])
     out: list[_Turn] = []
-    group: list[list[_Turn]] = []
+    group: list[tuple[_Turn, list[_Turn]]] = []
     group_end = -1
-    for turn, records in inner:
-        end = turn[_T_END]
-        if group and turn[_T_START] < group_end:
-            group.append(records)
+    for pair in pairs:
+        turn = pair[0]
+        if group and turn[_T_START] < group_end and all(turn[_T_NAME] != g[0][_T_NAME] for g in group):
+            group.append(pair)
         else:
             if group:
-                out += _one_record(group)
-            group = [records]
-            group_end = -1
-        if end is not None and end > group_end:
-            group_end = end
+                out += _one_record(group, disagree)
+            group, group_end = [pair], -1
+        if turn[_T_END] is not None and turn[_T_END] > group_end:
+            group_end = turn[_T_END]
     if group:
-        out += _one_record(group)
+        out += _one_record(group, disagree)
     return out
 
 
-def _one_record(group: list[list[_Turn]]) -> list[_Turn]:
+def _one_record(group: list[tuple[_Turn, list[_Turn]]], disagree: list[tuple[int, LayerDisagreement]]
+                ) -> list[_Turn]:
+    """One request's records side by side: the one that counts, and any other total that differs."""
     if len(group) == 1:
-        return group[0]
-    return (next((g for g in group if any(_tokens(r) is not None for r in g)), None)
-            or next((g for g in group if any(_responded(r) for r in g)), group[0]))
+        return group[0][1]
+    chosen = (next((p for p in group if any(_tokens(r) is not None and r[_T_FINISH] is not None for r in p[1])), None)
+              or next((p for p in group if any(_tokens(r) is not None for r in p[1])), None)
+              or next((p for p in group if any(_responded(r) for r in p[1])), group[0]))
+    total = _total(chosen[1])
+    for other in group:
+        theirs = _total(other[1]) if other is not chosen else None
+        if total is not None and theirs is not None and theirs != total:
+            disagree.append((chosen[0][_T_START], LayerDisagreement(
+                chosen[0][_T_SPAN].hex(), total, tuple(r[_T_SPAN].hex() for r in other[1]), theirs)))
+    return chosen[1]
 
 
 def _sum_parts(records: list[_Turn]) -> tuple[int | None, int | None, int | None] | None:

@@ -201,7 +201,8 @@ class ChatTurn:
 @dataclass(frozen=True, slots=True)
 class LayerDisagreement:
     """Two records of one chat call (stacked instrumentations) that report different token totals: the
-    call's own span and total, and the records beneath it that gave theirs (docs/design.md §1)."""
+    call's own span and total, and the other record's spans (beneath it, or beside it) and theirs
+    (docs/design.md §1)."""
 
     span_id: str | None
     tokens: int

@@ -234,7 +234,7 @@ def _doc(row: dict[str, Any]) -> dict[str, Any]:
         doc.setdefault(key, empty())
     for unit in doc["executors"]:
         evidence = unit["evidence"]
-        if "chat_layers_disagree" not in evidence:  # written by an earlier version
+        if "chat_layers_disagree" not in evidence or "chat_calls_more" not in evidence:  # an earlier version's
             for key, empty in _ADDED_EVIDENCE.items():
                 evidence.setdefault(key, empty())
     doc.update(created_at=row["created_at"], updated_at=row["updated_at"], finalized_by=row["finalized_by"],

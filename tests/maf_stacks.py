@@ -205,6 +205,7 @@ def research_script(kind: str) -> list[Reply]:
 
 
 RESEARCHER_TOKENS, WRITER_TOKENS = 340, 170
+CALLS = {"researcher": 2, "writer": 1, "assistant": 2}  # model calls per unit and run
 
 
 def writer_script(finish: str = "stop") -> list[Reply]:

@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test demo install proto screenshots clean
+.PHONY: run test demo install proto docs screenshots clean
 
 INSTRUMENTATION := instrumentation/opentelemetry-instrumentation-maf-fidelity
 
@@ -15,7 +15,7 @@ NATIVE := native/build.sh native/Cargo.toml native/Cargo.lock native/pyproject.t
 INSTALL_INPUTS := pyproject.toml tools/maf-venv $(NATIVE) \
   $(shell find $(INSTRUMENTATION) -name '*.py' -o -name pyproject.toml | grep -v /build/)
 
-# Microsoft Agent Framework releases tested, as core:orchestrations (README "Supported MAF releases").
+# Microsoft Agent Framework releases tested, as core:orchestrations (docs/maf.md "Supported MAF releases").
 # .venv (make install, make test) has MAF_DEFAULT, the newest tested release; pyproject's `test` extra
 # pins the range they span. `make test-maf-matrix` runs MAF_TESTS on each MAF_MATRIX release in its
 # own environment, .venv-maf/CORE+ORCH/; `make test-maf-latest` on the newest published.
@@ -51,6 +51,10 @@ demo: install
 proto: install
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. \
 	  proto/collector/api/v1/fidelity.proto
+
+# Regenerate docs/configuration.md from config/collector.yaml (tests/test_docs.py checks it is current).
+docs:
+	$(PYTHON) tools/config_docs.py
 
 # Refresh docs/run-page-*.png from the browser tests (needs Debian's chromium).
 screenshots: install

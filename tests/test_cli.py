@@ -105,7 +105,7 @@ def test_the_table_calls_a_suppressed_finish_reason_what_the_run_page_calls_it(t
 
 
 def test_reading_a_failed_run_exits_0_and_its_own_code_is_in_the_json(tmp_path):
-    """`bench` gates on the run; `runs list` / `runs show` only read it (README "Command line")."""
+    """`bench` gates on the run; `runs list` / `runs show` only read it (docs/cli.md)."""
     store = tmp_path / "runs.db"
     assert bench(ROOT / "examples/fail_both.json", store).returncode == 9
     listed = run("runs", "list", "--json", store=store)

@@ -149,9 +149,13 @@ Preset = Literal["smoke", "standard", "audit-grade"]
 COST_TIER = "Free"
 
 
-# The values below are built per chat span and per unit on the live path: plain slotted dataclasses,
-# not frozen ones (building a frozen ChatTurn with its Usage took 4x as long). Nothing mutates them.
-@dataclass(slots=True)
+# The values below are built per chat span and per unit on the live path: plain dataclasses, not
+# frozen ones (building a frozen ChatTurn with its Usage took 4x as long). Nothing mutates them. Those
+# a run document holds (down to Usage) have no __slots__: orjson writes a dataclass from its __dict__,
+# and one with slots field by field through ``__dataclass_fields__``, ~7x as long (the per-call
+# evidence took the store writer's run_to_json from ~53 to ~130 µs a run, bench/RESULTS.md issue 39).
+# The cost: ~80 bytes more a ledger entry held while its trace is assembled and in the late window.
+@dataclass
 class Usage:
     input_tokens: int | None = None
     output_tokens: int | None = None
@@ -166,7 +170,7 @@ class Usage:
         return (self.input_tokens or 0) + (self.output_tokens or 0)
 
 
-@dataclass(slots=True)
+@dataclass
 class LedgerEntry:
     """One response the framework reported for an executor (an AgentResponseEvent)."""
 
@@ -177,7 +181,7 @@ class LedgerEntry:
     span_id: str | None = None
 
 
-@dataclass(slots=True)
+@dataclass
 class ChatTurn:
     """One chat-boundary call: a response (usage and/or finish reason), a failed call (it raised:
     ``error`` set and no usage) or a bare request (the boundary saw no response)."""
@@ -209,7 +213,7 @@ class ExecutorRecord:
     ledger_derived: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class UnattributedChat:
     """Chat calls with no agent above them, by one executor (None: by none): a run note, never a unit."""
 
@@ -275,7 +279,7 @@ class Policy:
     finish_aliases: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass(slots=True)
+@dataclass
 class FinishComparison:
     invocation: str | None
     framework: str | None
@@ -283,7 +287,7 @@ class FinishComparison:
     diverged: bool
 
 
-@dataclass(slots=True)
+@dataclass
 class Evidence:
     framework_tokens: int | None
     truth_tokens: int | None
@@ -315,7 +319,7 @@ class Evidence:
     truth_output_tokens: int | None = None
 
 
-@dataclass(slots=True)
+@dataclass
 class ExecutorVerdict:
     executor_id: str
     verdict: Verdict

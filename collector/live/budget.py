@@ -18,9 +18,10 @@ requests ahead of it finish, and is refused otherwise.
 
 A gRPC call cannot know its message's size before grpc has read it, so it holds the largest while it
 reads (:meth:`Lease.reserve`). It waits for that room, in a queue of its own behind the decodes, for
-as long as a refusal would tell it to wait before retrying (``retry_after``); a read takes
+as long as it may take to send its message (``receivers.grpc.read_timeout``); a read takes
 milliseconds once it has begun, so with a large ``max_message_bytes`` (room for two reads) the calls
-of many streams take turns instead of being refused. A waiting read holds nothing: it delays no
+of many streams take turns instead of being refused. (A wait as long as ``retry_after`` was not
+enough on a saturated box: the event loop itself stalled that long, and calls were refused.) A waiting read holds nothing: it delays no
 decode and keeps no body out. See docs/design.md §3 (receivers).
 
 Everything here runs on the event loop: no lock.
@@ -159,10 +160,10 @@ class Lease:
                 budget._admit_waiters()  # those behind it may fit now
             raise
 
-    async def reserve(self, size: int, what: str) -> None:
+    async def reserve(self, size: int, what: str, wait: float) -> None:
         """Take ``size`` bytes for a read of unknown size (this lease holding nothing yet), waiting
-        behind the decodes and the reads queued before it for at most the budget's ``retry_after``;
-        raise :class:`NeverFits`, or :class:`Backpressure` holding nothing when no room came."""
+        behind the decodes and the reads queued before it for at most ``wait`` seconds; raise
+        :class:`NeverFits`, or :class:`Backpressure` holding nothing when no room came."""
         budget = self.budget
         self._check_fits(size, what)
         if not budget._waiting and not budget._readers and budget.used + size <= budget.limit:
@@ -172,7 +173,7 @@ class Lease:
         entry = (self, size, asyncio.get_running_loop().create_future())
         budget._readers.append(entry)
         try:
-            async with asyncio.timeout(budget.retry_after):
+            async with asyncio.timeout(wait):
                 await entry[2]
         except TimeoutError:
             if not self._left(entry):  # granted as the time ran out: the bytes are held, read on

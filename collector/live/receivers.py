@@ -174,10 +174,10 @@ def _hold(pipeline: Pipeline, lease: Lease, size: int, what: str, transport: str
         raise
 
 
-async def _reserve_read(pipeline: Pipeline, lease: Lease, size: int) -> None:
+async def _reserve_read(pipeline: Pipeline, lease: Lease, size: int, wait: float) -> None:
     """:meth:`Lease.reserve` for a gRPC message, counting and logging a refusal over the budget."""
     try:
-        await lease.reserve(size, "the request message")
+        await lease.reserve(size, "the request message", wait)
     except Backpressure as exc:
         _count_refusal(pipeline, "grpc", exc)
         raise
@@ -238,7 +238,7 @@ class GrpcTraceService:
     handler nothing of the message's size before it has read all of it (the length prefix stays in
     grpc's transport; a raw deserializer is handed the whole message), so the call holds the largest
     allowed until it has read, then only what its message needs; calls take turns for that room
-    (:meth:`Lease.reserve`: waiting at most ``retry_after``, then refused before their messages are
+    (:meth:`Lease.reserve`: waiting at most ``read_timeout``, then refused before their messages are
     read). (A unary handler gets its message read first, and grpc's ``maximum_concurrent_rpcs``
     would count the long-lived FidelityService watch streams.)"""
 
@@ -271,7 +271,7 @@ class GrpcTraceService:
 
     async def _export(self, requests: AsyncIterator[bytes], lease: Lease) -> ExportTraceServiceResponse | _Refusal:
         try:
-            await _reserve_read(self.pipeline, lease, self.read_hold)
+            await _reserve_read(self.pipeline, lease, self.read_hold, self.read_timeout)
             messages = aiter(requests)
             try:
                 async with asyncio.timeout(self.read_timeout):
@@ -341,7 +341,7 @@ class GrpcDiscardService:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
         lease = traces.budget.lease()
         try:
-            await _reserve_read(traces.pipeline, lease, traces.read_hold)
+            await _reserve_read(traces.pipeline, lease, traces.read_hold, traces.read_timeout)
             messages = aiter(requests)
             try:
                 async with asyncio.timeout(traces.read_timeout):

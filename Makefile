@@ -92,6 +92,20 @@ test-maf-latest: .venv-maf/latest/.installed
 clean:
 	rm -rf $(VENV) .venv-maf .pytest_cache .hypothesis
 
+# Peers + throughput, this tree beside the collector of commit BASE (each in its own venv; BASE's
+# built once by bench/base.sh), alternating in one sitting, with the ratios: make bench-check BASE=8fe69c1.
+# Minutes, not part of `make test`. rotel (bench/peers.py's Rust peer) is pinned here.
+ROTEL := rotel==0.0.1a15
+BENCH_TRACES ?= 2000
+BENCH_ROUNDS ?= 3
+.PHONY: bench-check
+bench-check: install
+	@[ -n "$(BASE)" ] || { echo "usage: make bench-check BASE=<commit> [BENCH_TRACES=2000] [BENCH_ROUNDS=3]"; exit 2; }
+	@$(BIN)/pip install --quiet "$(ROTEL)"
+	@base=$$(bench/base.sh $(BASE)) && set -x && \
+	  $(BIN)/python bench/peers.py --code . $$base --streams 1 16 --runs $(BENCH_ROUNDS) --traces $(BENCH_TRACES) && \
+	  $(BIN)/python bench/throughput.py --code . $$base --streams 1 16 --rounds $(BENCH_ROUNDS) --traces $(BENCH_TRACES)
+
 .PHONY: otelcol scaleout helm kafka
 
 # Our OpenTelemetry Collector distribution (otelcol/manifest.yaml, built with ocb; needs Go): built

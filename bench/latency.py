@@ -7,6 +7,7 @@ target. Latency = wall time from sending the request to the run's ``created_at``
 (the start of the store transaction that writes it).
 
     .venv/bin/python bench/latency.py [--spans-per-s 10000] [--seconds 20] [--quiet 0.2] [--slowest 50]
+    .venv/bin/python bench/latency.py --code /tmp/base   # another tree's collector (its own .venv if it has one)
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def main() -> None:
     ap.add_argument("--slowest", type=int, default=0, metavar="N",
                     help="also list the N slowest traces by send time: traces sent close together and "
                          "finalized at one moment point at a stall (a full GC, a blocked loop)")
+    ap.add_argument("--code", default=None, help="source tree whose collector to run (default: the installed one)")
     args = ap.parse_args()
     rng = random.Random(5)
     traces = []
@@ -68,7 +70,7 @@ def main() -> None:
         spans += len(t)
     items = [(t[-1].trace_id.hex(), encode([t], 10_000)[0]) for t in traces]
     rate = len(items) / args.seconds
-    with Collector({"quiet_period": args.quiet}) as collector:
+    with Collector({"quiet_period": args.quiet}, code=args.code) as collector:
         path, out = collector.dir / "items.pickle", collector.dir / "sent.pickle"
         path.write_bytes(pickle.dumps(items))
         sender = mp.Process(target=paced_sender, args=(collector.grpc, str(path), rate, str(out)))

@@ -13,9 +13,12 @@ to the last verdict stored) and peak (VmHWM). For ours, "accepted" = every reque
 "end to end" = every run's verdict stored; its CPU counts until stored. rotel's CPU is read 0.5 s
 after the last answer (past its 200 ms batch timeout), when the blackhole has taken every batch.
 The sender's own CPU while sending is shown too: on a 2-core box it competes with the server.
-Each run starts fresh servers; the order of the two alternates from run to run.
+Each run starts fresh servers; their order alternates from run to run. With ``--code`` the
+collector of each source tree given runs beside rotel (as bench/throughput.py's ``--code``: a tree's
+own ``.venv`` when it has one), and each is compared with the last.
 
     .venv/bin/python bench/peers.py [--traces 3000] [--streams 1 16] [--runs 3]
+    .venv/bin/python bench/peers.py --code . /tmp/base --runs 3   # this tree and another commit's, beside rotel
 """
 
 from __future__ import annotations
@@ -81,9 +84,9 @@ class Rotel:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def measure(peer: str, streams: int, bodies: list[bytes], traces: int, spans: int) -> dict:
-    """One run against a fresh server."""
-    with Collector() if peer == "ours" else Rotel() as server:
+def measure(peer: str, streams: int, bodies: list[bytes], traces: int, spans: int, code: str | None = None) -> dict:
+    """One run against a fresh server (ours: the collector of source tree ``code``, None: the installed one)."""
+    with Collector(code=code) if peer == "ours" else Rotel() as server:
         pid = server.proc.pid
         idle = rss_kib(pid)[0]
         cpu0 = cpu_seconds(pid)
@@ -94,7 +97,7 @@ def measure(peer: str, streams: int, bodies: list[bytes], traces: int, spans: in
             time.sleep(ROTEL_SETTLE)  # its last batch reaches the blackhole
         cpu = cpu_seconds(pid) - cpu0
         peak = rss_kib(pid)[1]
-    return {"peer": peer, "streams": streams, "accepted": spans / sent.seconds, "e2e": e2e,
+    return {"peer": peer if peer == "rotel" or code is None else f"ours {code}", "streams": streams, "accepted": spans / sent.seconds, "e2e": e2e,
             "cpu_per_100k": cpu / spans * 1e5, "sender_cpu_per_100k": sent.cpu / spans * 1e5,
             "idle_mib": idle / 1024, "steady_mib": sampler.steady_kib / 1024, "peak_mib": peak / 1024,
             "refused": sent.refused}
@@ -120,6 +123,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--spans-per-request", type=int, default=512)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--code", nargs="+", default=[None],
+                    help="source trees whose collector to run (default: the installed one), side by side")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     payload = [trace_spans(rng) for _ in range(args.traces)]
@@ -127,32 +132,42 @@ def main() -> None:
     bodies = encode(payload, args.spans_per_request)
     print(f"{args.traces:,} traces, {spans:,} spans in {len(bodies)} requests; rotel {rotel_agent.agent_path}")
     print(HEADER)
+    servers = [("ours", code) for code in args.code] + [("rotel", None)]
     results: dict[tuple[str, int], list[dict]] = {}
     for run in range(args.runs):
         for streams in args.streams:
-            for peer in ("ours", "rotel") if run % 2 == 0 else ("rotel", "ours"):
-                r = measure(peer, streams, bodies, args.traces, spans)
-                results.setdefault((peer, streams), []).append(r)
+            for peer, code in servers if run % 2 == 0 else servers[::-1]:
+                r = measure(peer, streams, bodies, args.traces, spans, code)
+                results.setdefault((r["peer"], streams), []).append(r)
                 print(row(r), flush=True)
+    names = list(dict.fromkeys(name for name, _ in results))
+    ours = [name for name in names if name != "rotel"]
     print(f"\nMedians of {args.runs} runs:\n")
     print(HEADER)
     for streams in args.streams:
-        for peer in ("ours", "rotel"):
-            rs = results[(peer, streams)]
+        for name in names:
+            rs = results[(name, streams)]
             print(row({**rs[0], **{k: statistics.median(r[k] for r in rs) for k in FIGURES if rs[0][k] is not None}}))
     print()
     for streams in args.streams:
-        pairs = list(zip(results[("ours", streams)], results[("rotel", streams)]))
-        cpu = statistics.median(o["cpu_per_100k"] / r["cpu_per_100k"] for o, r in pairs)
-        accepted = statistics.median(o["accepted"] / r["accepted"] for o, r in pairs)
-        e2e = statistics.median(o["e2e"] / r["accepted"] for o, r in pairs)
-        print(f"{streams} stream{'s' * (streams > 1)}: ours/rotel CPU per span {cpu:.1f}x; "
-              f"throughput ours/rotel accepted {accepted:.3f}, end-to-end {e2e:.3f} (medians of {len(pairs)} pairs)")
-    for peer in ("ours", "rotel"):
+        for name in ours:
+            pairs = list(zip(results[(name, streams)], results[("rotel", streams)]))
+            cpu = statistics.median(o["cpu_per_100k"] / r["cpu_per_100k"] for o, r in pairs)
+            accepted = statistics.median(o["accepted"] / r["accepted"] for o, r in pairs)
+            e2e = statistics.median(o["e2e"] / r["accepted"] for o, r in pairs)
+            print(f"{streams} stream{'s' * (streams > 1)}: {name}/rotel CPU per span {cpu:.2f}x; "
+                  f"throughput {name}/rotel accepted {accepted:.3f}, end-to-end {e2e:.3f} (medians of {len(pairs)} pairs)")
+        for name in ours[:-1]:
+            pairs = list(zip(results[(name, streams)], results[(ours[-1], streams)]))
+            cpu = statistics.median(o["cpu_per_100k"] / b["cpu_per_100k"] for o, b in pairs)
+            e2e = statistics.median(o["e2e"] / b["e2e"] for o, b in pairs)
+            print(f"{streams} stream{'s' * (streams > 1)}: {name} / {ours[-1]}: CPU per span {cpu:.2f}x, "
+                  f"end-to-end spans/s {e2e:.2f}x (medians of {len(pairs)} pairs)")
+    for name in names:
         lo, hi = min(args.streams), max(args.streams)
-        ratio = (statistics.median(r["accepted"] for r in results[(peer, hi)])
-                 / statistics.median(r["accepted"] for r in results[(peer, lo)]))
-        print(f"{peer}: accepted spans/s with {hi} streams / {lo} = {ratio:.2f}")
+        ratio = (statistics.median(r["accepted"] for r in results[(name, hi)])
+                 / statistics.median(r["accepted"] for r in results[(name, lo)]))
+        print(f"{name}: accepted spans/s with {hi} streams / {lo} = {ratio:.2f}")
 
 
 if __name__ == "__main__":

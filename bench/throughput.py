@@ -102,12 +102,15 @@ def main() -> None:
     for (transport, code, journal, streams), e2e in median.items():
         print(f"end-to-end / limit ratio: {e2e / limit:.2f}  ({transport}, {code or 'installed'}, journal {journal}, "
               f"{streams} stream{'s' * (streams > 1)})")
-    base = variants[-1]
+    # Each variant against the last code (then the last journal setting) at the same stream count.
+    base_code, base_journal = args.code[-1], args.journal[-1]
     for transport in args.transport:
-        for code, journal, streams in variants[:-1]:
-            ratio = median[(transport, code, journal, streams)] / median[(transport, *base)]
-            print(f"{transport}: {code or 'installed'} journal {journal} {streams} streams / "
-                  f"{base[0] or 'installed'} journal {base[1]} {base[2]} streams = {ratio:.2f}")
+        for code, journal, streams in variants:
+            if (code, journal) == (base_code, base_journal):
+                continue
+            ratio = median[(transport, code, journal, streams)] / median[(transport, base_code, base_journal, streams)]
+            print(f"{transport}: {code or 'installed'} journal {journal} / {base_code or 'installed'} journal "
+                  f"{base_journal}, {streams} stream{'s' * (streams > 1)}: end-to-end {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -208,6 +208,12 @@ def free_ports(n: int) -> list[int]:
             sock.close()
 
 
+def agenteval(code: str | None) -> str:
+    """The ``agenteval`` command that runs the collector of source tree ``code`` (None: this venv's)."""
+    own = Path(code or ".", ".venv", "bin", "agenteval")
+    return str(own) if code and own.exists() else AGENTEVAL
+
+
 class Collector:
     """The collector as a subprocess on ports chosen at run time. Its temp folder (store, journal,
     log) is removed by :meth:`stop`, on leaving a ``with`` block, and at interpreter exit if the
@@ -216,7 +222,9 @@ class Collector:
     def __init__(self, assembly: dict | None = None, code: str | None = None, journal: bool = True,
                  receivers: dict | None = None, store: dict | None = None) -> None:
         """``code``: run the collector package from that source tree (e.g. a worktree of another
-        commit) instead of the installed one, to compare commits side by side on one payload.
+        commit) instead of the installed one, to compare commits side by side on one payload; with
+        the tree's own ``.venv`` when it has one (its compiled decoder and dependencies too, as
+        ``make bench-check`` builds), else this venv with the tree first on ``PYTHONPATH``.
         ``receivers``: that section instead of the bench's own (64 MiB requests). ``store``: store
         settings besides its URL (e.g. ``retention``)."""
         self.dir = Path(tempfile.mkdtemp(prefix="agenteval-bench-"))
@@ -231,7 +239,7 @@ class Collector:
                "logging": {"level": "info"}}
         (self.dir / "c.yaml").write_text(yaml.safe_dump(cfg))
         self.log = (self.dir / "log").open("w+")
-        self.proc = subprocess.Popen([AGENTEVAL, "collector", "serve", "--config", str(self.dir / "c.yaml")],
+        self.proc = subprocess.Popen([agenteval(code), "collector", "serve", "--config", str(self.dir / "c.yaml")],
                                      stdout=subprocess.DEVNULL, stderr=self.log,
                                      env={**os.environ, **({"PYTHONPATH": code} if code else {})})
         self._cleanup = weakref.finalize(self, _stop_and_remove, self.proc, self.log, self.dir)

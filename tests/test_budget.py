@@ -101,3 +101,52 @@ def test_a_body_being_read_goes_on_while_decodes_wait_but_no_new_one_starts():
         assert budget.used == decoding.held == 95
 
     asyncio.run(scenario())
+
+
+def test_a_read_of_unknown_size_waits_for_room_instead_of_being_refused():
+    """A gRPC call holds the largest message while it reads (its size is not known before): when
+    the budget holds two such reads, a third waits for one to finish rather than being refused (the
+    reads take milliseconds; 16 streams of a 64 MiB limit were refused so), in arrival order."""
+    async def scenario() -> None:
+        budget = MemoryBudget(100, retry_after=1.0)
+        first, second, third, fourth = (budget.lease() for _ in range(4))
+        await first.reserve(40, "the request message", 5.0)
+        await second.reserve(40, "the request message", 5.0)
+        waiting = asyncio.ensure_future(third.reserve(40, "the request message", 5.0))
+        behind = asyncio.ensure_future(fourth.reserve(40, "the request message", 5.0))
+        await asyncio.sleep(0)
+        assert not waiting.done() and not behind.done() and budget.used == 80
+        first.free(30)  # its message was 10 bytes: the rest goes back, and the first waiter reads
+        await asyncio.wait_for(waiting, 5)
+        assert third.held == 40 and budget.used == 90 and not behind.done()
+        second.close()
+        await asyncio.wait_for(behind, 5)
+        assert fourth.held == 40 and budget.used == 90
+
+    asyncio.run(scenario())
+
+
+def test_a_read_waits_behind_the_decodes_and_no_longer_than_it_may():
+    """Decodes hold bytes already: they are served first. A read that found no room within its
+    wait is refused (retryable) holding nothing; a waiting read does not keep a new body out."""
+    async def scenario() -> None:
+        budget = MemoryBudget(100, retry_after=1.0)
+        holder, decoding, reader, body = (budget.lease() for _ in range(4))
+        holder.hold(50, "the body")
+        decoding.hold(10, "the body")
+        grown = asyncio.ensure_future(decoding.grow(45, "decoding it"))  # 60 + 45 > 100: waits
+        read = asyncio.ensure_future(reader.reserve(30, "the request message", 5.0))
+        await asyncio.sleep(0)
+        assert not grown.done() and not read.done()
+        holder.close()  # 10 used: the decode first (55), then the read (85)
+        await asyncio.wait_for(grown, 5)
+        await asyncio.wait_for(read, 5)
+        assert budget.used == 85
+        with pytest.raises(Backpressure):  # 85 + 30 > 100, and nothing is freed within its wait
+            await budget.lease().reserve(30, "the request message", 0.05)
+        body.hold(10, "the body")  # no decode waits: a new body is read beside the reads
+        assert budget.used == 95 and not budget._readers
+        with pytest.raises(NeverFits):
+            await budget.lease().reserve(101, "the request message", 5.0)
+
+    asyncio.run(scenario())

@@ -555,7 +555,8 @@ def _export(collector, transport: str, body: bytes) -> bool:
 @pytest.mark.parametrize("transport", ["http", "grpc"])
 def test_concurrent_large_requests_stay_within_the_memory_budget(budgeted, transport):
     """40 requests of 2 MiB at once against a 16 MiB budget, each on a connection of its own: RSS
-    grows by at most the budget plus slack, the requests over it are refused with a retryable answer,
+    grows by at most the budget plus slack, the requests over it are refused with a retryable answer
+    (a gRPC call first waits its turn for the room, up to its read timeout, so all may be accepted),
     and every accepted one's trace is stored (none of a refused one is)."""
     requests = [padded_request(2 * 1024 * 1024) for _ in range(40)]
     pid = budgeted.proc.pid
@@ -570,7 +571,7 @@ def test_concurrent_large_requests_stay_within_the_memory_budget(budgeted, trans
     with ThreadPoolExecutor(len(requests)) as pool:
         accepted = list(pool.map(export, [body for body, _ in requests]))
     grown = (vm_kib(pid, "VmHWM") - before) * 1024
-    assert any(accepted) and not all(accepted)
+    assert any(accepted) and (transport == "grpc" or not all(accepted))
     assert grown <= BUDGET + SLACK, f"RSS grew {grown / 2**20:.0f} MiB"
     for ok_, (_, trace_id) in zip(accepted, requests):
         if ok_:

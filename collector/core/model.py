@@ -149,9 +149,13 @@ Preset = Literal["smoke", "standard", "audit-grade"]
 COST_TIER = "Free"
 
 
-# The values below are built per chat span and per unit on the live path: plain slotted dataclasses,
-# not frozen ones (building a frozen ChatTurn with its Usage took 4x as long). Nothing mutates them.
-@dataclass(slots=True)
+# The values below are built per chat span and per unit on the live path: plain dataclasses, not
+# frozen ones (building a frozen ChatTurn with its Usage took 4x as long). Nothing mutates them. Those
+# a run document holds (down to Usage) have no __slots__: orjson writes a dataclass from its __dict__,
+# and one with slots field by field through ``__dataclass_fields__``, ~7x as long (the per-call
+# evidence took the store writer's run_to_json from ~53 to ~130 µs a run, bench/RESULTS.md issue 39).
+# The cost: ~80 bytes more a ledger entry held while its trace is assembled and in the late window.
+@dataclass
 class Usage:
     """Token counts. The parts (cached input read and written, reasoning output) are included in the
     input and output counts, as the GenAI conventions count them: shown, never added on top."""
@@ -172,7 +176,7 @@ class Usage:
         return (self.input_tokens or 0) + (self.output_tokens or 0)
 
 
-@dataclass(slots=True)
+@dataclass
 class LedgerEntry:
     """One response the framework reported for an executor (an AgentResponseEvent)."""
 
@@ -183,7 +187,7 @@ class LedgerEntry:
     span_id: str | None = None
 
 
-@dataclass(slots=True)
+@dataclass
 class ChatTurn:
     """One chat-boundary call: a response (usage and/or finish reason), a failed call (it raised:
     ``error`` set and no usage) or a bare request (the boundary saw no response)."""
@@ -231,7 +235,7 @@ class ExecutorRecord:
     chat_layers_disagree: tuple[LayerDisagreement, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class UnattributedChat:
     """Chat calls with no agent above them, by one executor (None: by none): a run note, never a unit."""
 
@@ -336,7 +340,7 @@ class Policy:
     finish_aliases: tuple[tuple[str, str], ...] = tuple(sorted(FINISH_REASON_MAP.items()))
 
 
-@dataclass(slots=True)
+@dataclass
 class FinishComparison:
     invocation: str | None
     framework: str | None
@@ -344,7 +348,7 @@ class FinishComparison:
     diverged: bool
 
 
-@dataclass(slots=True)
+@dataclass
 class UnitCost:
     """What a unit's tokens cost in USD (docs/outputs.md "Spend"); a figure is None when its price
     is unknown (``unknown`` says why), never 0."""
@@ -361,7 +365,7 @@ class UnitCost:
     unknown: str | None = None
 
 
-@dataclass(slots=True)
+@dataclass
 class RunSpend:
     """The run's spend: each figure summed over the units that have it; ``units_unknown`` units
     could not be priced and are in no sum."""
@@ -374,7 +378,7 @@ class RunSpend:
     units_unknown: int
 
 
-@dataclass(slots=True)
+@dataclass
 class Evidence:
     framework_tokens: int | None
     truth_tokens: int | None
@@ -417,7 +421,7 @@ class Evidence:
     cost: UnitCost | None = None
 
 
-@dataclass(slots=True)
+@dataclass
 class ExecutorVerdict:
     executor_id: str
     verdict: Verdict

@@ -102,7 +102,7 @@ def _utc(nanos: int | None) -> str | None:
 def _duration(start: int | None, end: int | None) -> float | None:
     """Seconds from ``start`` to ``end`` (Unix ns); None when either is unknown, or the end comes
     before the start (spans timed by clocks that disagree: no duration to tell)."""
-    if start is None or end is None or _utc(start) is None or end < start:
+    if start is None or end is None or not 0 < start < 2**64 or end < start:  # start as _utc takes it
         return None
     return (end - start) / 1e9
 
@@ -219,6 +219,8 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
         beyond = abs(delta) * denominator > truth_tokens * numerator
         token_diverged = beyond and (direction == "under" or policy.flag_over_reporting)
 
+    framework_in, framework_out = _sides(ledger)
+    truth_in, truth_out = _sides(responses)
     comparisons, aligned = _compare_finish(ledger, responses, _aliases(policy.finish_aliases), no_truth is None)
     # the reasons shown for the unit: of the first invocation whose reasons differ, else the last
     shown = next((c for c in comparisons if c.diverged), None)
@@ -256,10 +258,10 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
         chat_calls=tuple(turns),
         ledger=tuple(ledger),
         executor_span_ids=record.span_ids,
-        framework_input_tokens=_side(ledger, "input_tokens"),
-        framework_output_tokens=_side(ledger, "output_tokens"),
-        truth_input_tokens=_side(responses, "input_tokens"),
-        truth_output_tokens=_side(responses, "output_tokens"),
+        framework_input_tokens=framework_in,
+        framework_output_tokens=framework_out,
+        truth_input_tokens=truth_in,
+        truth_output_tokens=truth_out,
         truth_cache_read_tokens=_side(responses, "cache_read_tokens"),
         truth_cache_write_tokens=_side(responses, "cache_write_tokens"),
         truth_reasoning_tokens=_side(responses, "reasoning_tokens"),
@@ -277,8 +279,21 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
     )
 
 
+def _sides(items: Sequence[LedgerEntry | ChatTurn]) -> tuple[int | None, int | None]:
+    """The sums of input and of output tokens, each where any item reported that side (one pass: this
+    runs twice per unit of every run)."""
+    inputs = outputs = None
+    for item in items:
+        usage = item.usage
+        if (n := usage.input_tokens) is not None:
+            inputs = n if inputs is None else inputs + n
+        if (n := usage.output_tokens) is not None:
+            outputs = n if outputs is None else outputs + n
+    return inputs, outputs
+
+
 def _side(items: Sequence[LedgerEntry | ChatTurn], side: str) -> int | None:
-    """The sum of one side (input or output tokens) where any item reported it."""
+    """The sum of one part of the counts (cache read or written, reasoning) where any item reported it."""
     known = [n for item in items if (n := getattr(item.usage, side)) is not None]
     return sum(known) if known else None
 

@@ -14,7 +14,15 @@ would otherwise keep taking what the ones already read need, and under a burst n
 accepted. While anyone waits, no new request is admitted (one being read goes on while there is
 room: it ends, bounded by the size limit); a request joins the queue only when everything
 queued fits the budget at once (what the waiters hold and want), so the queue always drains as the
-requests ahead of it finish, and is refused otherwise. See docs/design.md §3 (receivers).
+requests ahead of it finish, and is refused otherwise.
+
+A gRPC call cannot know its message's size before grpc has read it, so it holds the largest while it
+reads (:meth:`Lease.reserve`). It waits for that room, in a queue of its own behind the decodes, for
+as long as it may take to send its message (``receivers.grpc.read_timeout``); a read takes
+milliseconds once it has begun, so with a large ``max_message_bytes`` (room for two reads) the calls
+of many streams take turns instead of being refused. (A wait as long as ``retry_after`` was not
+enough on a saturated box: the event loop itself stalled that long, and calls were refused.) A waiting read holds nothing: it delays no
+decode and keeps no body out. See docs/design.md §3 (receivers).
 
 Everything here runs on the event loop: no lock.
 """
@@ -72,6 +80,8 @@ class MemoryBudget:
         self._waiting: deque[_Waiter] = deque()
         #: What the waiters hold and want together.
         self._queued = 0
+        #: Reads waiting for room (:meth:`Lease.reserve`), first come first served, after the decodes.
+        self._readers: deque[tuple[Lease, int, asyncio.Future[None]]] = deque()
 
     def lease(self) -> Lease:
         return Lease(self)
@@ -81,7 +91,8 @@ class MemoryBudget:
                             self.retry_after)
 
     def _admit_waiters(self) -> None:
-        """Give the bytes freed to the waiters at the head of the queue that now fit."""
+        """Give the bytes freed to the waiters at the head of the queue that now fit, then (the
+        decode queue empty) to the reads waiting."""
         while self._waiting:
             waiter = self._waiting[0]
             if self.used + waiter.size > self.limit:
@@ -90,6 +101,17 @@ class MemoryBudget:
             self.used += waiter.size
             waiter.lease.held += waiter.size
             waiter.granted.set_result(None)
+        while self._readers:
+            lease, size, granted = self._readers[0]
+            if granted.cancelled():  # its wait ended (cancelled, out of time): it is leaving
+                self._readers.popleft()
+                continue
+            if self.used + size > self.limit:
+                return
+            self._readers.popleft()
+            self.used += size
+            lease.held += size
+            granted.set_result(None)
 
     def _dequeue(self, waiter: _Waiter) -> None:
         self._waiting.remove(waiter)
@@ -137,6 +159,40 @@ class Lease:
                 budget._dequeue(waiter)
                 budget._admit_waiters()  # those behind it may fit now
             raise
+
+    async def reserve(self, size: int, what: str, wait: float) -> None:
+        """Take ``size`` bytes for a read of unknown size (this lease holding nothing yet), waiting
+        behind the decodes and the reads queued before it for at most ``wait`` seconds; raise
+        :class:`NeverFits`, or :class:`Backpressure` holding nothing when no room came."""
+        budget = self.budget
+        self._check_fits(size, what)
+        if not budget._waiting and not budget._readers and budget.used + size <= budget.limit:
+            budget.used += size
+            self.held += size
+            return
+        entry = (self, size, asyncio.get_running_loop().create_future())
+        budget._readers.append(entry)
+        try:
+            async with asyncio.timeout(wait):
+                await entry[2]
+        except TimeoutError:
+            if not self._left(entry):  # granted as the time ran out: the bytes are held, read on
+                return
+            raise budget._refusal() from None
+        except asyncio.CancelledError:
+            self._left(entry)  # (granted: close() frees the bytes)
+            raise
+
+    def _left(self, entry: tuple[Lease, int, asyncio.Future[None]]) -> bool:
+        """Give up a read's place unless it was granted (the wait's cancellation cancels its future);
+        those behind it may fit now. Whether it left."""
+        granted = entry[2]
+        if granted.done() and not granted.cancelled():
+            return False
+        if entry in self.budget._readers:
+            self.budget._readers.remove(entry)
+            self.budget._admit_waiters()
+        return True
 
     def _check_fits(self, size: int, what: str) -> None:
         limit = self.budget.limit

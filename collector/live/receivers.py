@@ -174,6 +174,15 @@ def _hold(pipeline: Pipeline, lease: Lease, size: int, what: str, transport: str
         raise
 
 
+async def _reserve_read(pipeline: Pipeline, lease: Lease, size: int, wait: float) -> None:
+    """:meth:`Lease.reserve` for a gRPC message, counting and logging a refusal over the budget."""
+    try:
+        await lease.reserve(size, "the request message", wait)
+    except Backpressure as exc:
+        _count_refusal(pipeline, "grpc", exc)
+        raise
+
+
 def _count_refusal(pipeline: Pipeline, transport: str, exc: Backpressure) -> None:
     if pipeline.metrics:
         pipeline.metrics.requests_rejected.add(1, {"transport": transport, "reason": "memory_budget"})
@@ -225,9 +234,13 @@ class GrpcTraceService:
 
     Registered as client-streaming (the same call on the wire as unary): grpc then reads the message
     only when :meth:`export` asks for it, after the call has taken twice ``max_message_bytes`` of the
-    memory budget, so calls over the budget are refused before their messages are read and what grpc holds
-    of messages being read is within the budget. (A unary handler gets its message read first, and
-    grpc's ``maximum_concurrent_rpcs`` would count the long-lived FidelityService watch streams.)"""
+    memory budget, so what grpc holds of messages being read is within the budget. grpc.aio tells a
+    handler nothing of the message's size before it has read all of it (the length prefix stays in
+    grpc's transport; a raw deserializer is handed the whole message), so the call holds the largest
+    allowed until it has read, then only what its message needs; calls take turns for that room
+    (:meth:`Lease.reserve`: waiting at most ``read_timeout``, then refused before their messages are
+    read). (A unary handler gets its message read first, and grpc's ``maximum_concurrent_rpcs``
+    would count the long-lived FidelityService watch streams.)"""
 
     def __init__(self, pipeline: Pipeline, auth: BearerAuth, budget: MemoryBudget, max_message_bytes: int,
                  read_timeout: float) -> None:
@@ -258,7 +271,7 @@ class GrpcTraceService:
 
     async def _export(self, requests: AsyncIterator[bytes], lease: Lease) -> ExportTraceServiceResponse | _Refusal:
         try:
-            _hold(self.pipeline, lease, self.read_hold, "the request message", "grpc")
+            await _reserve_read(self.pipeline, lease, self.read_hold, self.read_timeout)
             messages = aiter(requests)
             try:
                 async with asyncio.timeout(self.read_timeout):
@@ -328,7 +341,7 @@ class GrpcDiscardService:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
         lease = traces.budget.lease()
         try:
-            _hold(traces.pipeline, lease, traces.read_hold, "the request message", "grpc")
+            await _reserve_read(traces.pipeline, lease, traces.read_hold, traces.read_timeout)
             messages = aiter(requests)
             try:
                 async with asyncio.timeout(traces.read_timeout):

@@ -173,7 +173,7 @@ def test_the_kafka_profile_replicas_consume_the_topic_its_load_balancer_writes(r
     svc = SERVICES[replica]
     cfg = load_config(_mounted_config(replica, svc["command"][svc["command"].index("--config") + 1]))
     kafka = cfg.receivers.kafka
-    assert kafka.enabled and not cfg.journal.enabled
+    assert kafka.enabled and not cfg.journal.enabled and cfg.shutdown_delay == 0  # a consumer group needs no delay
     exporter = _resolved(yaml.safe_load((ROOT / "config/otelcol-kafka.yaml").read_text()), {})["exporters"]["kafka"]
     assert exporter["partition_traces_by_id"] and exporter["traces"]["encoding"] == "otlp_proto"
     assert exporter["traces"]["topic"] == kafka.topic
@@ -621,6 +621,9 @@ def test_the_replicas_run_the_image_with_their_journal_on_their_own_volume(helm,
     config_file = tmp_path / config_path.name
     config_file.write_text(configmap["data"][config_path.name])
     cfg = load_config(config_file)
+    # behind the load balancer a stopping replica accepts until the ring has learnt it left, within its grace
+    assert cfg.shutdown_delay == CHART_VALUES["shutdownDelay"] > 0
+    assert pod["terminationGracePeriodSeconds"] >= cfg.shutdown_delay + 30
     (claim,) = sts["spec"]["volumeClaimTemplates"]
     assert Path(cfg.journal.path).parent == Path(mounts[claim["metadata"]["name"]]) == Path(DATA_DIR)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}

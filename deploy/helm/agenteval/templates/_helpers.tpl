@@ -93,6 +93,9 @@ app.kubernetes.io/component: {{ index . 1 }}
   "store" $store
   "journal" $journal
   "exporters" (dict "prometheus" (dict "endpoint" (printf "0.0.0.0:%d" (int .Values.ports.metrics)))) -}}
+{{- if not .Values.kafka.enabled -}}
+{{- $_ := set $chart "shutdown_delay" (float64 .Values.shutdownDelay) -}}
+{{- end -}}
 {{- mustMergeOverwrite (deepCopy .Values.collectorConfig) $chart | toYaml -}}
 {{- end -}}
 

@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -267,12 +268,16 @@ EVENTS: dict[str, Callable[[Topology], None]] = {
 def stored(url: str) -> tuple[dict[str, list[dict]], int]:
     """trace id -> its stored run documents; and how many parts wait unclaimed."""
     with psycopg.connect(url) as conn:
-        rows = conn.execute("SELECT trace_id, doc, revision, finalized_by FROM runs").fetchall()
+        # the document as zlib-compressed JSON (issue 42), or as JSON text in a baseline's store
+        columns = {c for (c,) in conn.execute("SELECT column_name FROM information_schema.columns "
+                                              "WHERE table_name = 'runs'")}
+        column = "body" if "body" in columns else "doc"
+        rows = conn.execute(f"SELECT trace_id, {column}, revision, finalized_by FROM runs").fetchall()
         known = conn.execute("SELECT to_regclass('parts') IS NOT NULL").fetchone()[0]  # not before issue 43
         parts = conn.execute("SELECT count(*) FROM parts").fetchone()[0] if known else 0
     out: dict[str, list[dict]] = {}
     for tid, doc, revision, host in rows:
-        d = json.loads(doc)
+        d = json.loads(zlib.decompress(doc) if column == "body" else doc)
         d.update(revision=revision, finalized_by=host)
         out.setdefault(tid, []).append(d)
     return out, parts

@@ -36,7 +36,7 @@ from collector.core.serialize import run_to_dict
 from collector.demo.maf_fakes import InstrumentedChatClient, Turn
 from collector.formats.decode import decode_bytes, decode_protobuf
 from collector.formats.loader import iter_runs
-from collector.live.journal import _decode, _encode
+from collector.live.journal import decode as journal_decode, encode as journal_encode
 from collector.outputs.wire import run_message, to_doc
 from conftest import AGENTEVAL, export_spans, verdicts
 from mafshape import export_request, to_otlp_json
@@ -169,7 +169,7 @@ def the_run(spans: list) -> dict:
     recs = records(spans)
     (run,) = classify(recs)
     assert classify(records(spans, native=False)) == [run]
-    assert classify(_decode(_encode(recs), MATCHER)) == [run]
+    assert classify(journal_decode(journal_encode(recs), MATCHER)) == [run]
     assert classify(list(reversed(recs))) == [run]
     shuffled = list(recs)
     random.Random(38).shuffle(shuffled)
@@ -492,6 +492,6 @@ def test_a_journal_of_the_previous_version_replays_with_the_count_parts_unknown(
     recs = records(trace_of(*SEQUENTIAL)[0])
     line = orjson.dumps([[s.trace_id.hex(), s.span_id.hex(), s.parent_id.hex(), s.name, s.start_ns, s.facts[:18],
                           s.resource_subject, s.status_error, s.sdk_language, s.end_ns] for s in recs]) + b"\n"
-    replayed = _decode(line, MATCHER)
+    replayed = journal_decode(line, MATCHER)
     assert [r.facts for r in replayed] == [r.facts[:18] + (None, None, None) for r in recs]
     assert classify(replayed) == classify(recs)

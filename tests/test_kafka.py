@@ -28,10 +28,11 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+from collector.store.base import unpack
 from conftest import CollectorProcess
 from kafka import broker_or_reason, require
 from mafshape import SCENARIOS, export_request, record, run_id
-from test_scaleout import ROOT, Acked, Otelcol, otelcol_built, stored_runs  # noqa: F401 - otelcol_built: a fixture
+from test_scaleout import ROOT, Acked, Otelcol, otelcol_built, stored_runs, wait_stored  # noqa: F401 - otelcol_built: a fixture
 
 CONFIG = ROOT / "config/otelcol-kafka.yaml"
 PARTITIONS = 6
@@ -171,26 +172,16 @@ class PacedLoad:
             processor.shutdown()
 
 
-def wait_all_stored(url: str, traces, timeout: float = 120.0) -> dict[str, list[dict]]:
-    wanted = set(traces)
-    deadline = time.monotonic() + timeout
-    while True:
-        runs = stored_runs(url)
-        if wanted <= set(runs) or time.monotonic() > deadline:
-            return runs
-        time.sleep(0.5)
-
-
 def unit_verdicts(url: str) -> dict[str, dict[str, str]]:
     """trace id -> {executor: verdict} of its stored run (the last one read, if several)."""
     with psycopg.connect(url) as conn:
-        rows = conn.execute("SELECT trace_id, doc FROM runs").fetchall()
-    return {tid: {e["executor_id"]: e["verdict"] for e in json.loads(doc)["executors"]} for tid, doc in rows}
+        rows = conn.execute("SELECT trace_id, body FROM runs").fetchall()
+    return {tid: {e["executor_id"]: e["verdict"] for e in json.loads(unpack(body))["executors"]} for tid, body in rows}
 
 
 def check_exact(url: str, traffic: Traffic) -> None:
     """Every trace is one stored run, complete, with exactly its scenario's status and unit verdicts."""
-    runs = wait_all_stored(url, traffic.spans)
+    runs = wait_stored(url, traffic.spans)
     units = unit_verdicts(url)
     wrong = {}
     for tid, scenario in traffic.scenario.items():
@@ -296,14 +287,14 @@ def test_a_partition_taken_over_mid_trace_never_publishes_a_stored_traces_tail(k
     try:
         a.wait_for("kafka_partitions_assigned")
         _produce(kafka_broker, topic, [_request(writer), _request(xs[:-1]), _request(rest)])
-        stored = wait_all_stored(url, [y], timeout=60)
+        stored = wait_stored(url, [y], timeout=60)
         assert [r["status"] for r in stored[y]] == ["FAIL"]
         assert a.current.stop() == 0
         assert not [e for e in a.events("run_verdict") if e["trace_id"] == x], "A published X's open part"
         b.start()
         b.wait_for("kafka_partitions_assigned")
         _produce(kafka_broker, topic, [_request(xs[-1:])])
-        runs = wait_all_stored(url, [x], timeout=60)
+        runs = wait_stored(url, [x], timeout=60)
         assert [(r["status"], r["incomplete"], r["finalized_by"]) for r in runs[x]] == [("PASS", False, "agenteval-b")]
         time.sleep(ASSEMBLY["quiet_period"] + 1)  # Y's tail, had B taken it, would be published by now
         tails = [e for e in b.events("run_verdict") if e["trace_id"] == y]

@@ -8,6 +8,7 @@ consume the latter.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Literal
@@ -504,7 +505,8 @@ def fmt_usd(usd: float | None) -> str:
         return "unknown"
     if usd == 0 or abs(usd) >= 0.01:
         return f"${usd:,.2f}"
-    return f"${usd:.2g}"
+    decimals = 1 - math.floor(math.log10(abs(usd)))  # two significant digits, never in e-notation
+    return f"${usd:.{decimals}f}"
 
 
 def fmt_started(started_at: str) -> str:

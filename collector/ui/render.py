@@ -64,8 +64,8 @@ def executor_table(run: dict[str, Any]) -> Table:
             "-" if ev["ledger_missing"] else _num(ev["framework_tokens"]),
             _num(ev["truth_tokens"]),
             delta,
-            f"{'-' if ev['ledger_missing'] else shown(_finish(ev['framework_finish'], ev['truth_finish']))} / "
-            f"{shown(_finish(ev['truth_finish']))}",
+            f"{'-' if ev['ledger_missing'] else shown(finish_text(ev['framework_finish'], ev['truth_finish']))} / "
+            f"{shown(finish_text(ev['truth_finish']))}",
             shown(ev["ledger_source"]) + (" (missing)" if ev["ledger_missing"] else ""),
             e["no_truth_reason"] or "",
             *([unit_unreported(ev.get("cost"))] if priced else []),
@@ -128,7 +128,7 @@ def spend_line(run: dict[str, Any]) -> str | None:
     return line
 
 
-def _finish(value: str | None, truth: str | None = None) -> str:
+def finish_text(value: str | None, truth: str | None = None) -> str:
     """A finish reason as the run page words it: the framework's, missing where the chat boundary
     has one, is called out as suppressed."""
     return value or ("none (suppressed)" if truth else "none reported")

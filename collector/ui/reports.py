@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from typing import Any, TextIO
 
 from collector.core.model import fmt_score, fmt_usd
-from collector.ui.render import spend_line, unit_unreported
+from collector.ui.render import finish_text, spend_line, unit_unreported
 
 #: A run status as a job summary shows it, at a glance.
 STATUS_MARK = {"PASS": "✅", "WARN": "⚠️", "FAIL": "❌", "PENDING": "⏳"}
@@ -29,9 +29,8 @@ def divergence(unit: dict[str, Any]) -> str:
                      f"{ev['truth_tokens']:,} over {ev['response_turns']} chat call(s): {ev['delta']:+,}{share}, "
                      f"beyond the {ev['tolerance'] * 100:.1f}% tolerance")
     if unit["finish_diverged"]:
-        framework = ev["framework_finish"] or ("none (suppressed)" if ev["truth_finish"] else "none reported")
-        parts.append(f"the framework's finish reason is {framework}; the chat boundary's is "
-                     f"{ev['truth_finish'] or 'none reported'}")
+        parts.append(f"the framework's finish reason is {finish_text(ev['framework_finish'], ev['truth_finish'])}; "
+                     f"the chat boundary's is {finish_text(ev['truth_finish'])}")
     cost = ev.get("cost") or {}
     if cost.get("unreported_usd"):
         parts.append(f"unreported spend {fmt_usd(cost['unreported_usd'])}")
@@ -43,8 +42,10 @@ def evidence_text(unit: dict[str, Any]) -> str:
     ev = unit["evidence"]
     lines = [f"verdict: {unit['verdict']} (score {fmt_score(unit['score'])})",
              f"tokens: framework {ev['framework_tokens']} / truth {ev['truth_tokens']} (delta {ev['delta']})",
-             f"finish: framework {ev['framework_finish']} / truth {ev['truth_finish']}",
-             f"ledger: {ev['ledger_source']}, {ev['ledger_entries']} entr(ies); chat calls: {ev['response_turns']} "
+             f"finish: framework {finish_text(ev['framework_finish'], ev['truth_finish'])} / truth "
+             f"{finish_text(ev['truth_finish'])}",
+             f"ledger: {ev['ledger_source']}, {ev['ledger_entries']} {'entry' if ev['ledger_entries'] == 1 else 'entries'}; "
+             f"chat calls: {ev['response_turns']} "
              f"answered, {ev.get('failed_turns') or 0} failed, {ev['request_turns']} without a response"]
     if ev.get("cost"):
         cost = ev["cost"]
@@ -148,7 +149,8 @@ def markdown_run(doc: dict[str, Any], trace_url: str | None = None) -> str:
             reason = f" `{u['no_truth_reason']}`" if u["no_truth_reason"] else ""
             lines.append(f"| {_code(u['executor_id'])} | {u['verdict']}{reason} | {fmt_score(u['score'])} | "
                          f"{'-' if ev['ledger_missing'] else _num(ev['framework_tokens'])} | {_num(ev['truth_tokens'])} "
-                         f"| {delta} | {_cell(ev['framework_finish'] or '-')} / {_cell(ev['truth_finish'] or '-')} | "
+                         f"| {delta} | {_cell(finish_text(ev['framework_finish'], ev['truth_finish']))} / "
+                         f"{_cell(finish_text(ev['truth_finish']))} | "
                          f"{unit_unreported(ev.get('cost'))} |")
     else:
         lines += ["", "No agent ran in this run."]

@@ -80,7 +80,8 @@ def run_line(doc: dict[str, Any]) -> str:
              f"checked={doc['checked']}/{total}", f"rev={doc['revision']}", f"run={doc['run_id']}",
              f"subject={shown(doc['subject'] or '-')}"]
     if (spend := doc.get("spend")) is not None:
-        parts.append(f"unreported_usd={spend['unreported_usd']:.6f}")
+        # a run none of whose units could be priced has an unknown spend, never 0
+        parts.append(f"unreported_usd={spend['unreported_usd']:.6f}" if spend["units_priced"] else "unreported_usd=unknown")
         parts.append(f"unreported_tokens={spend['unreported_tokens']}")
         if spend["units_unknown"]:
             parts.append(f"cost_unknown_units={spend['units_unknown']}")

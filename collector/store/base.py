@@ -395,10 +395,10 @@ def _doc(row: dict[str, Any]) -> dict[str, Any]:
 
 def _days(seconds: float) -> str:
     """A span of time in days, hours or minutes, whichever reads best."""
-    for unit, size in (("days", 86400), ("hours", 3600)):
+    for unit, size in (("days", 86400), ("hours", 3600), ("min", 60)):
         if seconds >= 2 * size:
             return f"{seconds / size:.3g} {unit}"
-    return f"{max(seconds, 0) / 60:.3g} min"
+    return f"{max(seconds, 0):.0f} s"
 
 
 def _like_prefix(value: str) -> str:

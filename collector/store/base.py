@@ -421,6 +421,8 @@ class RunStore(ABC):
         self._closing = threading.Event()
         self._opener: threading.Thread | None = None
         self._sweeper: threading.Thread | None = None
+        #: Told how many runs each sweeper batch deleted (start_sweeping: the metric).
+        self._on_deleted: Callable[[int], None] | None = None
         #: Retention's figures: runs deleted, the store's size on disk and when its oldest run was
         #: last written, as of the sweeper's last pass (0 / None before it), its longest batch (s).
         self.runs_deleted = 0
@@ -598,6 +600,8 @@ class RunStore(ABC):
             self.longest_batch = max(self.longest_batch, time.perf_counter() - started)
             deleted += gone
             self.runs_deleted += gone
+            if gone and self._on_deleted is not None:  # counted per batch: the metric keeps up with the store
+                self._on_deleted(gone)
             if len(ids) < limit or self._closing.wait(BATCH_PAUSE):
                 break
         return deleted
@@ -608,11 +612,12 @@ class RunStore(ABC):
         store has one sweeper: a second call changes nothing."""
         if self._sweeper is not None:
             return
-        self._sweeper = threading.Thread(target=self._sweep_forever, args=(retention, on_deleted),
+        self._on_deleted = on_deleted
+        self._sweeper = threading.Thread(target=self._sweep_forever, args=(retention,),
                                          name="store-sweeper", daemon=True)
         self._sweeper.start()
 
-    def _sweep_forever(self, retention: Retention, on_deleted: Callable[[int], None]) -> None:
+    def _sweep_forever(self, retention: Retention) -> None:
         while not self._opened.wait(0.5):
             if self._closing.is_set():
                 return
@@ -625,7 +630,6 @@ class RunStore(ABC):
                 log.warning("store_sweep_failed", store=self.display, error=str(exc), retry_in=retention.interval)
             else:
                 if deleted:
-                    on_deleted(deleted)
                     log.info("store_swept", store=self.display, deleted=deleted, size_bytes=self.size,
                              oldest_kept=self.oldest_kept, seconds=round(time.perf_counter() - started, 3),
                              longest_batch_ms=round(self.longest_batch * 1000, 1))

@@ -40,7 +40,6 @@ from collector.live.journal import decode as journal_decode, encode as journal_e
 from collector.outputs.wire import run_message, to_doc
 from conftest import AGENTEVAL, export_spans, verdicts
 from mafshape import export_request, to_otlp_json
-from mafshape import usage_attrs as usage
 
 CONFIG = CollectorConfig()
 MATCHER = CONFIG.matcher()
@@ -60,6 +59,15 @@ class Span:
     side_by_side: bool = False
 
 
+def usage(i: int | None = None, o: int | None = None, finish: str | None = None, **more) -> dict:
+    attrs = dict(more)
+    if i is not None:
+        attrs["gen_ai.usage.input_tokens"] = i
+    if o is not None:
+        attrs["gen_ai.usage.output_tokens"] = o
+    if finish is not None:
+        attrs["gen_ai.response.finish_reasons"] = json.dumps([finish])  # MAF Python: a JSON string
+    return attrs
 
 
 def maf_chat(*children: Span, error: str | None = None, **response) -> Span:

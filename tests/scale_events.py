@@ -302,7 +302,7 @@ def judge(trace_id: str, scenario: str, runs: list[dict]) -> str:
     """``exact`` (one run, its scenario's status and units), ``merged`` (exact, with parts merged
     from other replicas), ``flagged`` (not exact, but every run that differs from the truth says so:
     split or incomplete), ``lost`` (no run), or ``wrong: why`` (a clean-looking run better than the
-    truth or missing a unit)."""
+    truth), ``missing: why`` (no better than the truth, but missing a unit without saying so)."""
     if not runs:
         return "lost"
     _, status, verdicts = SCENARIOS[scenario]
@@ -310,8 +310,10 @@ def judge(trace_id: str, scenario: str, runs: list[dict]) -> str:
     for doc in runs:
         flagged = doc.get("split") or doc["incomplete"]
         got = {e["executor_id"]: e["verdict"] for e in doc["executors"]}
-        if not flagged and (RANK[doc["status"]] < RANK[status] or not units <= set(got)):
+        if not flagged and RANK[doc["status"]] < RANK[status]:
             return f"wrong: {doc['status']} with units {sorted(got)} for a {status} trace with {sorted(units)}"
+        if not flagged and not units <= set(got):  # no better than the truth, but a unit is missing
+            return f"missing: {doc['status']} with units {sorted(got)} for a {status} trace with {sorted(units)}"
     if len(runs) == 1:
         doc = runs[0]
         got = {e["executor_id"]: e["verdict"] for e in doc["executors"]}

@@ -23,7 +23,6 @@ import signal
 import sys
 import threading
 import time
-import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from collector.store import unpack
 from conftest import CollectorProcess
 from mafshape import SCENARIOS, record, run_id
 
@@ -268,7 +268,7 @@ EVENTS: dict[str, Callable[[Topology], None]] = {
 def stored(url: str) -> tuple[dict[str, list[dict]], int]:
     """trace id -> its stored run documents; and how many parts wait unclaimed."""
     with psycopg.connect(url) as conn:
-        # the document as zlib-compressed JSON (issue 42), or as JSON text in a baseline's store
+        # the document compressed (issue 42), or as JSON text in a baseline's store
         columns = {c for (c,) in conn.execute("SELECT column_name FROM information_schema.columns "
                                               "WHERE table_name = 'runs'")}
         column = "body" if "body" in columns else "doc"
@@ -277,7 +277,7 @@ def stored(url: str) -> tuple[dict[str, list[dict]], int]:
         parts = conn.execute("SELECT count(*) FROM parts").fetchone()[0] if known else 0
     out: dict[str, list[dict]] = {}
     for tid, doc, revision, host in rows:
-        d = json.loads(zlib.decompress(doc) if column == "body" else doc)
+        d = json.loads(unpack(doc) if column == "body" else doc)
         d.update(revision=revision, finalized_by=host)
         out.setdefault(tid, []).append(d)
     return out, parts

@@ -6,6 +6,8 @@ import json
 import sqlite3
 import threading
 import time
+import zlib
+from collections.abc import Callable
 from dataclasses import replace
 
 import jsonschema
@@ -48,15 +50,23 @@ def _tables(url: str) -> set[str]:
         return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
 
-def _raw_doc(url: str, run_id: str, doc: dict) -> None:
-    """Store ``doc`` as run ``run_id``'s document, the way the store packs it."""
-    params = (pack(json.dumps(doc).encode()), run_id)
+def _raw_doc(url: str, run_id: str, doc: dict, packed: Callable[[bytes], bytes] = pack) -> None:
+    """Store ``doc`` as run ``run_id``'s document, the way the store packs it (or ``packed``)."""
+    params = (packed(json.dumps(doc).encode()), run_id)
     if url.startswith("postgresql://"):
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("UPDATE runs SET body = %s WHERE run_id = %s", params)
     else:
         with sqlite3.connect(url) as con:
             con.execute("UPDATE runs SET body = ? WHERE run_id = ?", params)
+
+
+def _rows(url: str, sql: str) -> list[tuple]:
+    if url.startswith("postgresql://"):
+        with psycopg.connect(url) as conn:
+            return conn.execute(sql).fetchall()
+    with sqlite3.connect(url) as con:
+        return con.execute(sql).fetchall()
 
 
 def _raw(url: str, sql: str) -> None:
@@ -139,6 +149,23 @@ def test_a_document_stored_before_lists_were_bounded_reads_as_leaving_nothing_ou
     again = store.get_run("old")
     assert again["workflow_errors_more"] == 0 and again["workflow_errors"] == ["writer: boom 0"]
     assert all(again["executors"][0]["evidence"][f"{key}_more"] == 0 for key in BOUNDED_EVIDENCE)
+
+
+def test_a_document_compressed_by_an_earlier_release_reads_back_and_new_ones_are_zstd(url):
+    """Releases before zstd wrote zlib (issue 42's first format): such a document reads back the same."""
+    store = open_store(url)
+    try:
+        store.save(StoredRun("old", "live", _large(invocations=2, calls=2, errors=1)))
+        doc = store.get_run("old")
+        (body,) = _rows(url, "SELECT body FROM runs WHERE run_id = 'old'")[0]
+        assert bytes(body[:4]) == b"\x28\xb5\x2f\xfd"  # a zstd frame
+        _raw_doc(url, "old", doc, lambda raw: zlib.compress(raw, 6))
+        (old_body,) = _rows(url, "SELECT body FROM runs WHERE run_id = 'old'")[0]
+        assert bytes(old_body[:1]) == b"\x78"
+        assert store.get_run("old") == doc
+        assert store.list_runs(with_docs=True)[0]["executors"] == doc["executors"]
+    finally:
+        store.close()
 
 
 def test_get_run_by_unique_prefix_only(url):

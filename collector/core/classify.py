@@ -136,13 +136,9 @@ class _Unit:
     top_level: bool = False
     #: A chat span of the unit lies beneath another (stacked instrumentations): see :func:`_calls`.
     stacked: bool = False
-    #: Two chat spans directly under the unit's agent span of different names may lie side by side
-    #: (two records of one call): see :func:`_calls`. Not set where each arrived after those before it
-    #: ended, or all have one name (the usual cases: the run is built without looking). The latest
-    #: start and end of those that arrived, and their one name (:data:`_NAMES`: several).
-    side_by_side: bool = False
-    direct_start: int = -1
-    direct_end: int = -1
+    #: The name of the chat spans directly under the unit's agent span (:data:`_NAMES`: several, which
+    #: may be two records of one call side by side: see :func:`_calls`; the usual case, one name, is
+    #: built without looking).
     direct_name: str | None = None
 
 
@@ -389,7 +385,8 @@ class TraceState:
         return run
 
     def _classify(self, s: SpanRecord, parent: Context) -> Context:
-        kind, bridge, chat, agent_id, executor_id, _, hosts_agent, subject, _, i, o, t, finish = s.facts[:FINISH + 1]
+        (kind, bridge, chat, agent_id, executor_id, _, hosts_agent, subject, _, i, o, t, finish, _, _, _, model, provider,
+         cache_read, cache_write, reasoning) = s.facts
         run_key, executor, agent, invocation, outer = parent
         if bridge:
             self._ledger_span(s, parent)
@@ -439,30 +436,28 @@ class TraceState:
             return (run_key, executor, key, s.span_id.hex(), None)
         if chat:  # with no agent above it, the unit (executor, None) is a run note, not a unit
             shared = self._shared
-            model, provider = s.facts[MODEL], s.facts[PROVIDER]
             if model is not None:
                 model = shared.setdefault(model, model)
             if provider is not None:
                 provider = shared.setdefault(provider, provider)
-            facts = s.facts
-            parts = (None if facts[CACHE_READ] is None and facts[CACHE_WRITE] is None and facts[REASONING] is None
-                     else facts[CACHE_READ:])
-            unit = self._run(run_key).units[(executor, agent)]
+            parts = (None if cache_read is None and cache_write is None and reasoning is None
+                     else (cache_read, cache_write, reasoning))
+            run = self._runs.get(run_key)
+            if run is None:
+                run = self._run(run_key)
+            else:
+                run.dirty = True
+            unit = run.units[(executor, agent)]
             name = shared.setdefault(s.name, s.name)
             if outer is not None:
                 end = s.end_ns
                 unit.stacked = True
             elif invocation is not None and s.parent_id.hex() == invocation:
                 end = s.end_ns
-                start = s.start_ns
                 if unit.direct_name is None:
                     unit.direct_name = name
                 elif unit.direct_name != name:
                     unit.direct_name = _NAMES
-                    if start < unit.direct_end or start < unit.direct_start:
-                        unit.side_by_side = True
-                unit.direct_start = max(unit.direct_start, start)
-                unit.direct_end = max(unit.direct_end, start if end is None else end)
             else:
                 end = None
             unit.turns.append((i, o, t, finish, s.start_ns, invocation, s.span_id, self._error(s), model, provider,
@@ -667,7 +662,7 @@ class TraceState:
                 ledger, source, derived = tuple(unit.agent_spans), LEDGER_SOURCE_AGENT_SPAN, False
             else:
                 ledger, source, derived = (), "none", unit.derived_agent_spans > 0
-            calls, stacked, disagree = (_calls(unit.turns) if unit.stacked or unit.side_by_side
+            calls, stacked, disagree = (_calls(unit.turns) if unit.stacked or unit.direct_name is _NAMES
                                         else (unit.turns, 0, ()))
             if agent is None and not ledger and not hosts_agent:
                 # chat calls with no agent above them, by an executor that hosts none (a function

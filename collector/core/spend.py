@@ -36,7 +36,8 @@ def price_unit(evidence: Evidence, pricer: Pricer) -> UnitCost:
     total priced with the model its calls used (one model: the ledger does not split its total by
     model), and the unreported spend (truth - framework) where the framework under-reported."""
     priced = [c for c in evidence.chat_calls if c.usage.total is not None]
-    models = sorted({(c.model, c.provider) for c in priced}, key=str)
+    pairs = {(c.model, c.provider) for c in priced}
+    models = sorted(pairs, key=str) if len(pairs) > 1 else list(pairs)
     unknown: list[str] = []
     quotes = [pricer(c.model, c.provider, c.usage, c.seq or None) for c in priced]
     truth = _sum(quotes, unknown)
@@ -92,13 +93,17 @@ def price_units(units: Sequence[ExecutorVerdict], pricer: Pricer) -> RunSpend:
 
 
 def _sum(quotes: list[Quote], unknown: list[str]) -> float | None:
-    missing = [q.by for q in quotes if q.usd is None]
-    unknown.extend(missing)
-    return None if missing or not quotes else _round(sum(q.usd for q in quotes if q.usd is not None))
+    total = 0.0
+    for q in quotes:
+        if q.usd is None:
+            unknown.extend(q.by for q in quotes if q.usd is None)
+            return None
+        total += q.usd
+    return _round(total) if quotes else None
 
 
 def _first_seq(calls: Sequence[ChatTurn]) -> int | None:
-    return min((c.seq for c in calls if c.seq), default=None)
+    return min([c.seq for c in calls if c.seq], default=None)
 
 
 def _name(model: str | None, provider: str | None) -> str:

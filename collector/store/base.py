@@ -9,7 +9,7 @@ lose nor duplicate a run.
 
 Rows hold verdicts and evidence (numbers, reasons, span ids), never prompt or response text: the
 classifier never extracts any, so there is none to store. A run is one row: its summary columns
-(what the lists filter and sort on) and its document, zlib-compressed JSON (``body``), which holds
+(what the lists filter and sort on) and its document, compressed JSON (``body``: zstd; zlib in stores written before), which holds
 every unit's verdict and evidence once (docs/store.md).
 
 Retention (:meth:`RunStore.sweep`): the oldest runs are deleted in small batches, by age and by the
@@ -35,6 +35,7 @@ from typing import Any
 
 import platformdirs
 import structlog
+import zstandard
 
 from collector.core.model import RunVerdict
 from collector.core.serialize import BOUNDED_EVIDENCE, BOUNDED_RUN, MAX_ITEMS, from_json, run_to_json, to_json
@@ -48,18 +49,27 @@ INSTANCE_ENV = "AGENTEVAL_INSTANCE"
 #: Postgres channel a store NOTIFYs with the run id of every run it writes.
 CHANNEL = "agenteval_runs"
 
-#: zlib level of a stored document: a run of the bench workload (40 spans, 13 KB of JSON) is ~2 KB
-#: (bench/store_size.py); zlib's header (0x78) tells this format from any later one.
-_ZLIB_LEVEL = 6
+#: zstd level of a stored document: a run of the bench workload (40 spans, 18 KB of JSON) is ~2.1 KB
+#: in ~33 us (zlib level 6, which stores written before used: ~2.2 KB in ~150 us; bench/store_size.py).
+_ZSTD_LEVEL = 3
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_compressor = threading.local()
 
 
 def pack(doc: bytes) -> bytes:
-    """A run document (JSON) as the store keeps it."""
-    return zlib.compress(doc, _ZLIB_LEVEL)
+    """A run document (JSON) as the store keeps it: a zstd frame (a compressor per thread: they
+    keep state between calls and are not thread-safe)."""
+    compressor = getattr(_compressor, "zstd", None)
+    if compressor is None:
+        compressor = _compressor.zstd = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
+    return compressor.compress(doc)
 
 
 def unpack(body: bytes) -> bytes:
-    """The JSON of a stored document (``body``)."""
+    """The JSON of a stored document (``body``): a zstd frame, or zlib (0x78 header) as written
+    before zstd."""
+    if body[:4] == _ZSTD_MAGIC:
+        return zstandard.ZstdDecompressor().decompress(body)
     return zlib.decompress(body)
 
 

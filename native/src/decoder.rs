@@ -1,7 +1,7 @@
 //! The `Decoder` class: a request's resources, scopes and spans walked into span records, the
 //! rejected spans' ids and the spans' journal line.
 
-use crate::facts::{Facts, ROLES};
+use crate::facts::{Facts, FACTS, FACTS_JSON, ROLES};
 use crate::journal as write;
 use crate::messages::{check, check_field, Msg};
 use crate::values::{cap, key_value, string_value, utf8, Member};
@@ -325,11 +325,12 @@ impl Decoder {
             parent_id = &[];
         }
         let mut facts = Facts {
-            items: Vec::with_capacity(18),
-            json: Vec::with_capacity(96),
+            items: Vec::with_capacity(FACTS),
+            json: Vec::with_capacity(FACTS_JSON),
         };
         facts.json.push(b'[');
         self.facts(py, name_text, &values, &mut facts, &mut out.exact)?;
+        debug_assert_eq!(facts.items.len(), FACTS);
         facts.json.pop(); // the last value's comma
         facts.json.push(b']');
         let line = &mut out.line;

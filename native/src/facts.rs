@@ -50,6 +50,12 @@ enum Role {
 
 pub(crate) const ROLES: usize = 20;
 
+/// Values in a span's facts (`collector.core.classify.FACTS`): its kind, then one per role (the ledger
+/// source, operation and executor type as whether it is a ledger span, a chat call, hosted by an agent's executor).
+pub(crate) const FACTS: usize = ROLES + 1;
+/// Room for the facts' JSON of a usual span (a chat call's names, counts and reason), so it is not grown.
+pub(crate) const FACTS_JSON: usize = 192;
+
 /// Finish-reason strings whose answers a decoder remembers.
 const FINISH_REASONS: usize = 4096;
 

@@ -221,6 +221,7 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
 
     framework_in, framework_out = _sides(ledger)
     truth_in, truth_out = _sides(responses)
+    cache_read, cache_write, reasoning = _parts(responses)
     comparisons, aligned = _compare_finish(ledger, responses, _aliases(policy.finish_aliases), no_truth is None)
     # the reasons shown for the unit: of the first invocation whose reasons differ, else the last
     shown = next((c for c in comparisons if c.diverged), None)
@@ -262,9 +263,9 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
         framework_output_tokens=framework_out,
         truth_input_tokens=truth_in,
         truth_output_tokens=truth_out,
-        truth_cache_read_tokens=_side(responses, "cache_read_tokens"),
-        truth_cache_write_tokens=_side(responses, "cache_write_tokens"),
-        truth_reasoning_tokens=_side(responses, "reasoning_tokens"),
+        truth_cache_read_tokens=cache_read,
+        truth_cache_write_tokens=cache_write,
+        truth_reasoning_tokens=reasoning,
         stacked_chat_spans=record.stacked_chat_spans,
         chat_layers_disagree=record.chat_layers_disagree,
     )
@@ -292,10 +293,19 @@ def _sides(items: Sequence[LedgerEntry | ChatTurn]) -> tuple[int | None, int | N
     return inputs, outputs
 
 
-def _side(items: Sequence[LedgerEntry | ChatTurn], side: str) -> int | None:
-    """The sum of one part of the counts (cache read or written, reasoning) where any item reported it."""
-    known = [n for item in items if (n := getattr(item.usage, side)) is not None]
-    return sum(known) if known else None
+def _parts(items: Sequence[ChatTurn]) -> tuple[int | None, int | None, int | None]:
+    """The sums of the count parts (cache read and written, reasoning), each where any item reported
+    it (one pass, as :func:`_sides`)."""
+    read = written = reasoning = None
+    for item in items:
+        usage = item.usage
+        if (n := usage.cache_read_tokens) is not None:
+            read = n if read is None else read + n
+        if (n := usage.cache_write_tokens) is not None:
+            written = n if written is None else written + n
+        if (n := usage.reasoning_tokens) is not None:
+            reasoning = n if reasoning is None else reasoning + n
+    return read, written, reasoning
 
 
 @lru_cache(maxsize=16)
@@ -382,8 +392,8 @@ def _compare_finish(
                 truth[t.invocation] = t.finish_reason
         pairs = [(key, fw, truth.get(key)) for key, fw in framework.items()]
     comparisons = [
-        FinishComparison(key, fw, reason,
-                         compared and reason is not None and _normalize(fw, aliases) != _normalize(reason, aliases))
+        FinishComparison(key, fw, reason, compared and reason is not None and reason != fw
+                         and _normalize(fw, aliases) != _normalize(reason, aliases))
         for key, fw, reason in pairs
     ]
     return comparisons, aligned

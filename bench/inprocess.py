@@ -1,70 +1,126 @@
 """Where the time goes, without network or store: the same payload through protobuf parse, decode
 (protobuf + Python, and the compiled decoder from the serialized bytes), ingest (decode + classify +
-assemble) and sweep (finalize + reconcile), in one process.
+assemble) and sweep (finalize + reconcile + price), in one process; each stage's CPU time, the best
+of ``--repeat`` passes.
 
     .venv/bin/python bench/inprocess.py [--traces 2000]
+    .venv/bin/python bench/inprocess.py --code . ~/.cache/agenteval/bench-base/<commit> --rounds 5
+
+With ``--code``, each tree's collector (its own ``.venv`` when it has one, as bench/base.sh builds)
+runs this script on the same payload, the trees alternating round by round; the medians of the
+rounds are printed with each tree's ratio to the first (above 1: faster).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import random
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import structlog
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
 sys.path.insert(0, str(Path(__file__).parent))
 from workload import encode, trace_spans  # noqa: E402
 
-from collector.config import CollectorConfig  # noqa: E402
-from collector.formats.decode import NATIVE, decode_bytes, decode_request  # noqa: E402
-from collector.live.pipeline import Pipeline  # noqa: E402
-from collector.store import open_store  # noqa: E402
+STAGES = ("parse", "decode", "decode (native, from bytes)", "ingest (decode_bytes+classify)",
+          "sweep (finalize+reconcile)", "ingest+sweep")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--traces", type=int, default=2000)
-    args = ap.parse_args()
+def measure(traces: int, repeat: int) -> dict[str, float]:
+    """Spans/s per stage in this process (the collector importable from ``sys.path``)."""
+    import structlog
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from collector.config import CollectorConfig
+    from collector.formats.decode import NATIVE, decode_bytes, decode_request
+    from collector.live.pipeline import Pipeline
+    from collector.store import open_store
+
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     rng = random.Random(7)
-    payload = [trace_spans(rng) for _ in range(args.traces)]
+    payload = [trace_spans(rng) for _ in range(traces)]
     n = sum(len(t) for t in payload)
     bodies = encode(payload)
     cfg = CollectorConfig(assembly={"quiet_period": 0.0001}, journal={"enabled": False})
     matcher = cfg.matcher()
 
-    def timed(fn: Callable[[], object]) -> float:
-        t = time.perf_counter()
-        fn()
-        return n / (time.perf_counter() - t)
+    def best(fn: Callable[[], float]) -> float:
+        return min(fn() for _ in range(repeat))
 
-    parse = timed(lambda: [ExportTraceServiceRequest.FromString(b) for b in bodies])
-    decode = timed(lambda: [decode_request(ExportTraceServiceRequest.FromString(b), matcher) for b in bodies])
-    decode_native = timed(lambda: [decode_bytes(b, matcher) for b in bodies])
-    with tempfile.TemporaryDirectory(prefix="agenteval-inprocess-") as tmp:
-        pipeline = Pipeline(cfg, open_store(Path(tmp) / "runs.db"), None, None)
-        t0 = time.perf_counter()
-        for b in bodies:
-            pipeline.ingest_decoded(decode_bytes(b, matcher), "grpc")  # the receivers' path
-        ingest_s = time.perf_counter() - t0
-        time.sleep(0.01)
-        t1 = time.perf_counter()
-        pipeline.sweep()
-        sweep_s = time.perf_counter() - t1
-        pipeline.close()
-    print(f"spans {n}")
-    native = "decode (native, from bytes)" if NATIVE else "decode (no native: protobuf)"
-    for name, rate in [("parse", parse), ("decode", decode), (native, decode_native),
-                       ("ingest (decode_bytes+classify)", n / ingest_s), ("sweep (finalize+reconcile)", n / sweep_s),
-                       ("ingest+sweep", n / (ingest_s + sweep_s))]:
-        print(f"{name:31} {rate:10.0f} spans/s")
+    def cpu(fn: Callable[[], object]) -> float:
+        t = time.process_time()
+        fn()
+        return time.process_time() - t
+
+    def pipeline_pass() -> tuple[float, float]:
+        with tempfile.TemporaryDirectory(prefix="agenteval-inprocess-") as tmp:
+            pipeline = Pipeline(cfg, open_store(Path(tmp) / "runs.db"), None, None)
+            pipeline.writer.put = lambda published: None  # no store: the sweep's own cost
+            ingest = cpu(lambda: [pipeline.ingest_decoded(decode_bytes(b, matcher), "grpc") for b in bodies])
+            time.sleep(0.01)
+            sweep = cpu(pipeline.sweep)
+            pipeline.close()
+        return ingest, sweep
+
+    passes = [pipeline_pass() for _ in range(repeat)]
+    ingest, sweep = min(p[0] for p in passes), min(p[1] for p in passes)
+    seconds = {
+        "parse": best(lambda: cpu(lambda: [ExportTraceServiceRequest.FromString(b) for b in bodies])),
+        "decode": best(lambda: cpu(lambda: [decode_request(ExportTraceServiceRequest.FromString(b), matcher)
+                                            for b in bodies])),
+        "decode (native, from bytes)": best(lambda: cpu(lambda: [decode_bytes(b, matcher) for b in bodies])),
+        "ingest (decode_bytes+classify)": ingest,
+        "sweep (finalize+reconcile)": sweep,
+        "ingest+sweep": min(i + s for i, s in passes),
+    }
+    if not NATIVE:
+        seconds.pop("decode (native, from bytes)")
+    return {"spans": n, **{stage: n / s for stage, s in seconds.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", type=int, default=2000)
+    ap.add_argument("--repeat", type=int, default=3, help="passes per stage, the best kept")
+    ap.add_argument("--code", nargs="+", help="source trees to run side by side (the first is the base of the ratios)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one tree's figures, for --code
+    args = ap.parse_args()
+    if args.json:
+        print(json.dumps(measure(args.traces, args.repeat)))
+        return
+    if not args.code:
+        got = measure(args.traces, args.repeat)
+        print(f"spans {got.pop('spans')}")
+        for stage, rate in got.items():
+            print(f"{stage:31} {rate:10.0f} spans/s")
+        return
+    rounds: dict[str, list[dict[str, float]]] = {code: [] for code in args.code}
+    for _ in range(args.rounds):
+        for code in args.code:
+            tree = Path(code).resolve()
+            python = tree / ".venv/bin/python"
+            out = subprocess.run([str(python if python.exists() else sys.executable), __file__, "--json",
+                                  "--traces", str(args.traces), "--repeat", str(args.repeat)],
+                                 cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                                 capture_output=True, text=True, check=True)
+            rounds[code].append(json.loads(out.stdout.splitlines()[-1]))
+    first = args.code[0]
+    medians = {code: {stage: statistics.median(r[stage] for r in runs) for stage in STAGES if stage in runs[0]}
+               for code, runs in rounds.items()}
+    print(f"spans {rounds[first][0]['spans']}, medians of {args.rounds} rounds (spans/s; ratio to {first})\n")
+    print("| stage | " + " | ".join(args.code) + " |\n|---|" + "---|" * len(args.code))
+    for stage in STAGES:
+        if stage in medians[first]:
+            cells = [f"{medians[c][stage]:,.0f} ({medians[c][stage] / medians[first][stage]:.2f}x)" for c in args.code]
+            print(f"| {stage} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -680,7 +680,7 @@ class TraceState:
                 ledger=ledger,
                 turns=tuple([ChatTurn(Usage(i, o, t, *parts) if parts else Usage(i, o, t), finish, start, invocation,
                                       sid.hex(), error, model, provider)
-                             for i, o, t, finish, start, invocation, sid, error, model, provider, _, parts, *_ in calls]),
+                             for i, o, t, finish, start, invocation, sid, error, model, provider, _, parts, _, _ in calls]),
                 ledger_source=source,
                 span_ids=tuple([sid for _, sid in sorted(spans)]),
                 ledger_derived=derived,

@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from workload import encode, trace_spans  # noqa: E402
 
 STAGES = ("parse", "decode", "decode (native, from bytes)", "ingest (decode_bytes+classify)",
-          "sweep (finalize+reconcile)", "ingest+sweep")
+          "sweep (finalize+reconcile)", "ingest+sweep", "classify+assemble", "finalize", "reconcile", "reconcile+price",
+          "document (JSON)", "compress")
 
 
 def measure(traces: int, repeat: int) -> dict[str, float]:
@@ -39,9 +40,27 @@ def measure(traces: int, repeat: int) -> dict[str, float]:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     from collector.config import CollectorConfig
-    from collector.formats.decode import NATIVE, decode_bytes, decode_request
-    from collector.live.pipeline import Pipeline
     from collector.store import open_store
+    try:
+        from collector.core.reconcile import reconcile
+        from collector.core.serialize import run_to_json
+        from collector.formats.decode import NATIVE, decode_bytes, decode_request
+        from collector.live.assembler import Assembler
+        from collector.live.pipeline import Pipeline
+    except ImportError:  # a collector before the stage packages
+        from collector.assembler import Assembler  # type: ignore[no-redef]
+        from collector.decode import NATIVE, decode_bytes, decode_request  # type: ignore[no-redef]
+        from collector.pipeline import Pipeline  # type: ignore[no-redef]
+        from collector.reconcile import reconcile  # type: ignore[no-redef]
+        from collector.serialize import run_to_json  # type: ignore[no-redef]
+    try:
+        from collector.outputs.pricing import Pricing
+    except ImportError:  # before spend (issue 40)
+        Pricing = None  # type: ignore[assignment,misc]
+    try:
+        from collector.store.base import pack
+    except ImportError:  # before compressed documents (issue 42)
+        pack = None  # type: ignore[assignment]
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     rng = random.Random(7)
@@ -59,6 +78,28 @@ def measure(traces: int, repeat: int) -> dict[str, float]:
         fn()
         return time.process_time() - t
 
+    def stage_pass() -> dict[str, float]:
+        """Each stage of the sweep apart, on the assembler's own runs (collectors before the stage
+        packages, e.g. 8fe69c1, too: their modules at their old paths)."""
+        decoded = [decode_bytes(b, matcher) for b in bodies]
+        assembler = Assembler(cfg.assembly, matcher)
+        out = {"classify+assemble": cpu(lambda: [assembler.offer(d.spans) for d in decoded])}
+        time.sleep(0.01)
+        finalized: list = []
+        out["finalize"] = cpu(lambda: finalized.extend(assembler.sweep(True)))
+        runs = [item.run for item in finalized]
+        policy, preset = cfg.scoring.policy(), cfg.scoring.preset
+        verdicts: list = []
+        out["reconcile"] = cpu(lambda: verdicts.extend(reconcile(r, policy, preset, 1) for r in runs))
+        if Pricing is not None:
+            pricer = Pricing(cfg.pricing)
+            out["reconcile+price"] = cpu(lambda: [reconcile(r, policy, preset, 1, pricer) for r in runs])
+        docs: list = []
+        out["document (JSON)"] = cpu(lambda: docs.extend(run_to_json(v) for v in verdicts))
+        if pack is not None:
+            out["compress"] = cpu(lambda: [pack(d) for d in docs])
+        return out
+
     def pipeline_pass() -> tuple[float, float]:
         with tempfile.TemporaryDirectory(prefix="agenteval-inprocess-") as tmp:
             pipeline = Pipeline(cfg, open_store(Path(tmp) / "runs.db"), None, None)
@@ -70,6 +111,7 @@ def measure(traces: int, repeat: int) -> dict[str, float]:
         return ingest, sweep
 
     passes = [pipeline_pass() for _ in range(repeat)]
+    stages = {name: min(p[name] for p in [stage_pass() for _ in range(repeat)]) for name in stage_pass()}
     ingest, sweep = min(p[0] for p in passes), min(p[1] for p in passes)
     seconds = {
         "parse": best(lambda: cpu(lambda: [ExportTraceServiceRequest.FromString(b) for b in bodies])),
@@ -79,6 +121,7 @@ def measure(traces: int, repeat: int) -> dict[str, float]:
         "ingest (decode_bytes+classify)": ingest,
         "sweep (finalize+reconcile)": sweep,
         "ingest+sweep": min(i + s for i, s in passes),
+        **stages,
     }
     if not NATIVE:
         seconds.pop("decode (native, from bytes)")
@@ -119,7 +162,8 @@ def main() -> None:
     print("| stage | " + " | ".join(args.code) + " |\n|---|" + "---|" * len(args.code))
     for stage in STAGES:
         if stage in medians[first]:
-            cells = [f"{medians[c][stage]:,.0f} ({medians[c][stage] / medians[first][stage]:.2f}x)" for c in args.code]
+            cells = [f"{medians[c][stage]:,.0f} ({medians[c][stage] / medians[first][stage]:.2f}x)"
+                     if stage in medians[c] else "-" for c in args.code]
             print(f"| {stage} | " + " | ".join(cells) + " |")
 
 

@@ -68,8 +68,9 @@ def ok(i: int, o: int, finish: str = "stop") -> Call:
     return Call(i, o, finish)
 
 
-def _usage_attrs(i, o, finish) -> dict:
-    attrs = {}
+def usage_attrs(i: int | None = None, o: int | None = None, finish: str | None = None, **more) -> dict:
+    """A chat or agent span's usage and finish reason as MAF Python writes them, with ``more``."""
+    attrs = dict(more)
     if i is not None:
         attrs["gen_ai.usage.input_tokens"] = i
     if o is not None:
@@ -95,12 +96,12 @@ def emit(tracer: trace.Tracer, sc: Scenario) -> str:
                     agent_attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": executor_id,
                                    "gen_ai.agent.id": f"{executor_id}-id"}
                     # .NET: the AgentResponse's own usage; Python: re-summed from the chat spans.
-                    agent_attrs.update(_usage_attrs(*(reported if sc.dotnet else inv.honest())))
+                    agent_attrs.update(usage_attrs(*(reported if sc.dotnet else inv.honest())))
                     with tracer.start_as_current_span(agent_name, attributes=agent_attrs):
                         if sc.chat_instrumented is None or executor_id in sc.chat_instrumented:
                             for call in inv.calls:
                                 attrs = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "fake-model",
-                                         **_usage_attrs(call.input, call.output, call.finish)}
+                                         **usage_attrs(call.input, call.output, call.finish)}
                                 if call.provider:
                                     attrs["gen_ai.provider.name"] = call.provider
                                 if call.error:
@@ -116,7 +117,7 @@ def emit(tracer: trace.Tracer, sc: Scenario) -> str:
                             with tracer.start_as_current_span(
                                 f"agent_response {executor_id}",
                                 attributes={"fidelity.ledger.source": "AgentResponseEvent",
-                                            "gen_ai.agent.name": executor_id, **_usage_attrs(*reported)},
+                                            "gen_ai.agent.name": executor_id, **usage_attrs(*reported)},
                             ):
                                 pass
         trace_id = format(root.get_span_context().trace_id, "032x")

@@ -39,7 +39,7 @@ from collector.formats.loader import iter_runs
 from collector.live.journal import decode as journal_decode, encode as journal_encode
 from collector.outputs.wire import run_message, to_doc
 from conftest import AGENTEVAL, export_spans, verdicts
-from mafshape import export_request, to_otlp_json
+from mafshape import export_request, to_otlp_json, usage_attrs as usage
 
 CONFIG = CollectorConfig()
 MATCHER = CONFIG.matcher()
@@ -57,17 +57,6 @@ class Span:
     #: Its children run side by side (each started before the previous one ends), as two
     #: instrumentations of one request do when neither is the other's parent.
     side_by_side: bool = False
-
-
-def usage(i: int | None = None, o: int | None = None, finish: str | None = None, **more) -> dict:
-    attrs = dict(more)
-    if i is not None:
-        attrs["gen_ai.usage.input_tokens"] = i
-    if o is not None:
-        attrs["gen_ai.usage.output_tokens"] = o
-    if finish is not None:
-        attrs["gen_ai.response.finish_reasons"] = json.dumps([finish])  # MAF Python: a JSON string
-    return attrs
 
 
 def maf_chat(*children: Span, error: str | None = None, **response) -> Span:

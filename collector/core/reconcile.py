@@ -219,9 +219,8 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
         beyond = abs(delta) * denominator > truth_tokens * numerator
         token_diverged = beyond and (direction == "under" or policy.flag_over_reporting)
 
-    framework_in, framework_out = _sides(ledger)
-    truth_in, truth_out = _sides(responses)
-    cache_read, cache_write, reasoning = _parts(responses)
+    framework_in, framework_out, *_ = _sums(ledger)
+    truth_in, truth_out, cache_read, cache_write, reasoning = _sums(responses)
     comparisons, aligned = _compare_finish(ledger, responses, _aliases(policy.finish_aliases), no_truth is None)
     # the reasons shown for the unit: of the first invocation whose reasons differ, else the last
     shown = next((c for c in comparisons if c.diverged), None)
@@ -280,32 +279,17 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
     )
 
 
-def _sides(items: Sequence[LedgerEntry | ChatTurn]) -> tuple[int | None, int | None]:
-    """The sums of input and of output tokens, each where any item reported that side (one pass: this
-    runs twice per unit of every run)."""
-    inputs = outputs = None
+def _sums(items: Sequence[LedgerEntry | ChatTurn]) -> tuple[int | None, ...]:
+    """The sums of input, output, cache read, cache written and reasoning tokens, each where any item
+    reported it (one pass: this runs twice per unit of every run)."""
+    sums: list[int | None] = [None] * 5
     for item in items:
         usage = item.usage
-        if (n := usage.input_tokens) is not None:
-            inputs = n if inputs is None else inputs + n
-        if (n := usage.output_tokens) is not None:
-            outputs = n if outputs is None else outputs + n
-    return inputs, outputs
-
-
-def _parts(items: Sequence[ChatTurn]) -> tuple[int | None, int | None, int | None]:
-    """The sums of the count parts (cache read and written, reasoning), each where any item reported
-    it (one pass, as :func:`_sides`)."""
-    read = written = reasoning = None
-    for item in items:
-        usage = item.usage
-        if (n := usage.cache_read_tokens) is not None:
-            read = n if read is None else read + n
-        if (n := usage.cache_write_tokens) is not None:
-            written = n if written is None else written + n
-        if (n := usage.reasoning_tokens) is not None:
-            reasoning = n if reasoning is None else reasoning + n
-    return read, written, reasoning
+        for side, n in enumerate((usage.input_tokens, usage.output_tokens, usage.cache_read_tokens,
+                                  usage.cache_write_tokens, usage.reasoning_tokens)):
+            if n is not None:
+                sums[side] = n if (known := sums[side]) is None else known + n
+    return tuple(sums)
 
 
 @lru_cache(maxsize=16)

@@ -21,6 +21,7 @@ import pytest
 from collector.core.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
 from collector.core.reconcile import reconcile
 from collector.core.serialize import run_to_json, to_json
+from collector.live.pipeline import StoreWriter
 from collector.store import Retention, StoredRun, open_store
 from collector.store.base import _OLDEST, MIGRATIONS, unpack
 from conftest import AGENTEVAL, CollectorProcess, post
@@ -153,6 +154,50 @@ def test_the_size_cap_holds_under_sustained_writes_which_are_never_refused(url):
         store.close()
     if not url.startswith("postgresql://"):  # SQLite gives the space back to the file system
         assert store.size_bytes() <= cap
+
+
+def _drained(writer: StoreWriter) -> None:
+    deadline = time.monotonic() + 60
+    while writer.backlog:
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+
+
+def test_the_writers_queue_bound_is_what_the_store_clears_whatever_a_few_runs_took(url, monkeypatch):
+    """Ingest is refused (retryable) while more verdicts wait than the store writes in
+    store.max_queue_seconds. A transaction of a run or two measures its fixed cost (a cold store, a
+    wait behind a sweeper batch), not how fast the store clears a backlog in full batches: after a
+    trickle of them the bound fell to one batch (256 runs) and the next burst of verdicts was
+    refused (the collector under load below, on PostgreSQL). Full batches kept slow, as behind a
+    sweeper holding the store, still bring it down."""
+    store = open_store(url)
+    wait = 0.02  # each write waits this long first, as behind a sweeper batch
+    save_many = store.save_many
+    monkeypatch.setattr(store, "save_many", lambda runs: time.sleep(wait) or save_many(runs))
+    verdict = _verdict(f"{7:032x}")
+    writer = StoreWriter(store, lambda batch: None)
+    try:
+        for i in range(10):  # a trickle: one run a transaction
+            writer.put([(StoredRun(f"trickle{i}", "live", verdict), None)])
+            _drained(writer)
+        after_trickle = writer.queue_limit(2.0, 10_000)
+        started = time.monotonic()
+        writer.put([(StoredRun(f"burst{i:04d}", "live", verdict), None) for i in range(4 * StoreWriter.BATCH)])
+        _drained(writer)
+        clears = int(2.0 * 4 * StoreWriter.BATCH / (time.monotonic() - started))  # what the store writes in 2 s
+        assert after_trickle >= min(10_000, clears)
+        assert writer.queue_limit(2.0, 10**6) >= clears // 2  # measured on the burst's full batches
+    finally:
+        writer.close()
+    wait = 0.5
+    blocked = StoreWriter(store, lambda batch: None)
+    try:
+        blocked.put([(StoredRun(f"blocked{i:04d}", "live", verdict), None) for i in range(2 * StoreWriter.BATCH)])
+        _drained(blocked)
+        assert blocked.queue_limit(2.0, 10_000) <= 2.0 * StoreWriter.BATCH / wait  # at most a batch per 0.5 s
+    finally:
+        blocked.close()
+        store.close()
 
 
 def test_the_sqlite_file_gives_deleted_runs_space_back(tmp_path):

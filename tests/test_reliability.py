@@ -681,15 +681,14 @@ def test_missing_token_env_is_a_setup_error(tmp_path):
 
 def test_the_store_backlog_is_bounded_by_the_stores_measured_rate(tmp_path):
     """Under sustained load, accepted matches stored: the backlog allowed is what the store writes in
-    store.max_queue_seconds at the rate it was measured writing real batches (never under one batch,
+    store.max_queue_seconds at the rate it was measured writing full batches (never under one batch,
     never over store.max_queued_runs)."""
     store = open_store(tmp_path / "runs.db")
     writer = StoreWriter(store, lambda batch: None)
     try:
         assert writer.queue_limit(2.0, 10_000) == 10_000  # nothing measured yet: only the cap
         verdict = _verdict()
-        for i in range(0, 600, 50):
-            writer.put([(StoredRun(f"r{j}", "live", verdict), None) for j in range(i, i + 50)])
+        writer.put([(StoredRun(f"r{i}", "live", verdict), None) for i in range(600)])  # two full batches
         deadline = time.monotonic() + 30
         while writer.backlog or writer.rate is None:
             assert time.monotonic() < deadline

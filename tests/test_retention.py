@@ -21,6 +21,7 @@ import pytest
 from collector.core.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
 from collector.core.reconcile import reconcile
 from collector.core.serialize import run_to_json, to_json
+from collector.live.pipeline import StoreWriter
 from collector.store import Retention, StoredRun, open_store
 from collector.store.base import _OLDEST, MIGRATIONS, unpack
 from conftest import AGENTEVAL, CollectorProcess, post
@@ -155,6 +156,50 @@ def test_the_size_cap_holds_under_sustained_writes_which_are_never_refused(url):
         assert store.size_bytes() <= cap
 
 
+def _drained(writer: StoreWriter) -> None:
+    deadline = time.monotonic() + 60
+    while writer.backlog:
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+
+
+def test_the_writers_queue_bound_is_what_the_store_clears_whatever_a_few_runs_took(url, monkeypatch):
+    """Ingest is refused (retryable) while more verdicts wait than the store writes in
+    store.max_queue_seconds. A transaction of a run or two measures its fixed cost (a cold store, a
+    wait behind a sweeper batch), not how fast the store clears a backlog in full batches: after a
+    trickle of them the bound fell to one batch (256 runs) and the next burst of verdicts was
+    refused (the collector under load below, on PostgreSQL). Full batches kept slow, as behind a
+    sweeper holding the store, still bring it down."""
+    store = open_store(url)
+    wait = 0.02  # each write waits this long first, as behind a sweeper batch
+    save_many = store.save_many
+    monkeypatch.setattr(store, "save_many", lambda runs: time.sleep(wait) or save_many(runs))
+    verdict = _verdict(f"{7:032x}")
+    writer = StoreWriter(store, lambda batch: None)
+    try:
+        for i in range(10):  # a trickle: one run a transaction
+            writer.put([(StoredRun(f"trickle{i}", "live", verdict), None)])
+            _drained(writer)
+        after_trickle = writer.queue_limit(2.0, 10_000)
+        started = time.monotonic()
+        writer.put([(StoredRun(f"burst{i:04d}", "live", verdict), None) for i in range(4 * StoreWriter.BATCH)])
+        _drained(writer)
+        clears = int(2.0 * 4 * StoreWriter.BATCH / (time.monotonic() - started))  # what the store writes in 2 s
+        assert after_trickle >= min(10_000, clears)
+        assert writer.queue_limit(2.0, 10**6) >= clears // 2  # measured on the burst's full batches
+    finally:
+        writer.close()
+    wait = 0.5
+    blocked = StoreWriter(store, lambda batch: None)
+    try:
+        blocked.put([(StoredRun(f"blocked{i:04d}", "live", verdict), None) for i in range(2 * StoreWriter.BATCH)])
+        _drained(blocked)
+        assert blocked.queue_limit(2.0, 10_000) <= 2.0 * StoreWriter.BATCH / wait  # at most a batch per 0.5 s
+    finally:
+        blocked.close()
+        store.close()
+
+
 def test_the_sqlite_file_gives_deleted_runs_space_back(tmp_path):
     """A store made before retention (auto_vacuum off, the version 4 schema) is switched to
     incremental auto-vacuum when it is opened, and shrinks as runs are deleted."""
@@ -236,12 +281,14 @@ def test_a_store_of_the_previous_schema_migrates_and_reads_back_every_run_as_the
 
 
 def test_a_collector_under_load_with_a_size_cap_stores_every_verdict_and_says_how_far_back_it_goes(url, tmp_path):
-    """The bench workload through a live collector whose cap keeps its sweeper deleting: no request
-    is refused, every run gets its verdict, the oldest runs go; the metrics (present at 0 from the
-    start), `runs list` and the run page say what is kept."""
+    """The bench workload through a live collector whose cap keeps its sweeper deleting, from a
+    store of old runs over it, while the requests come in: no request is refused, every run gets its
+    verdict, the oldest runs go; the metrics (present at 0 from the start), `runs list` and the run
+    page say what is kept."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
     from workload import encode, trace_spans
 
+    bodies = list(encode([trace_spans(random.Random(seed)) for seed in range(600)], spans_per_request=200))
     proc = CollectorProcess(tmp_path / "c", store_url=None if url.endswith(".db") else url, overrides={
         "assembly": {"late_window": 0.5},
         "store": {"retention": {"max_size": 600_000, "sweep_interval": 0.05, "batch": 20}}})
@@ -249,15 +296,15 @@ def test_a_collector_under_load_with_a_size_cap_stores_every_verdict_and_says_ho
         before = proc.metrics()
         assert before[("collector_store_runs_deleted_total", ())] == 0
         assert ("collector_store_bytes", ()) in before and ("collector_store_oldest_run_timestamp_seconds", ()) in before
-        traces = [trace_spans(random.Random(seed)) for seed in range(600)]
-        for body in encode(traces, spans_per_request=200):
-            # a retryable refusal (503) is retried as an OTLP exporter does; it was seen once on
-            # PostgreSQL under the sweeper (issue 42 stays open for it): nothing may be lost
-            for _ in range(120):
-                if (status := post(proc.http, body)[0]) != 503:
-                    break
-                time.sleep(0.5)
-            assert status == 200
+        old = 4000  # ~10x the cap: the sweeper deletes them in batches while the requests come in
+        verdict = _verdict(f"{1:032x}", executors=3, chats=3)
+        proc.store().save_many(StoredRun(f"old-{i:04d}", "live", verdict) for i in range(old))
+        _sql(proc.store_url, "UPDATE runs SET updated_at = updated_at - 3600, created_at = created_at - 3600")
+        deleted = proc.metrics()[("collector_store_runs_deleted_total", ())]
+        for body in bodies:
+            status, reason, _ = post(proc.http, body)
+            assert status == 200, reason  # never refused (a refusal would be 429/503)
+        assert proc.metrics()[("collector_store_runs_deleted_total", ())] > deleted  # deleting meanwhile
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             m = proc.metrics()
@@ -265,13 +312,20 @@ def test_a_collector_under_load_with_a_size_cap_stores_every_verdict_and_says_ho
                 break
             time.sleep(0.2)
         assert sum(v for (name, _), v in m.items() if name == "fidelity_runs_total") == 600
+        assert sum(v for (name, _), v in m.items() if name == "collector_spans_refused_total") == 0
         deadline = time.monotonic() + 60
-        while proc.store()._usage()[0] > 600_000 and time.monotonic() < deadline:  # the pass after the last run
+        while time.monotonic() < deadline:  # every run stored, and the passes after the last one
+            m = proc.metrics()  # before the count: a run deleted between the two is counted in neither
+            used, kept = proc.store()._usage()
+            if (used <= 600_000 and m[("collector_store_runs_deleted_total", ())] + kept >= old + 600
+                    and m[("collector_store_oldest_run_timestamp_seconds", ())] > time.time() - 600):
+                break
             time.sleep(0.1)
-        used, kept = proc.store()._usage()
         assert used <= 600_000 and 0 < kept < 600
-        m = proc.metrics()
-        assert m[("collector_store_runs_deleted_total", ())] + kept >= 600  # every run stored, then some deleted
+        assert m[("collector_store_runs_deleted_total", ())] + kept >= old + 600  # every run stored, then some deleted
+        # nor did the sweeper hold the writer up: each verdict stored within store.max_queue_seconds
+        # (2 s) and the quiet period of its trace's root span arriving
+        assert m[("fidelity_verdict_latency_seconds_bucket", (("le", "2.5"),))] == 600
         assert m[("collector_store_bytes", ())] > 0
         oldest = m[("collector_store_oldest_run_timestamp_seconds", ())]
         assert time.time() - 600 < oldest <= time.time()

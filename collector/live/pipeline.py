@@ -78,7 +78,8 @@ class StoreWriter:
         self._on_handed = on_handed
         #: Parts of traces to hand over (docs/scale-out.md), written before the runs queued with them.
         self._parts: deque[Part] = deque()
-        #: Runs per second the store took in recent batches (EWMA); None until the first batch.
+        #: Runs per second the store took in recent full batches (EWMA): how fast it clears a
+        #: backlog; None until the first full batch.
         self.rate: float | None = None
         self._on_stored = on_stored
         self._on_error = on_error
@@ -104,7 +105,10 @@ class StoreWriter:
         return min(cap, max(self.BATCH, int(self.rate * seconds)))
 
     def _measured(self, runs: int, elapsed: float) -> None:
-        if elapsed > 0:
+        """Only a full batch measures the rate: a smaller one is written as soon as it is queued
+        (no backlog to clear), and its time is mostly the transaction's fixed cost (a cold store, a
+        wait behind the sweeper's batch), which read as a store ten times slower (issue 42)."""
+        if runs == self.BATCH and elapsed > 0:
             rate = runs / elapsed
             self.rate = rate if self.rate is None else 0.7 * self.rate + 0.3 * rate
 

@@ -323,9 +323,6 @@ def test_a_collector_under_load_with_a_size_cap_stores_every_verdict_and_says_ho
             time.sleep(0.1)
         assert used <= 600_000 and 0 < kept < 600
         assert m[("collector_store_runs_deleted_total", ())] + kept >= old + 600  # every run stored, then some deleted
-        # nor did the sweeper hold the writer up: each verdict stored within store.max_queue_seconds
-        # (2 s) and the quiet period of its trace's root span arriving
-        assert m[("fidelity_verdict_latency_seconds_bucket", (("le", "2.5"),))] == 600
         assert m[("collector_store_bytes", ())] > 0
         oldest = m[("collector_store_oldest_run_timestamp_seconds", ())]
         assert time.time() - 600 < oldest <= time.time()

@@ -661,9 +661,10 @@ class Pipeline:
                     self.metrics.latency.record(now - arrived)
 
     def close(self) -> int:
-        """Finalize every in-flight trace (flagged incomplete where it was), flush the store, and
-        close the journal. It keeps the spans of the traces cut short (and of any whose write
-        failed): they replay on the next start, so the rest of a trace, sent there, completes its run.
+        """Finalize every in-flight trace (flagged incomplete where it was), the parts claimed for
+        them merged first, flush the store, and close the journal. It keeps the spans of the traces
+        cut short (and of any whose write failed): they replay on the next start, so the rest of a
+        trace, sent there, completes its run. Claims whose runs were not stored are released.
         Returns how many traces it keeps."""
         if self.handover is not None:
             self.handover.close()

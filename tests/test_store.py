@@ -284,6 +284,31 @@ def test_migrates_a_version_4_store_whose_runs_read_as_not_priced(url):
         store.close()
 
 
+def test_migrates_a_version_7_store_whose_waiting_parts_stay_claimable(url):
+    """Migration 8 (parts.claimed_by, claimed_at): a part handed over before it is unclaimed, as it was."""
+    from collector.store.base import Part
+
+    blob = "BYTEA" if url.startswith("postgresql://") else "BLOB"
+    for migration in MIGRATIONS[:7]:
+        for step in migration:
+            if isinstance(step, str):  # (5's data step: no rows to rewrite)
+                _raw(url, step.format(blob=blob))
+    _raw(url, "INSERT INTO parts (part_id, trace_id, held_by, has_root, spans, created_at, records) "
+              f"VALUES ('a/1', '{'ab' * 16}', 'a', 0, 2, 1.0, '[]')")
+    if url.startswith("postgresql://"):
+        _raw(url, "CREATE TABLE agenteval_schema (version INTEGER NOT NULL); INSERT INTO agenteval_schema VALUES (7)")
+    else:
+        _raw(url, "PRAGMA user_version=7")
+    store = open_store(url)
+    try:
+        assert [p.part_id for p in store.waiting_parts(lease=60.0)] == ["a/1"]
+        assert [p.part_id for p in store.claim_parts(["ab" * 16], "b", lease=60.0)] == ["a/1"]
+        store.hand_over([Part("cd" * 16, "b", False, 1, b"[]\n")])
+        assert [p.trace_id for p in store.waiting_parts(lease=60.0)] == ["cd" * 16]
+    finally:
+        store.close()
+
+
 def test_revisions_are_those_of_the_stored_runs(url):
     store = open_store(url)
     try:
@@ -552,7 +577,7 @@ def test_parts_are_handed_over_and_each_claimed_once(url):
     trace, other = "6c" * 16, "7d" * 16
     stores[0].hand_over([Part(trace, "a", False, 3, b'[["x"]]\n'), Part(other, "a", True, 1, b'[["y"]]\n')])
     stores[1].hand_over([Part(trace, "b", True, 2, b'[["z"]]\n')])
-    waiting = stores[0].waiting_parts()
+    waiting = stores[0].waiting_parts(lease=60.0)
     assert sorted((p.trace_id, p.held_by, p.has_root, p.spans) for p in waiting) == [
         (trace, "a", False, 3), (trace, "b", True, 2), (other, "a", True, 1)]
     assert all(p.records == b"" for p in waiting)
@@ -561,7 +586,7 @@ def test_parts_are_handed_over_and_each_claimed_once(url):
 
     def claim(k: int) -> None:
         barrier.wait()
-        got[k] = stores[k].claim_parts([trace])
+        got[k] = stores[k].claim_parts([trace], f"r{k}", lease=60.0)
 
     threads = [threading.Thread(target=claim, args=(k,)) for k in (0, 1)]
     for t in threads:
@@ -570,7 +595,49 @@ def test_parts_are_handed_over_and_each_claimed_once(url):
         t.join()
     claimed = got[0] + got[1]
     assert sorted((p.held_by, p.records) for p in claimed) == [("a", b'[["x"]]\n'), ("b", b'[["z"]]\n')]
-    assert [p.trace_id for p in stores[1].waiting_parts()] == [other]
+    assert [p.trace_id for p in stores[1].waiting_parts(lease=60.0)] == [other]
+    for s in stores:
+        s.close()
+
+
+def _parts_left(store) -> int:
+    return store._query("SELECT COUNT(*) AS n FROM parts", {})[0]["n"]
+
+
+def test_a_claimed_part_leaves_the_store_only_with_the_run_that_merged_it(url):
+    """Issue 43: a claim marks a part, it does not take it out of the store, so a claimer that dies
+    before storing the run it merged the part into loses nothing: its claim goes stale after the
+    lease unless renewed (another replica then claims the part, records and all), a claimer started
+    again under its name releases its claims at once, and the part goes in the transaction that
+    stores the run merging it."""
+    from collector.store.base import Part
+
+    stores = [open_store(url), open_store(url)]
+    trace = "9f" * 16
+    stores[0].hand_over([Part(trace, "a", False, 3, b'[["x"]]\n')])
+    (part,) = stores[1].claim_parts([trace], "b", lease=0.5)
+    assert part.records == b'[["x"]]\n'
+    assert stores[0].waiting_parts(lease=0.5) == [] and stores[0].claim_parts([trace], "c", lease=0.5) == []
+    time.sleep(0.3)
+    stores[1].renew_claims([part.part_id], "b")  # b lives on: its claim stays fresh
+    time.sleep(0.3)
+    assert stores[0].claim_parts([trace], "c", lease=0.5) == []
+    time.sleep(0.6)  # b is gone: its claim is stale, the part is claimable again, whole
+    assert [p.part_id for p in stores[0].waiting_parts(lease=0.5)] == [part.part_id]
+    (again,) = stores[0].claim_parts([trace], "c", lease=0.5)
+    assert (again.part_id, again.records, again.held_by) == (part.part_id, part.records, "a")
+    stores[1].renew_claims([part.part_id], "b")  # b's claim was taken over: renewing it changes nothing
+    assert stores[1].claim_parts([trace], "b", lease=0.5) == []
+    stores[0].release_claims("c")  # c restarted (or stopping): its claims wait again at once
+    (claimed,) = stores[1].claim_parts([trace], "b", lease=60.0)
+    assert _parts_left(stores[0]) == 1
+    run = StoredRun(f"{trace}-01", "live", _units(trace, ("writer", 100)), "b", parts=(claimed.part_id,))
+    assert stores[1].save_many([run]) == [run.run_id]
+    assert _parts_left(stores[0]) == 0 and stores[0].waiting_parts(lease=0.0) == []
+    stores[0].hand_over([Part(trace, "a", False, 1, b'[["y"]]\n')])  # merged into no run (its spans
+    (spent,) = stores[1].claim_parts([trace], "b", lease=60.0)        # were stored already): dropped
+    stores[1].drop_parts([spent.part_id])
+    assert _parts_left(stores[0]) == 0
     for s in stores:
         s.close()
 

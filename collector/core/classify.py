@@ -637,6 +637,11 @@ class TraceState:
         trace_id = self.trace_id.hex()
         return f"{trace_id}-{run.span_id}" if run.span_id else trace_id
 
+    def touch(self) -> None:
+        """Every run is published again at the next :meth:`run_inputs`, changed or not."""
+        for run in self._runs.values():
+            run.dirty = True
+
     def revise(self, run_id: str, revision: int) -> None:
         """The store holds ``run_id`` at ``revision`` (a replayed trace, whose count began again at
         1): its next revision numbers on from there, or the store would refuse it as stale."""

@@ -60,6 +60,9 @@ class Finalized:
     merged: dict[str, int] | None = None
     #: Made of parts no replica holding the trace's root claimed (reconciled apart: split).
     adopted: bool = False
+    #: Parts claimed from the store and merged since the trace's last finalization (on its last run):
+    #: they leave the store once this run is stored.
+    parts: tuple[str, ...] = ()
 
 
 #: Memory a finalized trace keeps per span it received (its compact state for late spans), as
@@ -97,6 +100,8 @@ class _Trace:
     #: Made of parts no replica with its root claimed (docs/scale-out.md): finalized once quiet,
     #: never handed over again.
     adopted: bool = False
+    #: Parts claimed from the store and merged since its last finalization (their ids).
+    parts: list[str] | None = None
 
 
 class Assembler:
@@ -131,6 +136,9 @@ class Assembler:
         #: without its root or any workflow-run span, once quiet for ``handover_after``, or at
         #: shutdown. Their span records, in arrival order.
         self.handed: list[tuple[bytes, list[SpanRecord]]] = []
+        #: Parts merged since the last look whose trace's finalization made no run (or failed): the
+        #: pipeline drops them from the store.
+        self.spent: list[str] = []
 
     @property
     def traces_in_flight(self) -> int:
@@ -249,7 +257,7 @@ class Assembler:
         out: list[Finalized] = []
         for tid in ready:
             trace = self._open[tid]
-            if trace.revision and not trace.spans:  # re-opened by duplicates only: nothing new
+            if trace.revision and not trace.spans and not trace.parts:  # re-opened by duplicates only
                 self._to_late(tid, self._open.pop(tid))
                 continue
             quiet = now - trace.last_seen >= cfg.quiet_period
@@ -285,30 +293,37 @@ class Assembler:
             self.settled.append(tid)
         return rest
 
-    def merge(self, tid: bytes, spans: list[SpanRecord], held_by: str, adopt: bool) -> int:
-        """Merge spans another replica handed over into the trace (re-opened from the late window
-        for a new revision, as late spans are); ``adopt``: spans no replica with the trace's root
-        claimed, merged into a trace of their own that is finalized once quiet, even one that left
-        the late window here. Returns the spans accepted. Capacity is not checked: they were
-        accepted by a replica already."""
+    def merge(self, tid: bytes, spans: list[SpanRecord], held_by: str, adopt: bool, part_id: str) -> int | None:
+        """Merge a part another replica handed over (``part_id``, claimed from the store) into the
+        trace (re-opened from the late window for a new revision, as late spans are); ``adopt``:
+        spans no replica with the trace's root claimed, merged into a trace of their own that is
+        finalized once quiet, even one that left the late window here. Its next finalization
+        publishes every run holding spans of the part, even ones known here already (replayed from
+        the journal after a kill -9: the store lacks them while it holds the part), and carries the
+        part (:attr:`Finalized.parts`). Returns the spans accepted; None when the trace takes no
+        more spans. Capacity is not checked: they were accepted by a replica already."""
         if adopt:
             self._expired.pop(tid, None)
         now = self.clock()
         trace = self._trace_for(tid, now)
         if trace is None:
-            return 0
+            return None
         trace.records = None
         trace.adopted = trace.adopted or (adopt and trace.root_arrived is None and not trace.revision)
+        trace.parts = [*(trace.parts or ()), part_id]
         accepted = 0
         for span in spans:
             if trace.state.add(span):
                 accepted += 1
+        if accepted < len(spans):
+            trace.state.touch()
         trace.spans += accepted
         trace.held += accepted
         trace.last_seen = now
         self.spans_in_flight += accepted
-        trace.merged = trace.merged or {}
-        trace.merged[held_by] = trace.merged.get(held_by, 0) + accepted
+        if accepted:
+            trace.merged = trace.merged or {}
+            trace.merged[held_by] = trace.merged.get(held_by, 0) + accepted
         return accepted
 
     def holds_root(self, tid: bytes) -> bool:
@@ -320,6 +335,7 @@ class Assembler:
     def _drop(self, tid: bytes, trace: _Trace) -> None:
         self._open.pop(tid, None)
         self.spans_in_flight -= trace.spans
+        self.spent.extend(trace.parts or ())
         self._remember_expired(tid, _FAILED)
         self.settled.append(tid)
 
@@ -336,6 +352,7 @@ class Assembler:
         # With one, spans still waiting for a parent are reconciled as if parentless, provisionally:
         # the parent may come within the late window, and is then attached where it belongs.
         runs = trace.state.run_inputs(cut=cut, everything=everything or not late, final=not late)
+        parts, trace.parts = trace.parts, None
         if trace.revision == 1:
             trace.finalized_at = now
             if not runs:  # no agent ran in it (e.g. MAF's separate workflow.build trace)
@@ -347,8 +364,13 @@ class Assembler:
         if not trace.state.waiting or trace.state.provisional:  # published whole, as far as it can be
             self.settled.append(tid)
         arrived = trace.root_arrived if trace.revision == 1 else trace.reopened
-        return [Finalized(run, revision, arrived if revision == 1 else None, trace.merged, trace.adopted)
-                for run, revision in runs]
+        out = [Finalized(run, revision, arrived if revision == 1 else None, trace.merged, trace.adopted)
+               for run, revision in runs]
+        if parts and out:
+            out[-1].parts = tuple(parts)
+        elif parts:
+            self.spent.extend(parts)
+        return out
 
     def discard(self, tids: Iterable[bytes]) -> int:
         """Forget these traces, open or in the late window, without finalizing them: another

@@ -302,14 +302,19 @@ class Journal:
 
     # --- append / commit ------------------------------------------------------------------------
     def append(self, spans: list[SpanRecord], line: bytes | None = None,
-               idle: frozenset[bytes] = frozenset()) -> asyncio.Future:
+               idle: frozenset[bytes] = frozenset()) -> asyncio.Future | None:
         """Queue ``spans`` for the next group commit; the future resolves once they are on disk (or
-        fails with :class:`JournalError`). Call from the event loop. ``line``: the spans already
-        encoded (by the compiled decoder, sparing the event loop :func:`_encode`). ``idle``: traces
-        of these spans that nothing will release (:attr:`collector.live.assembler.Offer.idle`): not
-        waited for, or they would keep the segment needed for good."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        fails with :class:`JournalError`). Call from the event loop, or off it once it appends no
+        more (the pipeline's close, before :meth:`close` writes them): then nothing waits (None).
+        ``line``: the spans already encoded (by the compiled decoder, sparing the event loop
+        :func:`_encode`). ``idle``: traces of these spans that nothing will release
+        (:attr:`collector.live.assembler.Offer.idle`): not waited for, or they would keep the
+        segment needed for good."""
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        future = loop.create_future() if loop is not None else None
         if line is None:
             line = encode(spans)
         traces = {s.trace_id for s in spans}
@@ -360,7 +365,8 @@ class Journal:
                                      f"{getattr(exc, 'strerror', None) or exc}")
                 log.error("journal_write_failed", error=str(error), requests=len(group))
             for request in group:
-                request.loop.call_soon_threadsafe(_settle, request.future, error)
+                if request.loop is not None:
+                    request.loop.call_soon_threadsafe(_settle, request.future, error)
 
     def _place(self, group: list[_Request]) -> tuple[int, int, bytes]:
         """The segment the group's records go to (a new one when the current one would outgrow
@@ -507,8 +513,9 @@ class _Request:
     line: bytes
     traces: set[bytes]
     number: int
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
+    #: None: appended off the event loop, nothing waits.
+    future: asyncio.Future | None
+    loop: asyncio.AbstractEventLoop | None
 
 
 def _settle(future: asyncio.Future, error: Exception | None) -> None:

@@ -237,7 +237,8 @@ class Pipeline:
         if handover is None:  # on with a shared store, off where Kafka keeps every trace on one replica
             handover = store.notifies_all_writers and not config.receivers.kafka.enabled
         self.assembler = Assembler(config.assembly, self.matcher, handover=handover)
-        self.handover = Handover(store, self.instance, config.assembly.sweep_interval) if handover else None
+        self.handover = (Handover(store, self.instance, config.assembly.sweep_interval, config.assembly.max_trace_wait)
+                         if handover else None)
         self.metrics = metrics
         self.spans = spans
         self.writer = StoreWriter(store, self._stored,
@@ -392,22 +393,29 @@ class Pipeline:
         self._check_delay = CHECK_RETRY[0]
         grown = self._grown & {item.run.trace_id for item in items}
         self._grown -= grown
+        grown |= {item.run.trace_id for item in items if item.parts}  # a part claimed holds what the store lacks
         latest = {item.run.run_id: item for item in items}  # a later revision holds all an earlier one did
         publish, counted, dropped = list(others), list(others), []
         new = {id(item) for item in mine}
         for item in items:
             held = stored.get(item.run.run_id or "")
+            last = latest[item.run.run_id]
             # numbered past the stored one: complete over incomplete, a kept trace grown since its
             # replay, or a revision made by late spans while it waited
-            if latest[item.run.run_id] is item and (held is None or replaces(held, item.revision, item.run.incomplete)
-                                                    or item.run.trace_id in grown or item.revision > 1):
+            if last is item and (held is None or replaces(held, item.revision, item.run.incomplete)
+                                 or item.run.trace_id in grown or item.revision > 1):
                 if held is not None:
                     item.revision = max(item.revision, held[0] + 1)
                 publish.append(item)
                 if id(item) in new:
                     counted.append(item)
-            elif id(item) not in new:
-                dropped.append(item.run.trace_id)
+            else:
+                if id(item) not in new:
+                    dropped.append(item.run.trace_id)
+                if last is item:
+                    self._spend(item.parts)  # the store holds its run
+                else:
+                    last.parts += item.parts  # held by its later revision
             if held is not None:
                 self.assembler.revise(bytes.fromhex(item.run.trace_id or ""), item.run.run_id or "",
                                       max(item.revision, held[0]))
@@ -418,10 +426,9 @@ class Pipeline:
         """Monotonic time the next :meth:`sweep` is due."""
         return self.assembler.next_deadline(self.assembler.clock())
 
-    def _merge_parts(self) -> frozenset[bytes]:
-        """Merge the parts claimed since the last sweep, and claim those waiting for traces this
-        replica holds with their root (or that no such replica claimed in time: adopted); returns
-        the traces to hold from finalization while their claims are answered."""
+    def _merge_claimed(self) -> None:
+        """Merge the parts claimed since the last look; those whose trace takes no more spans here
+        go back to waiting."""
         assert self.handover is not None
         handover, assembler = self.handover, self.assembler
         for trace_id, parts, adopt in handover.claimed():
@@ -429,12 +436,23 @@ class Pipeline:
             for part in parts:
                 spans = [span for line in part.records.splitlines() if line.strip()
                          for span in decode(line, self.matcher)]
-                if assembler.merge(tid, spans, part.held_by, adopt) and self.journal is not None:
+                accepted = assembler.merge(tid, spans, part.held_by, adopt, part.part_id)
+                if accepted is None:
+                    handover.release([part.part_id])
+                elif accepted and self.journal is not None:
                     self.journal.append(spans)  # durable here before its trace is settled
             if parts:
                 self.on_deadline(assembler.clock())
                 if self.metrics is not None:
                     self.metrics.parts.add(len(parts), {"event": "split" if adopt else "merged"})
+
+    def _merge_parts(self) -> frozenset[bytes]:
+        """Merge the parts claimed since the last sweep, and claim those waiting for traces this
+        replica holds with their root (or that no such replica claimed in time: adopted); returns
+        the traces to hold from finalization while their claims are answered."""
+        assert self.handover is not None
+        handover, assembler = self.handover, self.assembler
+        self._merge_claimed()
         wait = self.config.assembly.max_trace_wait
         for trace_id, parts in list(handover.waiting.items()):
             if trace_id in handover.pending:
@@ -448,6 +466,9 @@ class Pipeline:
     def sweep(self, force: bool = False) -> int:
         hold = self._merge_parts() if self.handover is not None and not force else frozenset()
         finalized = self.assembler.sweep(force, hold)
+        if self.assembler.spent:
+            self._spend(self.assembler.spent)
+            self.assembler.spent = []
         handed = self.assembler.handed
         if handed:
             self.assembler.handed = []
@@ -481,6 +502,7 @@ class Pipeline:
                     self._failed(Failure(item.run.run_id or item.run.trace_id or "", "publish",
                                          f"{type(exc).__name__}: {exc}"[:200]))
                     self._done([item.run.trace_id])
+                    self._spend(item.parts)
                 if len(published) == StoreWriter.BATCH:  # the writer starts on a long sweep's first batch
                     batch, published = published, []
                     self._hand_over(batch)
@@ -526,7 +548,7 @@ class Pipeline:
                 log.exception("metrics_record_failed", runs=len(published))
         self.writer.put(published)
 
-    def _journal(self, decoded: Decoded, idle: frozenset[bytes]) -> asyncio.Future:
+    def _journal(self, decoded: Decoded, idle: frozenset[bytes]) -> asyncio.Future | None:
         """Journal an accepted request. A trace nothing will settle again is not waited for, unless
         runs of it are still to be stored (a retry of a request whose write failed, arriving after
         the trace was finalized from memory): then the release it waits for covers this request."""
@@ -589,6 +611,12 @@ class Pipeline:
     def _store_failed(self, run: StoredRun, error: str) -> None:
         self._failed(Failure(run.run_id, "store", error))
         self._done([run.verdict.trace_id])
+        self._spend(run.parts)
+
+    def _spend(self, part_ids: Iterable[str]) -> None:
+        """Claimed parts merged into no run to store: dropped from the store."""
+        if self.handover is not None and (part_ids := list(part_ids)):
+            self.handover.spend(part_ids)
 
     def _failed(self, failure: Failure) -> None:
         """Counted, logged and kept for the run page; never raised into a stage."""
@@ -612,7 +640,7 @@ class Pipeline:
                 run.notes = (*run.notes, merged_note(spans, self.instance))
         verdict = reconcile(item.run, self.policy, self.config.scoring.preset, item.revision, self.pricer)
         run_id = item.run.run_id or verdict.trace_id or ""
-        stored = StoredRun(run_id, SOURCE_LIVE, verdict, self.instance)
+        stored = StoredRun(run_id, SOURCE_LIVE, verdict, self.instance, item.parts)
         if self.spans is not None:
             anchor = item.run.root_span_id or next(
                 (e.span_ids[0] for e in item.run.executors if e.span_ids), None)
@@ -628,6 +656,8 @@ class Pipeline:
 
     def _stored(self, batch: list[tuple[StoredRun, float | None]]) -> None:
         self._done(run.verdict.trace_id for run, _ in batch)
+        if self.handover is not None:
+            self.handover.stored(part for run, _ in batch for part in run.parts)
         if self.metrics is not None:
             now = time.monotonic()
             for _, arrived in batch:
@@ -635,14 +665,16 @@ class Pipeline:
                     self.metrics.latency.record(now - arrived)
 
     def close(self) -> int:
-        """Finalize every in-flight trace (flagged incomplete where it was), flush the store, and
-        close the journal. It keeps the spans of the traces cut short (and of any whose write
-        failed): they replay on the next start, so the rest of a trace, sent there, completes its run.
+        """Finalize every in-flight trace (flagged incomplete where it was), the parts claimed for
+        them merged first, flush the store, and close the journal. It keeps the spans of the traces
+        cut short (and of any whose write failed): they replay on the next start, so the rest of a
+        trace, sent there, completes its run. Claims whose runs were not stored are released.
         Returns how many traces it keeps."""
         if self.handover is not None:
             self.handover.close()
-            # parts claimed but not merged yet go back to the store, for another replica to claim
-            self.writer.put_parts([part for _, parts, _ in self.handover.claimed() for part in parts])
+            self._merge_claimed()  # into the runs stored now
         self.sweep(force=True)
         self.writer.close()
+        if self.handover is not None:
+            self.handover.finish()  # claims whose runs were not stored: for another replica
         return self.journal.close() if self.journal is not None else 0

@@ -138,6 +138,11 @@ MIGRATIONS: tuple[tuple[Step, ...], ...] = (
     (  # 7: the spend the framework did not report (USD; NULL: not priced, as every earlier run)
         "ALTER TABLE runs ADD COLUMN unreported_usd DOUBLE PRECISION",
     ),
+    (  # 8: a claim marks a part (issue 43): it leaves the store with the run that merged it, and a
+        # claim whose claimer is gone goes stale (RunStore.claim_parts)
+        "ALTER TABLE parts ADD COLUMN claimed_by TEXT",
+        "ALTER TABLE parts ADD COLUMN claimed_at DOUBLE PRECISION",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -326,6 +331,9 @@ class StoredRun:
     source: str
     verdict: RunVerdict
     finalized_by: str | None = None
+    #: Parts claimed from the store whose spans this run (or one queued before it) merged: they
+    #: leave the store in the transaction that writes it, or finds it stale (docs/scale-out.md).
+    parts: tuple[str, ...] = ()
 
 
 Subscriber = Callable[[list[dict[str, Any]]], None]
@@ -347,6 +355,8 @@ class Part:
 
 
 _PART = "part_id, trace_id, held_by, has_root, spans, created_at"
+#: A part any replica may claim: unclaimed, or its claim is stale (:meth:`RunStore.claim_parts`).
+_WAITING = "(claimed_by IS NULL OR claimed_at < :stale)"
 
 
 def _part(row: dict[str, Any]) -> Part:
@@ -667,10 +677,12 @@ class RunStore(ABC):
     def save_many(self, runs: Iterable[StoredRun]) -> list[str]:
         """Write a batch in one transaction, as if each run were written alone and in order, in a
         few statements whatever its size; returns the ids of the runs written (stale revisions are
-        not), in order."""
+        not), in order. The parts the runs merged (:attr:`StoredRun.parts`) leave the store in it,
+        written or stale: the store's rules decided on the verdict holding them."""
         start = time.time()
-        rows, docs = [], []
+        rows, docs, parts = [], [], []
         for index, item in enumerate(runs):
+            parts.extend(item.parts)
             run = item.verdict
             doc = run_to_json(run, self.max_items, run_id=item.run_id, source=item.source,
                               finalized_by=item.finalized_by)
@@ -698,6 +710,7 @@ class RunStore(ABC):
                     execute(_upsert(len(part), self._mark), [value for row in part for value in row])
                 for part in _chunks(list(group.superseded), per_list):
                     execute(_SUPERSEDE.format(ids=_marks(self._mark, len(part))), part)
+            self._drop_parts(execute, parts)
             if written:
                 self._written(execute, [rows[i][0] for i in written])
         if written and not self.notifies_all_writers and self._listening():
@@ -717,23 +730,60 @@ class RunStore(ABC):
                          "trace_id": part.trace_id, "held_by": part.held_by, "has_root": int(part.has_root),
                          "spans": part.spans, "created_at": part.created_at or now, "records": part.records.decode()})
 
-    def waiting_parts(self, limit: int = 10_000) -> list[Part]:
-        """The parts no replica has claimed yet, oldest first, without their records (a cheap poll:
-        the table is empty while no trace is split)."""
-        return [_part(r) for r in self._query(f"SELECT {_PART} FROM parts ORDER BY created_at LIMIT :limit",
-                                              {"limit": limit})]
+    def waiting_parts(self, lease: float, limit: int = 10_000) -> list[Part]:
+        """The parts any replica may claim (:meth:`claim_parts`), oldest first, without their records
+        (a cheap poll: the table is empty while no trace is split)."""
+        return [_part(r) for r in self._query(f"SELECT {_PART} FROM parts WHERE {_WAITING} ORDER BY created_at "
+                                              "LIMIT :limit", {"limit": limit, "stale": time.time() - lease})]
 
-    def claim_parts(self, trace_ids: list[str]) -> list[Part]:
-        """Take every waiting part of these traces, with its records: each part goes to exactly one
-        claimer (it leaves the store in the claim's transaction)."""
+    def claim_parts(self, trace_ids: list[str], claimer: str, lease: float) -> list[Part]:
+        """Claim for ``claimer`` every part of these traces that is not claimed, or whose claim is
+        older than ``lease`` seconds (its claimer is gone), with its records: each part goes to one
+        claimer at a time. A claim marks the part, it does not take it: the part leaves the store
+        with the run that merged it (:attr:`StoredRun.parts`) or when dropped (:meth:`drop_parts`);
+        its claimer keeps the claim fresh while it lives (:meth:`renew_claims`), and releases it
+        when it stops, or when it starts again after being killed (:meth:`release_claims`)."""
         out: list[Part] = []
+        now = time.time()
         for chunk in _chunks(sorted(set(trace_ids)), _ROWS_PER_STATEMENT):
             params = {f"t{i}": t for i, t in enumerate(chunk)}
             with self._transaction() as execute:
-                rows = execute(f"DELETE FROM parts WHERE trace_id IN ({', '.join(':' + k for k in params)}) "
-                               f"RETURNING {_PART}, records", params).fetchall()
+                rows = execute(f"UPDATE parts SET claimed_by = :claimer, claimed_at = :now "
+                               f"WHERE trace_id IN ({', '.join(':' + k for k in params)}) AND {_WAITING} "
+                               f"RETURNING {_PART}, records",
+                               {**params, "claimer": claimer, "now": now, "stale": now - lease}).fetchall()
             out.extend(_part(dict(r)) for r in rows)
         return sorted(out, key=lambda p: p.created_at)
+
+    def renew_claims(self, part_ids: list[str], claimer: str) -> None:
+        """``claimer`` lives on: its claims on these parts are fresh again (one taken over meanwhile
+        stays the other claimer's)."""
+        now = time.time()
+        with self._transaction() as execute:
+            for chunk in _chunks(sorted(part_ids), _ROWS_PER_STATEMENT):
+                execute(f"UPDATE parts SET claimed_at = {self._mark} WHERE claimed_by = {self._mark} "
+                        f"AND part_id IN ({_marks(self._mark, len(chunk))})", [now, claimer, *chunk])
+
+    def release_claims(self, claimer: str, part_ids: list[str] | None = None) -> None:
+        """``claimer``'s claims (on these parts, else all of them) are withdrawn: the parts wait again,
+        for any replica to claim at once."""
+        with self._transaction() as execute:
+            if part_ids is None:
+                execute("UPDATE parts SET claimed_by = NULL, claimed_at = NULL WHERE claimed_by = :claimer",
+                        {"claimer": claimer})
+                return
+            for chunk in _chunks(sorted(part_ids), _ROWS_PER_STATEMENT):
+                execute(f"UPDATE parts SET claimed_by = NULL, claimed_at = NULL WHERE claimed_by = {self._mark} "
+                        f"AND part_id IN ({_marks(self._mark, len(chunk))})", [claimer, *chunk])
+
+    def drop_parts(self, part_ids: list[str]) -> None:
+        """Delete parts whose claimer merged them into no new run (their spans make none)."""
+        with self._transaction() as execute:
+            self._drop_parts(execute, part_ids)
+
+    def _drop_parts(self, execute: Callable[[str, Any], Any], part_ids: list[str]) -> None:
+        for chunk in _chunks(sorted(set(part_ids)), _ROWS_PER_STATEMENT):
+            execute(f"DELETE FROM parts WHERE part_id IN ({_marks(self._mark, len(chunk))})", chunk)
 
     def flag_split(self, trace_id: str, note: str) -> list[str]:
         """Flag every stored run of a trace ``split`` (docs/scale-out.md): spans of it reached

@@ -14,6 +14,7 @@ rounds are printed with each tree's ratio to the first (above 1: faster).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -63,6 +64,11 @@ def measure(traces: int, repeat: int) -> dict[str, float]:
         pack = None  # type: ignore[assignment]
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    # Garbage collection as `agenteval collector serve` has it (collector/ui/cli.py, live/server.py
+    # _tune_gc): the young generations every 50,000 allocations, the oldest never on its own (the
+    # sweeper collects it every few minutes); each pass starts after a full collection.
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 2**31 - 1)
     rng = random.Random(7)
     payload = [trace_spans(rng) for _ in range(traces)]
     n = sum(len(t) for t in payload)
@@ -74,6 +80,7 @@ def measure(traces: int, repeat: int) -> dict[str, float]:
         return min(fn() for _ in range(repeat))
 
     def cpu(fn: Callable[[], object]) -> float:
+        gc.collect()
         t = time.process_time()
         fn()
         return time.process_time() - t
@@ -161,9 +168,10 @@ def main() -> None:
     print(f"spans {rounds[first][0]['spans']}, medians of {args.rounds} rounds (spans/s; ratio to {first})\n")
     print("| stage | " + " | ".join(args.code) + " |\n|---|" + "---|" * len(args.code))
     for stage in STAGES:
-        if stage in medians[first]:
-            cells = [f"{medians[c][stage]:,.0f} ({medians[c][stage] / medians[first][stage]:.2f}x)"
-                     if stage in medians[c] else "-" for c in args.code]
+        if any(stage in figures for figures in medians.values()):
+            cells = [("-" if stage not in medians[c] else f"{medians[c][stage]:,.0f}" if stage not in medians[first]
+                      else f"{medians[c][stage]:,.0f} ({medians[c][stage] / medians[first][stage]:.2f}x)")
+                     for c in args.code]
             print(f"| {stage} | " + " | ".join(cells) + " |")
 
 

@@ -123,40 +123,30 @@ class StoreWriter:
         with self._ready:
             parts = list(self._parts)
             self._parts.clear()
-        if not parts:
-            return True
-        try:
-            if self._retrying(lambda: self.store.hand_over(parts), parts=len(parts)) is None:
-                return False
-        except Exception:  # noqa: BLE001 - parts the store cannot take: their spans stay journaled
-            log.exception("handover_failed", parts=len(parts))
-            return True
-        try:
-            self._on_handed(parts)
-        except Exception:  # noqa: BLE001
-            log.exception("store_callback_failed", parts=len(parts))
-        return True
-
-    def _retrying(self, write: Callable[[], object], **what: int) -> float | None:
-        """``write`` once the store is open, again after each :class:`StoreError` (backing off);
-        returns the seconds the write that succeeded took, or None when closing with the store not
-        open. Any other error is the caller's."""
         delay = 0.05
-        while True:
+        while parts:
             if not self.store.wait_open(1.0):
                 if self._closing:
-                    return None
+                    return False
                 continue
             try:
-                started = time.monotonic()
-                write()
-                return time.monotonic() - started
+                self.store.hand_over(parts)
             except StoreError as exc:
-                log.error("store_write_failed", error=str(exc), retry_in=delay, **what)
+                log.error("store_write_failed", error=str(exc), parts=len(parts), retry_in=delay)
                 self.failing = True
                 self._on_error()
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+                continue
+            except Exception:  # noqa: BLE001 - parts the store cannot take: their spans stay journaled
+                log.exception("handover_failed", parts=len(parts))
+                return True
+            try:
+                self._on_handed(parts)
+            except Exception:  # noqa: BLE001
+                log.exception("store_callback_failed", parts=len(parts))
+            parts = []
+        return True
 
     def put(self, runs: list[tuple[StoredRun, float | None]]) -> None:
         """Queue verdicts, each with the monotonic time its verdict latency counts from."""
@@ -178,16 +168,27 @@ class StoreWriter:
                     continue
                 self._in_batch = min(self.BATCH, len(self._queue))  # counted before it leaves the queue
                 batch = [self._queue.popleft() for _ in range(self._in_batch)]
+            delay = 0.05
             while batch:
+                if not self.store.wait_open(1.0):
+                    if self._closing:  # nothing to flush to: the journal keeps these runs' spans
+                        return
+                    continue
                 try:
-                    elapsed = self._retrying(lambda: self.store.save_many(run for run, _ in batch), runs=len(batch))
+                    started = time.monotonic()
+                    self.store.save_many(run for run, _ in batch)
+                except StoreError as exc:
+                    log.error("store_write_failed", error=str(exc), runs=len(batch), retry_in=delay)
+                    self.failing = True
+                    self._on_error()
+                    time.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
                 except Exception:  # noqa: BLE001 - a run the store cannot take: find it, keep the rest
                     batch = self._one_by_one(batch)
                     continue
-                if elapsed is None:  # nothing to flush to: the journal keeps these runs' spans
-                    return
                 self.failing = False
-                self._measured(len(batch), elapsed)
+                self._measured(len(batch), time.monotonic() - started)
                 self._stored(batch)
                 batch = []
             self._in_batch = 0

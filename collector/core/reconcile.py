@@ -281,15 +281,21 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
 
 def _sums(items: Sequence[LedgerEntry | ChatTurn]) -> tuple[int | None, ...]:
     """The sums of input, output, cache read, cache written and reasoning tokens, each where any item
-    reported it (one pass: this runs twice per unit of every run)."""
-    sums: list[int | None] = [None] * 5
+    reported it. Unrolled: this runs twice per unit of every run (a loop over the five took 3-5x as long)."""
+    i = o = read = written = reasoning = None
     for item in items:
-        usage = item.usage
-        for side, n in enumerate((usage.input_tokens, usage.output_tokens, usage.cache_read_tokens,
-                                  usage.cache_write_tokens, usage.reasoning_tokens)):
-            if n is not None:
-                sums[side] = n if (known := sums[side]) is None else known + n
-    return tuple(sums)
+        u = item.usage
+        if (n := u.input_tokens) is not None:
+            i = n if i is None else i + n
+        if (n := u.output_tokens) is not None:
+            o = n if o is None else o + n
+        if (n := u.cache_read_tokens) is not None:
+            read = n if read is None else read + n
+        if (n := u.cache_write_tokens) is not None:
+            written = n if written is None else written + n
+        if (n := u.reasoning_tokens) is not None:
+            reasoning = n if reasoning is None else reasoning + n
+    return i, o, read, written, reasoning
 
 
 @lru_cache(maxsize=16)
@@ -325,6 +331,12 @@ def _no_truth_reason(turns: int, bare: int, countless: int, responses: int, ledg
     return None
 
 
+def _differ(framework: str | None, truth: str | None, aliases: dict[str, str]) -> bool:
+    """The reasons differ: a truth side without a reason cannot disprove the framework's."""
+    return (truth is not None and truth != framework
+            and _normalize(framework, aliases) != _normalize(truth, aliases))
+
+
 def _normalize(reason: str | None, aliases: dict[str, str]) -> str | None:
     if reason is None:
         return None
@@ -356,28 +368,28 @@ def _compare_finish(
     """
     if not ledger:
         return [], False
+    # The invocations the framework reported on, in order, each with its last entry's reason (one it
+    # never answered, the agent having raised, has no framework reason to compare, and its tokens are
+    # still in the sums).
+    framework: dict[str | None, str | None] = {}
+    for e in ledger:
+        framework[e.invocation] = e.finish_reason
     # Per invocation only where each ledger entry is exactly one invocation: an entry covering several
     # (a loop or approval middleware re-running the agent inside one call) is one response for all.
-    invocations = {e.invocation for e in ledger}
-    aligned = (None not in invocations and len(invocations) == len(ledger)
-               and all(t.invocation in invocations for t in responses))
-    if not aligned:
-        pairs = [(None, _last_entry_reason(ledger), _last_reason(responses))]
-    else:
-        # The invocations the framework reported on, in order, each with its last entry's reason (one
-        # it never answered, the agent having raised, has no framework reason to compare, and its
-        # tokens are still in the sums), beside the last non-null reason of that invocation's responses.
-        framework: dict[str | None, str | None] = {}
-        for e in ledger:
-            framework[e.invocation] = e.finish_reason
-        truth: dict[str | None, str] = {}
+    aligned = None not in framework and len(framework) == len(ledger)
+    truth: dict[str | None, str] = {}  # each invocation's last non-null response reason
+    if aligned:
         for t in responses:
+            if t.invocation not in framework:
+                aligned = False
+                break
             if t.finish_reason is not None:
                 truth[t.invocation] = t.finish_reason
-        pairs = [(key, fw, truth.get(key)) for key, fw in framework.items()]
-    comparisons = [
-        FinishComparison(key, fw, reason, compared and reason is not None and reason != fw
-                         and _normalize(fw, aliases) != _normalize(reason, aliases))
-        for key, fw, reason in pairs
-    ]
+    if not aligned:
+        fw, reason = ledger[-1].finish_reason, _last_reason(responses)
+        return [FinishComparison(None, fw, reason, compared and _differ(fw, reason, aliases))], False
+    comparisons = []
+    for key, fw in framework.items():
+        reason = truth.get(key)
+        comparisons.append(FinishComparison(key, fw, reason, compared and _differ(fw, reason, aliases)))
     return comparisons, aligned

@@ -12,13 +12,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from collector.core.model import ChatTurn, Evidence, ExecutorVerdict, RunSpend, UnitCost, Usage
+from collector.core.model import Evidence, ExecutorVerdict, RunSpend, UnitCost, Usage
 
 #: USD figures are kept to a billionth of a dollar (sums of floats otherwise show 1e-19 residue).
 _DIGITS = 9
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per chat call of every run (frozen: 2.5x the cost)
 class Quote:
     """One price: ``usd`` None when unknown, ``by`` what priced it or why nobody could."""
 
@@ -34,21 +34,43 @@ class Pricer(Protocol):
 def price_unit(evidence: Evidence, pricer: Pricer) -> UnitCost:
     """A unit's cost: the truth priced call by call (each call's own model and time), the framework's
     total priced with the model its calls used (one model: the ledger does not split its total by
-    model), and the unreported spend (truth - framework) where the framework under-reported."""
-    priced = [c for c in evidence.chat_calls if c.usage.total is not None]
-    pairs = {(c.model, c.provider) for c in priced}
+    model), and the unreported spend (truth - framework) where the framework under-reported.
+
+    One pass over the calls (this runs for every unit of every run)."""
+    truth: float | None = 0.0
+    unknown: list[str] = []  # why a figure is unknown, in order
+    pairs: set[tuple[str | None, str | None]] = set()
+    by: set[str] = set()
+    first: int | None = None  # the first priced call's time: the framework total is priced then
+    for c in evidence.chat_calls:
+        usage = c.usage
+        if usage.total is None:
+            continue
+        pairs.add((c.model, c.provider))
+        if (seq := c.seq) and (first is None or seq < first):
+            first = seq
+        quote = pricer(c.model, c.provider, usage, seq or None)
+        by.add(quote.by)
+        if quote.usd is None:
+            truth = None
+            unknown.append(quote.by)
+        elif truth is not None:
+            truth += quote.usd
+    if pairs:
+        truth = None if truth is None else _round(truth)
+    else:  # no call reported its tokens: free where every call failed (no tokens, nothing spent)
+        truth = 0.0 if evidence.truth_tokens == 0 else None
     models = sorted(pairs, key=str) if len(pairs) > 1 else list(pairs)
-    unknown: list[str] = []
-    quotes = [pricer(c.model, c.provider, c.usage, c.seq or None) for c in priced]
-    truth = _sum(quotes, unknown)
-    if not priced and evidence.truth_tokens == 0:
-        truth = 0.0  # every call failed: no tokens, nothing spent
     framework = None
     if not evidence.ledger_missing:
         if len(models) == 1:
             model, provider = models[0]
             usage = Usage(evidence.framework_input_tokens, evidence.framework_output_tokens, evidence.framework_tokens)
-            framework = _sum([pricer(model, provider, usage, _first_seq(priced))], unknown)
+            quote = pricer(model, provider, usage, first)
+            if quote.usd is None:
+                unknown.append(quote.by)
+            else:
+                framework = _round(quote.usd)
         elif models:
             unknown.append(f"its calls used {len(models)} models ({', '.join(_name(m, p) for m, p in models)}); the "
                            "framework's total is not split by model, so its price is unknown")
@@ -58,7 +80,7 @@ def price_unit(evidence: Evidence, pricer: Pricer) -> UnitCost:
         unreported = 0.0
     elif tokens is not None and truth is not None and framework is not None:
         unreported = _round(max(truth - framework, 0.0))
-    if truth is None and not priced:
+    if truth is None and not pairs:
         unknown.append("no chat call of the unit reported its tokens")
     return UnitCost(
         model=", ".join(_name(m, p) for m, p in models) or None,
@@ -66,7 +88,7 @@ def price_unit(evidence: Evidence, pricer: Pricer) -> UnitCost:
         truth_usd=truth,
         unreported_usd=unreported,
         unreported_tokens=tokens,
-        priced_by="; ".join(sorted({q.by for q in quotes})) if quotes and truth is not None else None,
+        priced_by="; ".join(sorted(by)) if by and truth is not None else None,
         unknown="; ".join(dict.fromkeys(unknown)) or None,
     )
 
@@ -90,20 +112,6 @@ def price_units(units: Sequence[ExecutorVerdict], pricer: Pricer) -> RunSpend:
     for unit in units:
         unit.evidence.cost = price_unit(unit.evidence, pricer)
     return run_spend(units)
-
-
-def _sum(quotes: list[Quote], unknown: list[str]) -> float | None:
-    total = 0.0
-    for q in quotes:
-        if q.usd is None:
-            unknown.extend(q.by for q in quotes if q.usd is None)
-            return None
-        total += q.usd
-    return _round(total) if quotes else None
-
-
-def _first_seq(calls: Sequence[ChatTurn]) -> int | None:
-    return min([c.seq for c in calls if c.seq], default=None)
 
 
 def _name(model: str | None, provider: str | None) -> str:

@@ -58,43 +58,55 @@ class Pricing:
 
     def __init__(self, config: PricingConfig) -> None:
         self.overrides = {name.casefold(): (name, rate) for name, rate in config.models.items()}
-        #: (model, provider, minute) -> its rates (None: tiered), seller, model and source; or the
-        #: unknown price with its reason.
-        self._by_minute: dict[tuple[str, str | None, int], tuple[tuple[float, float, float] | None, Any, Any, str]
-                              | Quote] = {}
+        #: (model, provider, minute) -> what prices it: (base, per input token, per output token, by)
+        #: for an affine price, (None, seller, model info, by) for a tiered one (calculated per call),
+        #: or the unknown price with its reason (a Quote). Looked up once; each call is then a dict
+        #: get and a multiply-add (this runs for every chat call of every run).
+        self._by_minute: dict[tuple[str, str | None, int], tuple[Any, Any, Any, str] | Quote] = {}
         #: id(model price) -> (the price, kept so its id stays its own; its rates), rates None when tiered.
         self._rates: dict[int, tuple[Any, tuple[float, float, float] | None]] = {}
 
     def __call__(self, model: str | None, provider: str | None, usage: Usage, at_ns: int | None) -> Quote:
         if not model:
             return _NO_MODEL
-        named = self.overrides.get(model.casefold())
-        no_split = usage.input_tokens is None and usage.output_tokens is None
-        if no_split:
-            if usage.total_tokens:
-                return Quote(None, f"{model}: a total without its input/output split cannot be priced")
-            return Quote(0.0, f"pricing.models.{named[0]}" if named else _SOURCE)
-        if named is not None and named[1].provider in (None, provider):
-            key, rate = named
-            usd = ((usage.input_tokens or 0) * rate.input_per_mtok
-                   + (usage.output_tokens or 0) * rate.output_per_mtok) / 1e6
-            return Quote(usd, f"pricing.models.{key}")
+        input_tokens, output_tokens = usage.input_tokens, usage.output_tokens
+        if input_tokens is None and output_tokens is None:
+            return self._unsplit(model, usage)
         minute = (at_ns if at_ns is not None and 0 < at_ns < 2**63 else time.time_ns()) // _MINUTE
         found = self._by_minute.get((model, provider, minute))
         if found is None:
             if len(self._by_minute) >= _MAX_CACHED:
                 self._by_minute.clear()
-            found = self._by_minute[model, provider, minute] = self._lookup(model, provider, minute)
-        if isinstance(found, Quote):
+            found = self._by_minute[model, provider, minute] = self._price(model, provider, minute)
+        if type(found) is Quote:
+            return found
+        if found[0] is None:  # tiered: genai-prices' own calculation
+            _, seller, info, by = found
+            usd = info.calc_price(genai_prices.Usage(input_tokens=input_tokens or 0, output_tokens=output_tokens or 0),
+                                  seller, genai_request_timestamp=_time(minute)).total_price
+            return Quote(float(usd), by)
+        base, per_input, per_output, by = found
+        return Quote(base + per_input * (input_tokens or 0) + per_output * (output_tokens or 0), by)
+
+    def _unsplit(self, model: str, usage: Usage) -> Quote:
+        """A call that reported no input/output split: free when it reported no tokens at all."""
+        if usage.total_tokens:
+            return Quote(None, f"{model}: a total without its input/output split cannot be priced")
+        named = self.overrides.get(model.casefold())
+        return Quote(0.0, f"pricing.models.{named[0]}" if named else _SOURCE)
+
+    def _price(self, model: str, provider: str | None, minute: int) -> tuple[Any, Any, Any, str] | Quote:
+        """What prices ``model`` from ``provider`` in that minute: the config's override (whatever
+        the minute), genai-prices' price of that date, or why nothing can."""
+        named = self.overrides.get(model.casefold())
+        if named is not None and named[1].provider in (None, provider):
+            key, rate = named
+            return 0.0, rate.input_per_mtok / _MILLION, rate.output_per_mtok / _MILLION, f"pricing.models.{key}"
+        found = self._lookup(model, provider, minute)
+        if type(found) is Quote:
             return found
         rates, seller, info, by = found
-        input_tokens, output_tokens = usage.input_tokens or 0, usage.output_tokens or 0
-        if rates is None:
-            usd = float(info.calc_price(genai_prices.Usage(input_tokens=input_tokens, output_tokens=output_tokens),
-                                        seller, genai_request_timestamp=_time(minute)).total_price)
-        else:
-            usd = rates[0] + rates[1] * input_tokens + rates[2] * output_tokens
-        return Quote(usd, by)
+        return (*rates, by) if rates is not None else (None, seller, info, by)
 
     def _lookup(self, model: str, provider: str | None, minute: int) -> tuple[Any, Any, Any, str] | Quote:
         """What prices ``model`` from ``provider`` in that minute, or why nothing can."""

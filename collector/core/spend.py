@@ -83,13 +83,13 @@ def price_unit(evidence: Evidence, pricer: Pricer) -> UnitCost:
     if truth is None and not pairs:
         unknown.append("no chat call of the unit reported its tokens")
     return UnitCost(
-        model=", ".join(_name(m, p) for m, p in models) or None,
+        model=_name(*models[0]) if len(models) == 1 else ", ".join([_name(m, p) for m, p in models]) or None,
         framework_usd=framework,
         truth_usd=truth,
         unreported_usd=unreported,
         unreported_tokens=tokens,
-        priced_by="; ".join(sorted(by)) if by and truth is not None else None,
-        unknown="; ".join(dict.fromkeys(unknown)) or None,
+        priced_by=(None if not by or truth is None else next(iter(by)) if len(by) == 1 else "; ".join(sorted(by))),
+        unknown=unknown[0] if len(unknown) == 1 else "; ".join(dict.fromkeys(unknown)) or None,
     )
 
 
@@ -115,7 +115,7 @@ def price_units(units: Sequence[ExecutorVerdict], pricer: Pricer) -> RunSpend:
 
 
 def _name(model: str | None, provider: str | None) -> str:
-    return f"{model or '(no model)'}" + (f" ({provider})" if provider else "")
+    return f"{model or '(no model)'} ({provider})" if provider else model or "(no model)"
 
 
 def _round(usd: float) -> float:

@@ -49,9 +49,10 @@ INSTANCE_ENV = "AGENTEVAL_INSTANCE"
 #: Postgres channel a store NOTIFYs with the run id of every run it writes.
 CHANNEL = "agenteval_runs"
 
-#: zstd level of a stored document: a run of the bench workload (40 spans, 18 KB of JSON) is ~2.1 KB
-#: in ~33 us (zlib level 6, which stores written before used: ~2.2 KB in ~150 us; bench/store_size.py).
-_ZSTD_LEVEL = 3
+#: zstd level of a stored document: a run of the bench workload (40 spans, 18 KB of JSON) is ~2.14 KB
+#: in ~23 us at level 1, ~2.12 KB in ~28 us at level 3 (1% smaller for a fifth more of the store
+#: writer's time); zlib level 6, which stores written before used: ~2.2 KB in ~150 us (bench/store_size.py).
+_ZSTD_LEVEL = 1
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _compressor = threading.local()
 

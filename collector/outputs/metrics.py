@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import platform
+import re
 import socket
 import sys
 import threading
@@ -127,7 +128,10 @@ class RunExemplar:
 
 
 def _is_hex(text: str) -> bool:
-    return all(c in "0123456789abcdefABCDEF" for c in text)
+    return _HEX.fullmatch(text) is not None
+
+
+_HEX = re.compile("[0-9a-fA-F]*")
 
 
 @lru_cache(maxsize=1)

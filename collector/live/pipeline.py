@@ -11,7 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -641,6 +641,7 @@ class Pipeline:
         verdict = reconcile(item.run, self.policy, self.config.scoring.preset, item.revision, self.pricer)
         run_id = item.run.run_id or verdict.trace_id or ""
         stored = StoredRun(run_id, SOURCE_LIVE, verdict, self.instance, item.parts)
+        stored = replace(stored, body=stored.packed(self.writer.store.max_items))
         if self.spans is not None:
             anchor = item.run.root_span_id or next(
                 (e.span_ids[0] for e in item.run.executors if e.span_ids), None)

@@ -680,18 +680,12 @@ class TraceState:
                 continue
             scored.add(executor)
             spans = run.executors[executor].spans if executor in run.executors else []
-            records.append(ExecutorRecord(
-                executor_id=name,
-                ledger=ledger,
-                turns=tuple([ChatTurn(Usage(i, o, t, *parts) if parts else Usage(i, o, t), finish, start, invocation,
-                                      sid.hex(), error, model, provider)
-                             for i, o, t, finish, start, invocation, sid, error, model, provider, _, parts, _, _ in calls]),
-                ledger_source=source,
-                span_ids=tuple([sid for _, sid in sorted(spans)]),
-                ledger_derived=derived,
-                stacked_chat_spans=stacked,
-                chat_layers_disagree=disagree,
-            ))
+            turns = tuple([ChatTurn(Usage(i, o, t, *parts) if parts else Usage(i, o, t), finish, start, invocation,
+                                    sid.hex(), error, model, provider)
+                           for i, o, t, finish, start, invocation, sid, error, model, provider, _, parts, _, _ in calls])
+            # positional, in field order (per unit of every run: keywords cost 2.5x the call)
+            records.append(ExecutorRecord(name, ledger, turns, source, tuple([sid for _, sid in sorted(spans)]),
+                                          derived, stacked, disagree))
         non_agent = tuple(sorted(idle | {names[k] for k in run.executors if k not in scored}, key=str.casefold))
         notes = [f"Trace incomplete: {cut}; spans that had not arrived are not in this verdict."] if cut else []
         if run.caller_ledgers_apart:

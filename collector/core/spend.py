@@ -82,14 +82,13 @@ def price_unit(evidence: Evidence, pricer: Pricer) -> UnitCost:
         unreported = _round(max(truth - framework, 0.0))
     if truth is None and not pairs:
         unknown.append("no chat call of the unit reported its tokens")
+    # positional, in field order (per unit of every run: keywords cost 2.5x the call): model,
+    # framework_usd, truth_usd, unreported_usd, unreported_tokens, priced_by, unknown
     return UnitCost(
-        model=_name(*models[0]) if len(models) == 1 else ", ".join([_name(m, p) for m, p in models]) or None,
-        framework_usd=framework,
-        truth_usd=truth,
-        unreported_usd=unreported,
-        unreported_tokens=tokens,
-        priced_by=(None if not by or truth is None else next(iter(by)) if len(by) == 1 else "; ".join(sorted(by))),
-        unknown=unknown[0] if len(unknown) == 1 else "; ".join(dict.fromkeys(unknown)) or None,
+        _name(*models[0]) if len(models) == 1 else ", ".join([_name(m, p) for m, p in models]) or None,
+        framework, truth, unreported, tokens,
+        None if not by or truth is None else next(iter(by)) if len(by) == 1 else "; ".join(sorted(by)),
+        unknown[0] if len(unknown) == 1 else "; ".join(dict.fromkeys(unknown)) or None,
     )
 
 

@@ -1,7 +1,9 @@
-"""Where the time goes, without network or store: the same payload through protobuf parse, decode
-(protobuf + Python, and the compiled decoder from the serialized bytes), ingest (decode + classify +
-assemble) and sweep (finalize + reconcile + price), in one process; each stage's CPU time, the best
-of ``--repeat`` passes.
+"""Where the time goes, without network: the same payload through protobuf parse, decode (protobuf +
+Python, and the compiled decoder from the serialized bytes), ingest (decode + classify + assemble),
+sweep (finalize + reconcile + price; since issue 39 also the run documents, made as runs are
+published) and store (the store writer's ``save_many`` on SQLite), in one process; each stage's CPU
+time, the best of ``--repeat`` passes. ``ingest+sweep+store`` is the whole path whichever thread
+does which part.
 
     .venv/bin/python bench/inprocess.py [--traces 2000]
     .venv/bin/python bench/inprocess.py --code . ~/.cache/agenteval/bench-base/<commit> --rounds 5
@@ -31,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from workload import encode, trace_spans  # noqa: E402
 
 STAGES = ("parse", "decode", "decode (native, from bytes)", "ingest (decode_bytes+classify)",
-          "sweep (finalize+reconcile)", "ingest+sweep", "classify+assemble", "finalize", "reconcile", "reconcile+price",
-          "document (JSON)", "compress")
+          "sweep (finalize+reconcile)", "ingest+sweep", "store (save_many)", "ingest+sweep+store", "classify+assemble",
+          "finalize", "reconcile", "reconcile+price", "document (JSON)", "compress")
 
 
 def measure(traces: int, repeat: int) -> dict[str, float]:
@@ -107,19 +109,25 @@ def measure(traces: int, repeat: int) -> dict[str, float]:
             out["compress"] = cpu(lambda: [pack(d) for d in docs])
         return out
 
-    def pipeline_pass() -> tuple[float, float]:
+    def pipeline_pass() -> tuple[float, float, float]:
+        """Ingest, sweep, and the store writer's work on what the sweep published (in this thread,
+        after the sweep: a tree that makes documents as it publishes does that in its sweep)."""
         with tempfile.TemporaryDirectory(prefix="agenteval-inprocess-") as tmp:
-            pipeline = Pipeline(cfg, open_store(Path(tmp) / "runs.db"), None, None)
-            pipeline.writer.put = lambda published: None  # no store: the sweep's own cost
+            store = open_store(Path(tmp) / "runs.db")
+            pipeline = Pipeline(cfg, store, None, None)
+            published: list = []
+            pipeline.writer.put = published.extend  # the writer's work is timed apart, below
             ingest = cpu(lambda: [pipeline.ingest_decoded(decode_bytes(b, matcher), "grpc") for b in bodies])
             time.sleep(0.01)
             sweep = cpu(pipeline.sweep)
+            runs = [item[0] if isinstance(item, tuple) else item for item in published]  # (run, arrival) since 4e81d70
+            stored = cpu(lambda: [store.save_many(runs[i:i + 256]) for i in range(0, len(runs), 256)])
             pipeline.close()
-        return ingest, sweep
+        return ingest, sweep, stored
 
     passes = [pipeline_pass() for _ in range(repeat)]
     stages = {name: min(p[name] for p in [stage_pass() for _ in range(repeat)]) for name in stage_pass()}
-    ingest, sweep = min(p[0] for p in passes), min(p[1] for p in passes)
+    ingest, sweep, stored = (min(p[i] for p in passes) for i in range(3))
     seconds = {
         "parse": best(lambda: cpu(lambda: [ExportTraceServiceRequest.FromString(b) for b in bodies])),
         "decode": best(lambda: cpu(lambda: [decode_request(ExportTraceServiceRequest.FromString(b), matcher)
@@ -127,7 +135,9 @@ def measure(traces: int, repeat: int) -> dict[str, float]:
         "decode (native, from bytes)": best(lambda: cpu(lambda: [decode_bytes(b, matcher) for b in bodies])),
         "ingest (decode_bytes+classify)": ingest,
         "sweep (finalize+reconcile)": sweep,
-        "ingest+sweep": min(i + s for i, s in passes),
+        "ingest+sweep": min(i + s for i, s, _ in passes),
+        "store (save_many)": stored,
+        "ingest+sweep+store": min(sum(p) for p in passes),
         **stages,
     }
     if not NATIVE:

@@ -233,6 +233,34 @@ def test_the_coverage_note_says_what_an_unchecked_unit_lacked():
     assert run.coverage_note == "1 of 2 executor(s) had no chat-boundary truth; a pass on the 1 verified is withheld"
 
 
+def test_each_figure_of_a_units_evidence_is_under_its_own_name():
+    """The reconciler builds a unit's evidence positionally (per unit of every run): every figure
+    lands in its own field, each checked here with a value no other field has."""
+    record = ExecutorRecord(
+        "writer",
+        ledger=(LedgerEntry(Usage(10, 20), "stop", 1, "inv", "l1"),),
+        turns=(ChatTurn(Usage(100, 200, None, 5, 6, 7), "length", 2, "inv", "c1", None, "gpt-4o", "openai"),
+               ChatTurn(Usage(), None, 3, "inv", "c2", "429 Too Many Requests", "gpt-4o", "openai")),
+        ledger_source="AgentResponseEvent", span_ids=("e1", "e2"), stacked_chat_spans=3)
+    verdict = reconcile_executor(record, Policy(tolerance=0.03))
+    ev = verdict.evidence
+    assert (verdict.executor_id, verdict.verdict, verdict.score) == ("writer", Verdict.BOTH, 0.0)
+    assert (verdict.token_diverged, verdict.finish_diverged, verdict.no_truth_reason) == (True, True, None)
+    assert (ev.framework_tokens, ev.truth_tokens, ev.delta, ev.direction, ev.tolerance) == (30, 300, -270, "under", 0.03)
+    assert (ev.framework_finish, ev.truth_finish, ev.aligned, ev.ledger_source) == ("stop", "length", True,
+                                                                                    "AgentResponseEvent")
+    assert [(c.invocation, c.framework, c.truth, c.diverged) for c in ev.finish_comparisons] == [
+        ("inv", "stop", "length", True)]
+    assert (ev.ledger_missing, ev.ledger_entries, ev.response_turns, ev.request_turns, ev.failed_turns) == (
+        False, 1, 1, 0, 1)
+    assert (ev.ledger_span_ids, ev.chat_span_ids, ev.executor_span_ids) == (("l1",), ("c1", "c2"), ("e1", "e2"))
+    assert ev.chat_calls == record.turns and ev.ledger == record.ledger
+    assert (ev.framework_input_tokens, ev.framework_output_tokens, ev.truth_input_tokens, ev.truth_output_tokens,
+            ev.truth_cache_read_tokens, ev.truth_cache_write_tokens, ev.truth_reasoning_tokens) == (
+        10, 20, 100, 200, 5, 6, 7)
+    assert (ev.stacked_chat_spans, ev.chat_layers_disagree, ev.cost) == (3, (), None)
+
+
 @pytest.mark.parametrize(
     "score,unchecked,status",
     [

@@ -623,9 +623,11 @@ class TraceState:
                 self._published[key] = run.revision
                 out.append((built, run.revision))
         if not self._pending:
-            # a set or dict never shrinks as it empties: a finalized trace kept for its late spans
-            # would hold the tables its parked spans grew (~2.4 KB of ~19 KB a bench trace)
-            self._pending, self._pending_ids = defaultdict(list), set()
+            # a set or dict never shrinks as it empties, but clear() lets go of its table: a finalized
+            # trace kept for its late spans would hold what its parked spans grew (~2.4 KB of ~19 KB
+            # a bench trace)
+            self._pending.clear()
+            self._pending_ids.clear()
         return out
 
     def _provisional_inputs(self, cut: str | None) -> list[tuple[RunInput, int]]:

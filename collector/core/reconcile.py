@@ -237,7 +237,7 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
     else:
         verdict = Verdict.AGREE
 
-    # Positional, in field order: this runs per unit of every run, and CPython matches 30 keywords
+    # Positional, in field order: this runs per unit of every run, and CPython matches 29 keywords
     # to their parameters one by one (~4.4 us a call; positional ~1.5 us).
     evidence = Evidence(
         framework_tokens, truth_tokens, delta, direction, policy.tolerance,
@@ -364,7 +364,7 @@ def _compare_finish(
     if not aligned:
         fw, reason = ledger[-1].finish_reason, _last_reason(responses)
         return [FinishComparison(None, fw, reason, compared and _differ(fw, reason, aliases))], False
-    comparisons = []
+    comparisons: list[FinishComparison] = []
     for key, fw in framework.items():
         reason = truth.get(key)
         comparisons.append(FinishComparison(key, fw, reason, compared and _differ(fw, reason, aliases)))

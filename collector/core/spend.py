@@ -20,7 +20,8 @@ _DIGITS = 9
 
 @dataclass(slots=True)  # not frozen: one is made per chat call of every run (frozen: 2.5x the cost)
 class Quote:
-    """One price: ``usd`` None when unknown, ``by`` what priced it or why nobody could."""
+    """One price: ``usd`` None when unknown, ``by`` what priced it or why nobody could. A pricer may
+    hand out the same Quote for every call it cannot price: never change one."""
 
     usd: float | None
     by: str
@@ -61,6 +62,7 @@ def price_unit(evidence: Evidence, pricer: Pricer) -> UnitCost:
     else:  # no call reported its tokens: free where every call failed (no tokens, nothing spent)
         truth = 0.0 if evidence.truth_tokens == 0 else None
     models = sorted(pairs, key=str) if len(pairs) > 1 else list(pairs)
+    named = _name(*models[0]) if len(models) == 1 else ", ".join([_name(m, p) for m, p in models]) or None
     framework = None
     if not evidence.ledger_missing:
         if len(models) == 1:
@@ -72,8 +74,8 @@ def price_unit(evidence: Evidence, pricer: Pricer) -> UnitCost:
             else:
                 framework = _round(quote.usd)
         elif models:
-            unknown.append(f"its calls used {len(models)} models ({', '.join(_name(m, p) for m, p in models)}); the "
-                           "framework's total is not split by model, so its price is unknown")
+            unknown.append(f"its calls used {len(models)} models ({named}); the framework's total is not split "
+                           "by model, so its price is unknown")
     tokens = None if evidence.delta is None else max(-evidence.delta, 0)
     unreported = None
     if tokens == 0:
@@ -82,14 +84,12 @@ def price_unit(evidence: Evidence, pricer: Pricer) -> UnitCost:
         unreported = _round(max(truth - framework, 0.0))
     if truth is None and not pairs:
         unknown.append("no chat call of the unit reported its tokens")
-    # positional, in field order (per unit of every run: keywords cost 2.5x the call): model,
-    # framework_usd, truth_usd, unreported_usd, unreported_tokens, priced_by, unknown
-    return UnitCost(
-        _name(*models[0]) if len(models) == 1 else ", ".join([_name(m, p) for m, p in models]) or None,
-        framework, truth, unreported, tokens,
-        None if not by or truth is None else next(iter(by)) if len(by) == 1 else "; ".join(sorted(by)),
-        unknown[0] if len(unknown) == 1 else "; ".join(dict.fromkeys(unknown)) or None,
-    )
+    priced_by = None
+    if by and truth is not None:
+        priced_by = next(iter(by)) if len(by) == 1 else "; ".join(sorted(by))
+    # positional, in field order (per unit of every run: 7 keywords take 2.5x the call)
+    return UnitCost(named, framework, truth, unreported, tokens, priced_by,
+                    unknown[0] if len(unknown) == 1 else "; ".join(dict.fromkeys(unknown)) or None)
 
 
 def run_spend(units: Iterable[ExecutorVerdict]) -> RunSpend:

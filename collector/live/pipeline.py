@@ -11,7 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import structlog
 
@@ -28,7 +28,7 @@ from collector.outputs.emit_spans import VerdictSpans
 from collector.outputs.metrics import Metrics
 from collector.outputs.pricing import Pricing
 from collector.store import Retention, RunStore, StoredRun, StoreError, instance_name, replaces
-from collector.store.base import Part
+from collector.store.base import Part, packed_run
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -640,8 +640,6 @@ class Pipeline:
                 run.notes = (*run.notes, merged_note(spans, self.instance))
         verdict = reconcile(item.run, self.policy, self.config.scoring.preset, item.revision, self.pricer)
         run_id = item.run.run_id or verdict.trace_id or ""
-        stored = StoredRun(run_id, SOURCE_LIVE, verdict, self.instance, item.parts)
-        stored = replace(stored, body=stored.packed(self.writer.store.max_items))
         if self.spans is not None:
             anchor = item.run.root_span_id or next(
                 (e.span_ids[0] for e in item.run.executors if e.span_ids), None)
@@ -653,7 +651,8 @@ class Pipeline:
             executors={e.executor_id: e.verdict.value for e in verdict.executors},
             no_truth={e.executor_id: e.no_truth_reason.value for e in verdict.executors if e.no_truth_reason},
         )
-        return stored
+        body = packed_run(verdict, self.writer.store.max_items, run_id, SOURCE_LIVE, self.instance)
+        return StoredRun(run_id, SOURCE_LIVE, verdict, self.instance, item.parts, body)
 
     def _stored(self, batch: list[tuple[StoredRun, float | None]]) -> None:
         self._done(run.verdict.trace_id for run, _ in batch)

@@ -127,11 +127,11 @@ class RunExemplar:
             int(self.trace_id, 16), span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))))
 
 
+_HEX = re.compile("[0-9a-fA-F]*")
+
+
 def _is_hex(text: str) -> bool:
     return _HEX.fullmatch(text) is not None
-
-
-_HEX = re.compile("[0-9a-fA-F]*")
 
 
 @lru_cache(maxsize=1)

@@ -42,6 +42,9 @@ _MINUTE = 60 * 10**9
 _MAX_CACHED = 10_000
 _NO_MODEL = Quote(None, "no model is named on its chat calls (gen_ai.response.model / gen_ai.request.model)")
 _SOURCE = f"genai-prices {genai_prices.__version__}"
+#: How a cached price applies (:attr:`Pricing._by_minute`): rates per token, the config's rates per
+#: million tokens, or genai-prices' own calculation per call (a tiered price).
+_AFFINE, _OVERRIDE, _TIERED = 0, 1, 2
 
 
 class Pricing:
@@ -58,11 +61,11 @@ class Pricing:
 
     def __init__(self, config: PricingConfig) -> None:
         self.overrides = {name.casefold(): (name, rate) for name, rate in config.models.items()}
-        #: (model, provider, minute) -> what prices it: (base, per input token, per output token, by)
-        #: for an affine price, (None, seller, model info, by) for a tiered one (calculated per call),
-        #: or the unknown price with its reason (a Quote). Looked up once; each call is then a dict
-        #: get and a multiply-add (this runs for every chat call of every run).
-        self._by_minute: dict[tuple[str, str | None, int], tuple[Any, Any, Any, str] | Quote] = {}
+        #: (model, provider, minute) -> what prices it (:data:`_AFFINE`, :data:`_OVERRIDE` or
+        #: :data:`_TIERED`, two values for it, and what priced it), or the unknown price with its
+        #: reason. Looked up once; each call is then a dict get and a multiply-add (this runs for
+        #: every chat call of every run).
+        self._by_minute: dict[tuple[str, str | None, int], tuple[int, Any, Any, str] | Quote] = {}
         #: id(model price) -> (the price, kept so its id stays its own; its rates), rates None when tiered.
         self._rates: dict[int, tuple[Any, tuple[float, float, float] | None]] = {}
 
@@ -72,6 +75,7 @@ class Pricing:
         input_tokens, output_tokens = usage.input_tokens, usage.output_tokens
         if input_tokens is None and output_tokens is None:
             return self._unsplit(model, usage)
+        input_tokens, output_tokens = input_tokens or 0, output_tokens or 0
         minute = (at_ns if at_ns is not None and 0 < at_ns < 2**63 else time.time_ns()) // _MINUTE
         found = self._by_minute.get((model, provider, minute))
         if found is None:
@@ -80,13 +84,14 @@ class Pricing:
             found = self._by_minute[model, provider, minute] = self._price(model, provider, minute)
         if type(found) is Quote:
             return found
-        if found[0] is None:  # tiered: genai-prices' own calculation
-            _, seller, info, by = found
-            usd = info.calc_price(genai_prices.Usage(input_tokens=input_tokens or 0, output_tokens=output_tokens or 0),
-                                  seller, genai_request_timestamp=_time(minute)).total_price
-            return Quote(float(usd), by)
-        base, per_input, per_output, by = found
-        return Quote(base + per_input * (input_tokens or 0) + per_output * (output_tokens or 0), by)
+        kind, first, second, by = found
+        if kind == _AFFINE:  # first: (base, per input token, per output token)
+            return Quote(first[0] + first[1] * input_tokens + first[2] * output_tokens, by)
+        if kind == _OVERRIDE:  # per million input and output tokens, as configured
+            return Quote((input_tokens * first + output_tokens * second) / _MILLION, by)
+        usd = second.calc_price(genai_prices.Usage(input_tokens=input_tokens, output_tokens=output_tokens),
+                                first, genai_request_timestamp=_time(minute)).total_price  # tiered: seller, info
+        return Quote(float(usd), by)
 
     def _unsplit(self, model: str, usage: Usage) -> Quote:
         """A call that reported no input/output split: free when it reported no tokens at all."""
@@ -95,21 +100,13 @@ class Pricing:
         named = self.overrides.get(model.casefold())
         return Quote(0.0, f"pricing.models.{named[0]}" if named else _SOURCE)
 
-    def _price(self, model: str, provider: str | None, minute: int) -> tuple[Any, Any, Any, str] | Quote:
-        """What prices ``model`` from ``provider`` in that minute: the config's override (whatever
-        the minute), genai-prices' price of that date, or why nothing can."""
+    def _price(self, model: str, provider: str | None, minute: int) -> tuple[int, Any, Any, str] | Quote:
+        """What prices ``model`` from ``provider`` in that minute (an entry of :attr:`_by_minute`):
+        the config's override (whatever the minute), genai-prices' price of that date, or why nothing can."""
         named = self.overrides.get(model.casefold())
         if named is not None and named[1].provider in (None, provider):
             key, rate = named
-            return 0.0, rate.input_per_mtok / _MILLION, rate.output_per_mtok / _MILLION, f"pricing.models.{key}"
-        found = self._lookup(model, provider, minute)
-        if type(found) is Quote:
-            return found
-        rates, seller, info, by = found
-        return (*rates, by) if rates is not None else (None, seller, info, by)
-
-    def _lookup(self, model: str, provider: str | None, minute: int) -> tuple[Any, Any, Any, str] | Quote:
-        """What prices ``model`` from ``provider`` in that minute, or why nothing can."""
+            return _OVERRIDE, rate.input_per_mtok, rate.output_per_mtok, f"pricing.models.{key}"
         fix = f"add {model} under pricing.models in the config (0 for a self-hosted model)"
         where = (provider or "").casefold()
         if where in SELF_HOSTED:
@@ -137,7 +134,9 @@ class Pricing:
                 rates = (float(base), float((total(_MILLION, 0) - base) / _MILLION),
                          float((total(0, _MILLION) - base) / _MILLION))
             self._rates[id(price)] = (price, rates)
-        return self._rates[id(price)][1], seller, info, f"{_SOURCE}: {seller.id} {info.id}"
+        rates = self._rates[id(price)][1]
+        by = f"{_SOURCE}: {seller.id} {info.id}"
+        return (_TIERED, seller, info, by) if rates is None else (_AFFINE, rates, None, by)
 
 
 def _time(minute: int) -> datetime:

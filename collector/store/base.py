@@ -335,18 +335,18 @@ class StoredRun:
     #: Parts claimed from the store whose spans this run (or one queued before it) merged: they
     #: leave the store in the transaction that writes it, or finds it stale (docs/scale-out.md).
     parts: tuple[str, ...] = ()
-    #: The run's document as the store keeps it (:meth:`packed`), made where the run was published;
-    #: None: :meth:`RunStore.save_many` makes it.
-    body: bytes | None = None
+    #: The run's document as the store keeps it (:func:`packed_run`), made where the run was
+    #: published; None: :meth:`RunStore.save_many` makes it.
+    body: bytes | None = field(default=None, repr=False, compare=False)
 
-    def packed(self, max_items: int = MAX_ITEMS) -> bytes:
-        """The run's document (each bounded list cut to ``max_items``), packed as the store keeps it.
 
-        The live pipeline packs a run as it publishes it: its verdict's objects are then still in
-        the CPU's caches (the JSON takes ~40% less time than in the store writer, later; bench/RESULTS.md
-        issue 39), and the writer's queue holds ~2 KB a run instead of ~18 KB of JSON."""
-        return pack(run_to_json(self.verdict, max_items, run_id=self.run_id, source=self.source,
-                                finalized_by=self.finalized_by))
+def packed_run(verdict: RunVerdict, max_items: int, run_id: str, source: str, finalized_by: str | None) -> bytes:
+    """A run's document (each bounded list cut to ``max_items``), packed as the store keeps it.
+
+    The live pipeline packs a run as it publishes it: its verdict's objects are then still in the
+    CPU's caches (the JSON takes ~40% less time than in the store writer, later; bench/RESULTS.md
+    issue 39), and the writer only writes rows."""
+    return pack(run_to_json(verdict, max_items, run_id=run_id, source=source, finalized_by=finalized_by))
 
 
 Subscriber = Callable[[list[dict[str, Any]]], None]
@@ -700,7 +700,9 @@ class RunStore(ABC):
             now = start + index * 1e-6  # distinct times keep a batch's order in "newest first"
             rows.append((item.run_id, run.trace_id, run.subject, run.status.value, run.score, run.preset, item.source,
                          run.revision, int(run.incomplete), run.checked, run.unchecked, now, now,
-                         item.body if item.body is not None else item.packed(self.max_items), item.finalized_by,
+                         item.body if item.body is not None
+                         else packed_run(run, self.max_items, item.run_id, item.source, item.finalized_by),
+                         item.finalized_by,
                          run.maf_release, unit_names(run), run.spend.unreported_usd if run.spend is not None else None))
         if not rows:
             return []
@@ -724,6 +726,7 @@ class RunStore(ABC):
             if written:
                 self._written(execute, [rows[i][0] for i in written])
         if written and not self.notifies_all_writers and self._listening():
+            # (the bodies were packed where the runs were published: unpacked only for a listener)
             self._notify([from_json(unpack(rows[i][13])) | {"created_at": None, "updated_at": rows[i][12]}
                           for i in written])
         return [rows[i][0] for i in written]

@@ -362,7 +362,7 @@ def _compare_finish(
             if t.finish_reason is not None:
                 truth[t.invocation] = t.finish_reason
     if not aligned:
-        fw, reason = ledger[-1].finish_reason, _last_reason(responses)
+        fw, reason = _last_entry_reason(ledger), _last_reason(responses)
         return [FinishComparison(None, fw, reason, compared and _differ(fw, reason, aliases))], False
     comparisons: list[FinishComparison] = []
     for key, fw in framework.items():

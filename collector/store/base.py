@@ -50,8 +50,8 @@ INSTANCE_ENV = "AGENTEVAL_INSTANCE"
 CHANNEL = "agenteval_runs"
 
 #: zstd level of a stored document: a run of the bench workload (40 spans, 18 KB of JSON) is ~2.14 KB
-#: in ~23 us at level 1, ~2.12 KB in ~28 us at level 3 (1% smaller for a fifth more of the store
-#: writer's time); zlib level 6, which stores written before used: ~2.2 KB in ~150 us (bench/store_size.py).
+#: in ~23 us at level 1, ~2.12 KB in ~28 us at level 3 (1% smaller for a fifth more time, paid on every
+#: published run); zlib level 6, which stores written before used: ~2.2 KB in ~150 us (bench/store_size.py).
 _ZSTD_LEVEL = 1
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _compressor = threading.local()

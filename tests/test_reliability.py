@@ -766,6 +766,38 @@ def test_a_sweeps_verdicts_reach_the_store_in_one_transaction_a_batch(tmp_path, 
         store.close()
 
 
+def test_the_writer_queues_each_runs_document_and_columns_not_its_verdict(tmp_path):
+    """A run waiting for the store writer holds its packed document and its columns (a few KB), not
+    its verdict's objects (units, evidence, chat calls: freed as the sweep ends); what the writer
+    stores from them is what the verdict itself gives."""
+    store, twin = open_store(tmp_path / "runs.db"), open_store(tmp_path / "twin.db")
+    cfg = CollectorConfig(assembly={"quiet_period": 3600}, journal={"enabled": False})
+    pipeline = Pipeline(cfg, store, None, None)
+    queued: list[StoredRun] = []
+    published: list[StoredRun] = []
+    put, publish = pipeline.writer.put, pipeline._publish
+    pipeline.writer.put = lambda runs: queued.extend(run for run, _ in runs) or put(runs)
+    pipeline._publish = lambda item: published.append(run := publish(item)) or run
+    try:
+        traces = _ingest_every_scenario(pipeline, 2)
+        runs = pipeline.sweep(force=True)
+        pipeline.writer.close()
+        assert len(queued) == runs >= traces > 10
+        assert all(run.verdict is None and run.body and run.columns for run in queued)
+        twin.save_many([StoredRun(run.run_id, run.source, run.verdict, run.finalized_by) for run in published])
+
+        def timeless(row):  # when each store wrote it
+            return {k: v for k, v in row.items() if k not in ("created_at", "updated_at")}
+
+        assert [timeless(r) for r in store.list_runs(limit=1000)] == [timeless(r) for r in twin.list_runs(limit=1000)]
+        assert len(store.list_runs(limit=1000)) == runs
+        assert all(timeless(store.get_run(run.run_id)) == timeless(twin.get_run(run.run_id)) for run in published)
+    finally:
+        pipeline.close()
+        store.close()
+        twin.close()
+
+
 def test_a_sweep_whose_metrics_fail_still_stores_each_run_once(tmp_path, monkeypatch):
     """The metrics raising (after each full batch of a sweep, and at its end) costs no run its store
     write nor the sweep its rest, and queues none twice (it would be reported stored twice, letting

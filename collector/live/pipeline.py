@@ -28,7 +28,7 @@ from collector.outputs.emit_spans import VerdictSpans
 from collector.outputs.metrics import Metrics
 from collector.outputs.pricing import Pricing
 from collector.store import Retention, RunStore, StoredRun, StoreError, instance_name, replaces
-from collector.store.base import Part, packed_run
+from collector.store.base import Part
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -546,7 +546,7 @@ class Pipeline:
                 self.metrics.record_runs([stored for stored, _ in published])
             except Exception:  # noqa: BLE001 - failing metrics cost no run its store write or the sweep its rest
                 log.exception("metrics_record_failed", runs=len(published))
-        self.writer.put(published)
+        self.writer.put([(stored.for_writer(), arrived) for stored, arrived in published])
 
     def _journal(self, decoded: Decoded, idle: frozenset[bytes]) -> asyncio.Future | None:
         """Journal an accepted request. A trace nothing will settle again is not waited for, unless
@@ -610,7 +610,7 @@ class Pipeline:
 
     def _store_failed(self, run: StoredRun, error: str) -> None:
         self._failed(Failure(run.run_id, "store", error))
-        self._done([run.verdict.trace_id])
+        self._done([run.trace_id])
         self._spend(run.parts)
 
     def _spend(self, part_ids: Iterable[str]) -> None:
@@ -651,11 +651,10 @@ class Pipeline:
             executors={e.executor_id: e.verdict.value for e in verdict.executors},
             no_truth={e.executor_id: e.no_truth_reason.value for e in verdict.executors if e.no_truth_reason},
         )
-        body = packed_run(verdict, self.writer.store.max_items, run_id, SOURCE_LIVE, self.instance)
-        return StoredRun(run_id, SOURCE_LIVE, verdict, self.instance, item.parts, body)
+        return StoredRun.packed(run_id, SOURCE_LIVE, verdict, self.instance, item.parts, self.writer.store.max_items)
 
     def _stored(self, batch: list[tuple[StoredRun, float | None]]) -> None:
-        self._done(run.verdict.trace_id for run, _ in batch)
+        self._done(run.trace_id for run, _ in batch)
         if self.handover is not None:
             self.handover.stored(part for run, _ in batch for part in run.parts)
         if self.metrics is not None:

@@ -330,23 +330,47 @@ BATCH_PAUSE = 0.005
 class StoredRun:
     run_id: str
     source: str
-    verdict: RunVerdict
+    #: None where ``body`` and ``columns`` were made (:meth:`packed`, :meth:`for_writer`).
+    verdict: RunVerdict | None
     finalized_by: str | None = None
     #: Parts claimed from the store whose spans this run (or one queued before it) merged: they
     #: leave the store in the transaction that writes it, or finds it stale (docs/scale-out.md).
     parts: tuple[str, ...] = ()
-    #: The run's document as the store keeps it (:func:`packed_run`), made where the run was
-    #: published; None: :meth:`RunStore.save_many` makes it.
+    #: The run's document as the store keeps it, made with ``columns`` where the run was published
+    #: (:meth:`packed`); None: :meth:`RunStore.save_many` makes both.
     body: bytes | None = field(default=None, repr=False, compare=False)
+    #: The verdict's own columns (:func:`columns`).
+    columns: tuple[Any, ...] | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def packed(cls, run_id: str, source: str, verdict: RunVerdict, finalized_by: str | None, parts: tuple[str, ...],
+               max_items: int) -> StoredRun:
+        """A run with its document and columns made now (the live pipeline, as it publishes the run:
+        its verdict's objects are then still in the CPU's caches; the JSON took ~40% less time than
+        in the store writer, later: bench/RESULTS.md issue 39)."""
+        return cls(run_id, source, verdict, finalized_by, parts,
+                   pack(run_to_json(verdict, max_items, run_id=run_id, source=source, finalized_by=finalized_by)),
+                   columns(verdict))
+
+    def for_writer(self) -> StoredRun:
+        """This run without its verdict where its body and columns are made: all the store writer
+        needs, and a queued run then holds its ~3 KB document, not the verdict's objects."""
+        if self.columns is None or self.body is None:
+            return self
+        return StoredRun(self.run_id, self.source, None, self.finalized_by, self.parts, self.body, self.columns)
+
+    @property
+    def trace_id(self) -> str | None:
+        return self.verdict.trace_id if self.verdict is not None else self.columns[0]  # type: ignore[index]
 
 
-def packed_run(verdict: RunVerdict, max_items: int, run_id: str, source: str, finalized_by: str | None) -> bytes:
-    """A run's document (each bounded list cut to ``max_items``), packed as the store keeps it.
-
-    The live pipeline packs a run as it publishes it: its verdict's objects are then still in the
-    CPU's caches (the JSON takes ~40% less time than in the store writer, later; bench/RESULTS.md
-    issue 39), and the writer only writes rows."""
-    return pack(run_to_json(verdict, max_items, run_id=run_id, source=source, finalized_by=finalized_by))
+def columns(run: RunVerdict) -> tuple[Any, ...]:
+    """The ``runs`` columns a verdict gives (:meth:`RunStore.save_many` puts the rest around them):
+    trace id, subject, status, score, preset, revision, incomplete, checked, unchecked, MAF release,
+    unit names, unreported spend."""
+    return (run.trace_id, run.subject, run.status.value, run.score, run.preset, run.revision, int(run.incomplete),
+            run.checked, run.unchecked, run.maf_release, unit_names(run),
+            run.spend.unreported_usd if run.spend is not None else None)
 
 
 Subscriber = Callable[[list[dict[str, Any]]], None]
@@ -696,14 +720,15 @@ class RunStore(ABC):
         rows, parts = [], []
         for index, item in enumerate(runs):
             parts.extend(item.parts)
-            run = item.verdict
+            c = item.columns
+            if c is None or item.body is None:
+                assert item.verdict is not None
+                item = StoredRun.packed(item.run_id, item.source, item.verdict, item.finalized_by, item.parts,
+                                        self.max_items)
+                c = item.columns
             now = start + index * 1e-6  # distinct times keep a batch's order in "newest first"
-            rows.append((item.run_id, run.trace_id, run.subject, run.status.value, run.score, run.preset, item.source,
-                         run.revision, int(run.incomplete), run.checked, run.unchecked, now, now,
-                         item.body if item.body is not None
-                         else packed_run(run, self.max_items, item.run_id, item.source, item.finalized_by),
-                         item.finalized_by,
-                         run.maf_release, unit_names(run), run.spend.unreported_usd if run.spend is not None else None))
+            rows.append((item.run_id, c[0], c[1], c[2], c[3], c[4], item.source, c[5], c[6], c[7], c[8], now, now,
+                         item.body, item.finalized_by, c[9], c[10], c[11]))
         if not rows:
             return []
         with self._transaction() as execute:

@@ -86,7 +86,7 @@ def trace_spans(rng: random.Random, executors: int | None = None, chats: int | N
                 "server.address": "api.example", "gen_ai.request.choice.count": 1,
                 "gen_ai.usage.input_tokens": i, "gen_ai.usage.output_tokens": o,
                 "gen_ai.response.finish_reasons": '["stop"]', "gen_ai.response.id": f"resp-{c}",
-                "gen_ai.response.model": "gpt-4o-2024"}))
+                "gen_ai.response.model": "gpt-4o-2024-08-06"}))  # priced, as users' models are
         agent.attributes.extend([_kv(k, v) for k, v in {
             "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": eid, "gen_ai.agent.id": f"id-{eid}",
             "gen_ai.request.model": "gpt-4o", "gen_ai.provider.name": "microsoft.agent_framework",

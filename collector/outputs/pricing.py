@@ -18,7 +18,7 @@ from genai_prices.types import TieredPrices
 
 from collector.config import Pricing as PricingConfig
 from collector.core.model import Usage
-from collector.core.spend import Quote
+from collector.core.spend import Quote, Rates
 
 #: ``gen_ai.provider.name`` / ``gen_ai.system`` values (OpenTelemetry GenAI conventions, and older
 #: spellings) -> genai-prices provider ids. A provider that is already a genai-prices id needs no entry.
@@ -42,9 +42,6 @@ _MINUTE = 60 * 10**9
 _MAX_CACHED = 10_000
 _NO_MODEL = Quote(None, "no model is named on its chat calls (gen_ai.response.model / gen_ai.request.model)")
 _SOURCE = f"genai-prices {genai_prices.__version__}"
-#: How a cached price applies (:attr:`Pricing._by_minute`): rates per token, the config's rates per
-#: million tokens, or genai-prices' own calculation per call (a tiered price).
-_AFFINE, _OVERRIDE, _TIERED = 0, 1, 2
 
 
 class Pricing:
@@ -61,11 +58,11 @@ class Pricing:
 
     def __init__(self, config: PricingConfig) -> None:
         self.overrides = {name.casefold(): (name, rate) for name, rate in config.models.items()}
-        #: (model, provider, minute) -> what prices it (:data:`_AFFINE`, :data:`_OVERRIDE` or
-        #: :data:`_TIERED`, two values for it, and what priced it), or the unknown price with its
-        #: reason. Looked up once; each call is then a dict get and a multiply-add (this runs for
-        #: every chat call of every run).
-        self._by_minute: dict[tuple[str, str | None, int], tuple[int, Any, Any, str] | Quote] = {}
+        #: (model, provider, minute) -> its rates (per token, or the config's per million tokens),
+        #: genai-prices' calculation per call (a tiered price: seller, model info, what priced it), or
+        #: the unknown price with its reason. Looked up once; each call is then a dict get and a
+        #: multiply-add (this runs for every chat call of every run).
+        self._by_minute: dict[tuple[str, str | None, int], Rates | Quote | tuple[Any, Any, str]] = {}
         #: id(model price) -> (the price, kept so its id stays its own; its rates), rates None when tiered.
         self._rates: dict[int, tuple[Any, tuple[float, float, float] | None]] = {}
 
@@ -76,22 +73,30 @@ class Pricing:
         if input_tokens is None and output_tokens is None:
             return self._unsplit(model, usage)
         input_tokens, output_tokens = input_tokens or 0, output_tokens or 0
-        minute = (at_ns if at_ns is not None and 0 < at_ns < 2**63 else time.time_ns()) // _MINUTE
+        minute = _minute(at_ns)
+        found = self._entry(model, provider, minute)
+        if type(found) is Quote:
+            return found
+        if type(found) is Rates:
+            return Quote(found.usd(input_tokens, output_tokens), found.by)
+        seller, info, by = found  # tiered
+        usd = info.calc_price(genai_prices.Usage(input_tokens=input_tokens, output_tokens=output_tokens),
+                              seller, genai_request_timestamp=_time(minute)).total_price
+        return Quote(float(usd), by)
+
+    def rates(self, model: str | None, provider: str | None, at_ns: int | None) -> Rates | Quote | None:
+        if not model:
+            return _NO_MODEL
+        found = self._entry(model, provider, _minute(at_ns))
+        return None if type(found) is tuple else found
+
+    def _entry(self, model: str, provider: str | None, minute: int) -> Rates | Quote | tuple[Any, Any, str]:
         found = self._by_minute.get((model, provider, minute))
         if found is None:
             if len(self._by_minute) >= _MAX_CACHED:
                 self._by_minute.clear()
             found = self._by_minute[model, provider, minute] = self._price(model, provider, minute)
-        if type(found) is Quote:
-            return found
-        kind, first, second, by = found
-        if kind == _AFFINE:  # first: (base, per input token, per output token)
-            return Quote(first[0] + first[1] * input_tokens + first[2] * output_tokens, by)
-        if kind == _OVERRIDE:  # per million input and output tokens, as configured
-            return Quote((input_tokens * first + output_tokens * second) / _MILLION, by)
-        usd = second.calc_price(genai_prices.Usage(input_tokens=input_tokens, output_tokens=output_tokens),
-                                first, genai_request_timestamp=_time(minute)).total_price  # tiered: seller, info
-        return Quote(float(usd), by)
+        return found
 
     def _unsplit(self, model: str, usage: Usage) -> Quote:
         """A call that reported no input/output split: free when it reported no tokens at all."""
@@ -100,13 +105,13 @@ class Pricing:
         named = self.overrides.get(model.casefold())
         return Quote(0.0, f"pricing.models.{named[0]}" if named else _SOURCE)
 
-    def _price(self, model: str, provider: str | None, minute: int) -> tuple[int, Any, Any, str] | Quote:
+    def _price(self, model: str, provider: str | None, minute: int) -> Rates | Quote | tuple[Any, Any, str]:
         """What prices ``model`` from ``provider`` in that minute (an entry of :attr:`_by_minute`):
         the config's override (whatever the minute), genai-prices' price of that date, or why nothing can."""
         named = self.overrides.get(model.casefold())
         if named is not None and named[1].provider in (None, provider):
             key, rate = named
-            return _OVERRIDE, rate.input_per_mtok, rate.output_per_mtok, f"pricing.models.{key}"
+            return Rates(0.0, rate.input_per_mtok, rate.output_per_mtok, _MILLION, f"pricing.models.{key}")
         fix = f"add {model} under pricing.models in the config (0 for a self-hosted model)"
         where = (provider or "").casefold()
         if where in SELF_HOSTED:
@@ -136,7 +141,12 @@ class Pricing:
             self._rates[id(price)] = (price, rates)
         rates = self._rates[id(price)][1]
         by = f"{_SOURCE}: {seller.id} {info.id}"
-        return (_TIERED, seller, info, by) if rates is None else (_AFFINE, rates, None, by)
+        return (seller, info, by) if rates is None else Rates(*rates, 1.0, by)
+
+
+def _minute(at_ns: int | None) -> int:
+    """A call's time (Unix ns; None or out of range: now) as the minute its price is looked up for."""
+    return (at_ns if at_ns is not None and 0 < at_ns < 2**63 else time.time_ns()) // _MINUTE
 
 
 def _time(minute: int) -> datetime:

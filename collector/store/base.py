@@ -330,7 +330,7 @@ BATCH_PAUSE = 0.005
 class StoredRun:
     run_id: str
     source: str
-    #: None where ``body`` and ``columns`` were made (:meth:`packed`, :meth:`for_writer`).
+    #: None once handed to the store writer (:meth:`for_writer`): ``body`` and ``columns`` hold what it writes.
     verdict: RunVerdict | None
     finalized_by: str | None = None
     #: Parts claimed from the store whose spans this run (or one queued before it) merged: they

@@ -117,9 +117,9 @@ _NOTHING_MORE = {f"{name}_more": 0 for name in BOUNDED_EVIDENCE}
 
 
 def _unit(e: ExecutorVerdict, run: RunVerdict, limit: int) -> dict[str, Any]:
-    """A unit for orjson: the dataclass's fields as orjson writes them (its ``__dict__``, evidence
-    last), its evidence's ``_more`` counts and the extras appended; a unit with a list over ``limit``
-    is cut first. (One orjson call per run: a call and its bytes spliced per unit took twice as long.)"""
+    """A unit for orjson: the dataclass's fields as orjson writes them (its ``__dict__``), its
+    evidence's ``_more`` counts and the extras appended; a unit with a list over ``limit`` is cut
+    first. (One orjson call per run: a call and its bytes spliced per unit took twice as long.)"""
     ev = e.evidence
     if (len(ev.chat_calls) > limit or len(ev.finish_comparisons) > limit or len(ev.ledger) > limit
             or len(ev.executor_span_ids) > limit):  # (spelled out: this runs per unit of every run)

@@ -44,6 +44,8 @@ class Rates:
 
 
 class Pricer(Protocol):
+    """What prices a unit's calls: :meth:`rates` for most of them, :meth:`__call__` for the rest."""
+
     def __call__(self, model: str | None, provider: str | None, usage: Usage, at_ns: int | None) -> Quote:
         """The price of ``usage`` on ``model`` served by ``provider``, at ``at_ns`` (Unix ns; None: now)."""
 

@@ -487,7 +487,8 @@ class Metrics:
         """A sweep's verdicts: counted locally, then one ``add`` per attribute set (the SDK hashes a
         record's attributes on every call, which per run and per unit was a tenth of the main thread),
         each carrying the latest run of its set as its exemplar; scores and deltas go to our own
-        histograms, each with its run."""
+        histograms, each with its run. ``runs`` as published, verdicts included (the pipeline records
+        them before :meth:`StoredRun.for_writer` lets the verdicts go)."""
         Labels = tuple[str, str | None, str | None]
         statuses: Counter[Labels] = Counter()
         verdicts: Counter[Labels] = Counter()

@@ -337,9 +337,9 @@ class StoredRun:
     #: leave the store in the transaction that writes it, or finds it stale (docs/scale-out.md).
     parts: tuple[str, ...] = ()
     #: The run's document as the store keeps it, made with ``columns`` where the run was published
-    #: (:meth:`packed`); None: :meth:`RunStore.save_many` makes both.
+    #: (:meth:`packed`); either None: :meth:`RunStore.save_many` makes both from the verdict.
     body: bytes | None = field(default=None, repr=False, compare=False)
-    #: The verdict's own columns (:func:`columns`).
+    #: The verdict's own columns (:func:`run_columns`).
     columns: tuple[Any, ...] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -350,7 +350,7 @@ class StoredRun:
         in the store writer, later: bench/RESULTS.md issue 39)."""
         return cls(run_id, source, verdict, finalized_by, parts,
                    pack(run_to_json(verdict, max_items, run_id=run_id, source=source, finalized_by=finalized_by)),
-                   columns(verdict))
+                   run_columns(verdict))
 
     def for_writer(self) -> StoredRun:
         """This run without its verdict where its body and columns are made: all the store writer
@@ -364,7 +364,7 @@ class StoredRun:
         return self.verdict.trace_id if self.verdict is not None else self.columns[0]  # type: ignore[index]
 
 
-def columns(run: RunVerdict) -> tuple[Any, ...]:
+def run_columns(run: RunVerdict) -> tuple[Any, ...]:
     """The ``runs`` columns a verdict gives (:meth:`RunStore.save_many` puts the rest around them):
     trace id, subject, status, score, preset, revision, incomplete, checked, unchecked, MAF release,
     unit names, unreported spend."""

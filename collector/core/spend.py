@@ -64,10 +64,8 @@ def price_unit(evidence: Evidence, pricer: Pricer) -> UnitCost:
     call of every run (a Quote per call took ~15% longer)."""
     truth: float | None = 0.0
     unknown: list[str] = []  # why a figure is unknown, in order
-    pair: tuple[str | None, str | None] | None = None  # the calls' (model, provider), while they share one
-    pairs: set[tuple[str | None, str | None]] = set()  # every pair, once they differ
-    by: str | None = None  # what priced the calls, while one thing did
-    bys: set[str] = set()  # everything that did, once they differ
+    pairs: set[tuple[str | None, str | None]] = set()  # the calls' (model, provider)
+    by: set[str] = set()  # what priced them, or why nothing could
     first: int | None = None  # the first priced call's time: the framework total is priced then
     for c in evidence.chat_calls:
         usage = c.usage
@@ -75,11 +73,7 @@ def price_unit(evidence: Evidence, pricer: Pricer) -> UnitCost:
         if input_tokens is None and output_tokens is None and usage.total_tokens is None:  # no tokens: not priced
             continue
         model, provider, seq = c.model, c.provider, c.seq
-        if pair is None:
-            pair = (model, provider)
-        elif pairs or pair[0] != model or pair[1] != provider:
-            pairs.add(pair)
-            pairs.add((model, provider))
+        pairs.add((model, provider))
         if seq and (first is None or seq < first):
             first = seq
         usd, how = _priced(pricer, model, provider, seq or None, input_tokens, output_tokens, usage.total_tokens)
@@ -88,16 +82,12 @@ def price_unit(evidence: Evidence, pricer: Pricer) -> UnitCost:
             unknown.append(how)
         elif truth is not None:
             truth += usd
-        if by is None:
-            by = how
-        elif bys or how != by:
-            bys.add(by)
-            bys.add(how)
-    if pair is not None:
+        by.add(how)
+    if pairs:
         truth = None if truth is None else _round(truth)
     else:  # no call reported its tokens: free where every call failed (no tokens, nothing spent)
         truth = 0.0 if evidence.truth_tokens == 0 else None
-    models = sorted(pairs, key=str) if pairs else [pair] if pair is not None else []
+    models = sorted(pairs, key=str) if len(pairs) > 1 else list(pairs)
     named = _name(*models[0]) if len(models) == 1 else ", ".join([_name(m, p) for m, p in models]) or None
     framework = None
     if not evidence.ledger_missing:
@@ -118,11 +108,11 @@ def price_unit(evidence: Evidence, pricer: Pricer) -> UnitCost:
         unreported = 0.0
     elif tokens is not None and truth is not None and framework is not None:
         unreported = _round(max(truth - framework, 0.0))
-    if truth is None and pair is None:
+    if truth is None and not pairs:
         unknown.append("no chat call of the unit reported its tokens")
     priced_by = None
-    if by is not None and truth is not None:
-        priced_by = "; ".join(sorted(bys)) if bys else by
+    if by and truth is not None:
+        priced_by = next(iter(by)) if len(by) == 1 else "; ".join(sorted(by))
     # positional, in field order (per unit of every run: 7 keywords take 2.5x the call)
     return UnitCost(named, framework, truth, unreported, tokens, priced_by,
                     unknown[0] if len(unknown) == 1 else "; ".join(dict.fromkeys(unknown)) or None)

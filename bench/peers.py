@@ -15,10 +15,13 @@ after the last answer (past its 200 ms batch timeout), when the blackhole has ta
 The sender's own CPU while sending is shown too: on a 2-core box it competes with the server.
 Each run starts fresh servers; their order alternates from run to run. With ``--code`` the
 collector of each source tree given runs beside rotel (as bench/throughput.py's ``--code``: a tree's
-own ``.venv`` when it has one), and each is compared with the last.
+own ``.venv`` when it has one), and each is compared with the last. ``--unpriced`` also runs the first
+tree's collector with ``pricing.enabled: false``, beside the same tree priced: what pricing every
+chat call costs a span (the bench's model is one genai-prices knows).
 
     .venv/bin/python bench/peers.py [--traces 3000] [--streams 1 16] [--runs 3]
     .venv/bin/python bench/peers.py --code . /tmp/base --runs 3   # this tree and another commit's, beside rotel
+    .venv/bin/python bench/peers.py --code . /tmp/base --unpriced  # and this tree with pricing off
 """
 
 from __future__ import annotations
@@ -84,9 +87,11 @@ class Rotel:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def measure(peer: str, streams: int, bodies: list[bytes], traces: int, spans: int, code: str | None = None) -> dict:
-    """One run against a fresh server (ours: the collector of source tree ``code``, None: the installed one)."""
-    with Collector(code=code) if peer == "ours" else Rotel() as server:
+def measure(peer: str, streams: int, bodies: list[bytes], traces: int, spans: int, code: str | None = None,
+            unpriced: bool = False) -> dict:
+    """One run against a fresh server (ours: the collector of source tree ``code``, None: the installed
+    one; ``unpriced``: with pricing off)."""
+    with Collector(code=code, pricing={"enabled": False} if unpriced else None) if peer == "ours" else Rotel() as server:
         pid = server.proc.pid
         idle = rss_kib(pid)[0]
         cpu0 = cpu_seconds(pid)
@@ -97,7 +102,8 @@ def measure(peer: str, streams: int, bodies: list[bytes], traces: int, spans: in
             time.sleep(ROTEL_SETTLE)  # its last batch reaches the blackhole
         cpu = cpu_seconds(pid) - cpu0
         peak = rss_kib(pid)[1]
-    return {"peer": peer if peer == "rotel" or code is None else f"ours {code}", "streams": streams, "accepted": spans / sent.seconds, "e2e": e2e,
+    name = peer if peer == "rotel" or code is None else f"ours {code}"
+    return {"peer": f"{name} (pricing off)" if unpriced else name, "streams": streams, "accepted": spans / sent.seconds, "e2e": e2e,
             "cpu_per_100k": cpu / spans * 1e5, "sender_cpu_per_100k": sent.cpu / spans * 1e5,
             "idle_mib": idle / 1024, "steady_mib": sampler.steady_kib / 1024, "peak_mib": peak / 1024,
             "refused": sent.refused}
@@ -125,6 +131,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--code", nargs="+", default=[None],
                     help="source trees whose collector to run (default: the installed one), side by side")
+    ap.add_argument("--unpriced", action="store_true",
+                    help="also the first tree's collector with pricing.enabled: false")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     payload = [trace_spans(rng) for _ in range(args.traces)]
@@ -132,12 +140,13 @@ def main() -> None:
     bodies = encode(payload, args.spans_per_request)
     print(f"{args.traces:,} traces, {spans:,} spans in {len(bodies)} requests; rotel {rotel_agent.agent_path}")
     print(HEADER)
-    servers = [("ours", code) for code in args.code] + [("rotel", None)]
+    servers = ([("ours", args.code[0], False)] + [("ours", args.code[0], True)] * args.unpriced
+               + [("ours", code, False) for code in args.code[1:]] + [("rotel", None, False)])
     results: dict[tuple[str, int], list[dict]] = {}
     for run in range(args.runs):
         for streams in args.streams:
-            for peer, code in servers if run % 2 == 0 else servers[::-1]:
-                r = measure(peer, streams, bodies, args.traces, spans, code)
+            for peer, code, unpriced in servers if run % 2 == 0 else servers[::-1]:
+                r = measure(peer, streams, bodies, args.traces, spans, code, unpriced)
                 results.setdefault((r["peer"], streams), []).append(r)
                 print(row(r), flush=True)
     names = list(dict.fromkeys(name for name, _ in results))
@@ -157,11 +166,12 @@ def main() -> None:
             e2e = statistics.median(o["e2e"] / r["accepted"] for o, r in pairs)
             print(f"{streams} stream{'s' * (streams > 1)}: {name}/rotel CPU per span {cpu:.2f}x; "
                   f"throughput {name}/rotel accepted {accepted:.3f}, end-to-end {e2e:.3f} (medians of {len(pairs)} pairs)")
-        for name in ours[:-1]:
-            pairs = list(zip(results[(name, streams)], results[(ours[-1], streams)]))
+        # each tree beside the last; with --unpriced, also the first tree priced beside it unpriced
+        for name, base in [(name, ours[-1]) for name in ours[:-1]] + [(ours[0], ours[1])] * args.unpriced:
+            pairs = list(zip(results[(name, streams)], results[(base, streams)]))
             cpu = statistics.median(o["cpu_per_100k"] / b["cpu_per_100k"] for o, b in pairs)
             e2e = statistics.median(o["e2e"] / b["e2e"] for o, b in pairs)
-            print(f"{streams} stream{'s' * (streams > 1)}: {name} / {ours[-1]}: CPU per span {cpu:.2f}x, "
+            print(f"{streams} stream{'s' * (streams > 1)}: {name} / {base}: CPU per span {cpu:.2f}x, "
                   f"end-to-end spans/s {e2e:.2f}x (medians of {len(pairs)} pairs)")
     for name in names:
         lo, hi = min(args.streams), max(args.streams)

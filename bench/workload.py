@@ -26,7 +26,6 @@ import time
 import traceback
 import urllib.parse
 import weakref
-import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -104,10 +103,12 @@ def trace_spans(rng: random.Random, executors: int | None = None, chats: int | N
 
 def stored_docs(con: sqlite3.Connection, where: str = "") -> list[tuple[str, dict]]:
     """(trace id, run document) of the runs in a SQLite store of any version: the document as
-    JSON text (``doc``, before issue 42) or zlib-compressed (``body``)."""
+    JSON text (``doc``, before issue 42) or compressed (``body``: zlib, zstd since issue 39)."""
+    from collector.store.base import unpack  # here: bench/inprocess.py imports this module in older trees
+
     columns = {row[1] for row in con.execute("PRAGMA table_info(runs)")}
     column = "body" if "body" in columns else "doc"
-    return [(tid, json.loads(zlib.decompress(value) if column == "body" else value))
+    return [(tid, json.loads(unpack(value) if column == "body" else value))
             for tid, value in con.execute(f"SELECT trace_id, {column} FROM runs {where}")]
 
 
@@ -220,13 +221,14 @@ class Collector:
     caller never got that far; a collector that fails to start is stopped and removed at once."""
 
     def __init__(self, assembly: dict | None = None, code: str | None = None, journal: bool = True,
-                 receivers: dict | None = None, store: dict | None = None) -> None:
+                 receivers: dict | None = None, store: dict | None = None, pricing: dict | None = None) -> None:
         """``code``: run the collector package from that source tree (e.g. a worktree of another
         commit) instead of the installed one, to compare commits side by side on one payload; with
         the tree's own ``.venv`` when it has one (its compiled decoder and dependencies too, as
         ``make bench-check`` builds), else this venv with the tree first on ``PYTHONPATH``.
         ``receivers``: that section instead of the bench's own (64 MiB requests). ``store``: store
-        settings besides its URL (e.g. ``retention``)."""
+        settings besides its URL (e.g. ``retention``). ``pricing``: that section (e.g. ``{"enabled":
+        False}``; a tree from before spend, issue 40, has none)."""
         self.dir = Path(tempfile.mkdtemp(prefix="agenteval-bench-"))
         self.store = self.dir / "runs.db"
         cfg = {"receivers": receivers or {"grpc": {"endpoint": "127.0.0.1:0", "max_message_bytes": 64 << 20},
@@ -236,7 +238,8 @@ class Collector:
                # the journal in the temp folder also when the store is elsewhere (a PostgreSQL URL)
                "journal": {"path": str(self.dir / "runs.db.journal")} if journal else {"enabled": False},
                "exporters": {"prometheus": {"endpoint": "127.0.0.1:0"}},
-               "logging": {"level": "info"}}
+               "logging": {"level": "info"},
+               **({"pricing": pricing} if pricing is not None else {})}
         (self.dir / "c.yaml").write_text(yaml.safe_dump(cfg))
         self.log = (self.dir / "log").open("w+")
         self.proc = subprocess.Popen([agenteval(code), "collector", "serve", "--config", str(self.dir / "c.yaml")],

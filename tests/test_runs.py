@@ -418,6 +418,33 @@ def test_the_bench_workload_traces_pass():
         assert {e.verdict.value for e in result.executors} == {"Agree"} and result.status.value == "PASS"
 
 
+def test_the_benches_read_the_documents_the_store_writes(tmp_path):
+    """bench/overload.py and bench/soak.py read stored runs through workload.stored_docs: it reads
+    what this collector's store writes (zstd since issue 39), as it did zlib before."""
+    import sqlite3
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+    from workload import encode, stored_docs, trace_spans
+
+    from collector.store import StoredRun, open_store
+
+    clock = Clock()
+    assembler = Assembler(CONFIG.assembly, MATCHER, clock)
+    for body in encode([trace_spans(random.Random(seed)) for seed in range(3)]):
+        assembler.offer(decode_bytes(body, MATCHER).spans)
+    clock.now += CONFIG.assembly.max_trace_wait + 1
+    verdicts = {item.run.trace_id: reconcile(item.run) for item in assembler.sweep()}
+    store = open_store(str(tmp_path / "runs.db"))
+    store.save_many([StoredRun(f"run-{i}", "live", v) for i, v in enumerate(verdicts.values())])
+    store.close()
+    docs = dict(stored_docs(sqlite3.connect(tmp_path / "runs.db")))
+    assert sorted(docs) == sorted(verdicts)
+    for trace_id, doc in docs.items():
+        assert doc["status"] == "PASS"
+        assert ([(e["executor_id"], e["verdict"], e["evidence"]["truth_tokens"]) for e in doc["executors"]]
+                == [(e.executor_id, e.verdict.value, e.evidence.truth_tokens) for e in verdicts[trace_id].executors])
+
+
 def test_a_run_starts_with_its_workflow_run_span_and_lasts_until_its_last_span_ends():
     """When a run started is its workflow-run span's start, even where a span timed by another
     process's clock starts earlier; how long it took runs to the latest end of its spans (one ending

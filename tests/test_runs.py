@@ -400,21 +400,26 @@ def test_a_parent_cycle_through_the_root_is_reconciled_at_the_quiet_period_not_t
     assert {e.executor_id: e.verdict.value for e in reconcile(item.run).executors} == {"writer": "Agree"}
 
 
-def test_the_bench_workload_traces_pass():
-    """The benches measure the collector on passing runs: a workload trace reconciles as PASS (its
-    ledger's finish reasons were once written as the text "['stop']", a FinishMismatch)."""
+def _bench_runs(traces: int) -> list:
+    """The runs of ``traces`` bench workload traces (bench/workload.py), finalized."""
     sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
     from workload import encode, trace_spans
 
     clock = Clock()
     assembler = Assembler(CONFIG.assembly, MATCHER, clock)
-    for body in encode([trace_spans(random.Random(seed)) for seed in range(5)]):
+    for body in encode([trace_spans(random.Random(seed)) for seed in range(traces)]):
         assembler.offer(decode_bytes(body, MATCHER).spans)
     clock.now += CONFIG.assembly.max_trace_wait + 1
-    finalized = assembler.sweep()
-    assert len(finalized) == 5
-    for item in finalized:
-        result = reconcile(item.run)
+    return [item.run for item in assembler.sweep()]
+
+
+def test_the_bench_workload_traces_pass():
+    """The benches measure the collector on passing runs: a workload trace reconciles as PASS (its
+    ledger's finish reasons were once written as the text "['stop']", a FinishMismatch)."""
+    runs = _bench_runs(5)
+    assert len(runs) == 5
+    for run in runs:
+        result = reconcile(run)
         assert {e.verdict.value for e in result.executors} == {"Agree"} and result.status.value == "PASS"
 
 
@@ -423,17 +428,10 @@ def test_the_benches_read_the_documents_the_store_writes(tmp_path):
     what this collector's store writes (zstd since issue 39), as it did zlib before."""
     import sqlite3
 
-    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
-    from workload import encode, stored_docs, trace_spans
-
     from collector.store import StoredRun, open_store
 
-    clock = Clock()
-    assembler = Assembler(CONFIG.assembly, MATCHER, clock)
-    for body in encode([trace_spans(random.Random(seed)) for seed in range(3)]):
-        assembler.offer(decode_bytes(body, MATCHER).spans)
-    clock.now += CONFIG.assembly.max_trace_wait + 1
-    verdicts = {item.run.trace_id: reconcile(item.run) for item in assembler.sweep()}
+    verdicts = {run.trace_id: reconcile(run) for run in _bench_runs(3)}
+    from workload import stored_docs  # on the path since _bench_runs
     store = open_store(str(tmp_path / "runs.db"))
     store.save_many([StoredRun(f"run-{i}", "live", v) for i, v in enumerate(verdicts.values())])
     store.close()

@@ -158,7 +158,6 @@ class Collector:
                  mtls=bool(tls.client_ca_file), auth=auth.enabled, metrics_auth=prometheus.require_auth,
                  open_files_limit=files, decoder="native" if decode.NATIVE else "python")
         logs.flush()
-        _tune_gc()
         return self.listening
 
     def _gauges(self) -> dict[str, int]:
@@ -179,6 +178,7 @@ class Collector:
 
         pipeline.on_deadline = on_deadline
         next_full_gc = time.monotonic() + FULL_GC_INTERVAL
+        next_young_gc = 0.0
         while True:
             due = pipeline.next_deadline()
             planned = due
@@ -195,9 +195,13 @@ class Collector:
             except Exception:  # a bug in one trace must not stop every later verdict
                 log.exception("sweep_failed")
             logs.flush()  # the sweep's run_verdict lines
-            if time.monotonic() >= next_full_gc:
-                next_full_gc = time.monotonic() + FULL_GC_INTERVAL
-                gc.collect()
+            now = time.monotonic()
+            if now >= next_full_gc:
+                next_full_gc = now + FULL_GC_INTERVAL
+                full_collection()
+            elif now >= next_young_gc:
+                next_young_gc = now + YOUNG_GC_INTERVAL
+                gc.collect(0)  # see _tune_gc: CPython's own trigger lags once the late window is full
             await asyncio.sleep(0)  # let receivers run between back-to-back sweeps
 
     async def stop(self) -> None:
@@ -251,6 +255,10 @@ def _tune_malloc() -> None:
 
 #: Seconds between the full garbage collections the sweeper runs (see :func:`_tune_gc`).
 FULL_GC_INTERVAL = 600.0
+#: Allocations (less deallocations) between two young collections CPython makes in the live collector.
+YOUNG_GC = 10_000
+#: Seconds between the young collections the sweeper makes itself (see :func:`_tune_gc`).
+YOUNG_GC_INTERVAL = 0.1
 
 
 def _tune_gc() -> None:
@@ -259,17 +267,40 @@ def _tune_gc() -> None:
     - What is alive at start (imports, config, servers: ~80K objects) lives as long as the process:
       it is frozen out of every later collection.
     - Traces in flight and finalized traces kept for the late window (up to ``max_late_traces``) are
-      hundreds of thousands of objects, and CPython collects all of them whenever a quarter as many
-      have survived into the oldest generation: every few seconds under load, each a pause of
-      0.2-0.5 s for every request and verdict (bench/latency.py's p99). So the oldest generation is
-      never collected on its own: the sweeper collects it every ``FULL_GC_INTERVAL`` (reference
-      cycles that reach it wait that long). The young generations keep CPython's defaults (pauses
-      of a few ms); without the full collections ingest + sweep also run ~1.5x faster
-      (bench/inprocess.py).
+      hundreds of thousands of objects. CPython's own policy walks them again and again: the middle
+      generation every 20 young collections (bench/latency.py: a 200-250 ms pause every ~30 s at
+      10,000 spans/s, p99 +100-180 ms over a minute), the oldest whenever a quarter as many as it
+      holds have survived into it (0.2-0.5 s every few seconds).
+    - So CPython collects only the young generation by itself, every ``YOUNG_GC`` allocations, and
+      each young collection's survivors are frozen out of the later ones: a pause is the young
+      generation's own walk, for the same CPU a span (bench/peers.py). Nearly all cyclic garbage
+      (gRPC's, a few objects a request) dies young and is collected there.
+    - CPython counts allocations less deallocations, frozen objects' included: once the late window
+      is full, each trace it lets go of frees about as many objects as a new one makes, the count
+      hardly grows, and a young collection came every few seconds, walking 80-200K objects (20-120
+      ms; bench/latency.py after ~40 s). So the sweeper also collects the young generation every
+      ``YOUNG_GC_INTERVAL``.
+    - A cycle that becomes garbage after it was frozen waits for :func:`full_collection`, which the
+      sweeper runs every ``FULL_GC_INTERVAL`` (one pause of the whole heap, ~0.6 s at a full late
+      window).
     """
     gc.freeze()
-    young, middle, _ = gc.get_threshold()
-    gc.set_threshold(young, middle, 2**31 - 1)
+    gc.set_threshold(YOUNG_GC, 2**31 - 1, 2**31 - 1)
+    gc.callbacks.append(_freeze_survivors)
+
+
+def _freeze_survivors(phase: str, info: dict[str, int]) -> None:
+    """After a young collection: what survived it out of every later automatic collection."""
+    if phase == "stop" and info["generation"] == 0:
+        gc.freeze()
+
+
+def full_collection() -> None:
+    """Every object, the frozen ones included (cycles that became garbage after they were frozen), then
+    what is alive frozen again."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 def _endpoints(cfg: CollectorConfig) -> list[tuple[str, str]]:
@@ -332,6 +363,7 @@ async def serve(config: CollectorConfig, stop: asyncio.Event | None = None) -> N
         loop.add_signal_handler(sig, stop.set)
     collector = Collector(config)
     listening = await collector.start()
+    _tune_gc()  # here, not in start(): it sets the process's collector, once everything started is alive
     print(
         "agenteval collector listening:"
         + (f"\n  OTLP/gRPC  {listening.grpc}  (also FidelityService: agenteval watch --endpoint {listening.grpc})" if listening.grpc else "")

@@ -269,7 +269,7 @@ def _tune_gc() -> None:
     - Traces in flight and finalized traces kept for the late window (up to ``max_late_traces``) are
       hundreds of thousands of objects. CPython's own policy walks them again and again: the middle
       generation every 20 young collections (bench/latency.py: a 200-250 ms pause every ~30 s at
-      10,000 spans/s, p99 +100-180 ms over a minute), the oldest whenever a quarter as many as it
+      10,000 spans/s, p99 +90-180 ms over a minute), the oldest whenever a quarter as many as it
       holds have survived into it (0.2-0.5 s every few seconds).
     - So CPython collects only the young generation by itself, every ``YOUNG_GC`` allocations, and
       each young collection's survivors are frozen out of the later ones: a pause is the young

@@ -92,7 +92,12 @@ def assert_stored_and_ready(proc: CollectorProcess, expected: dict[str, str]) ->
     assert sorted(r["trace_id"] for r in proc.store().list_runs(limit=1000)) == sorted(expected)
     assert FidelityServiceStub(grpc.insecure_channel(proc.grpc)).GetRun(
         pb.GetRunRequest(run_id=run_id(next(iter(expected))))).run_id
-    events = [e for e in proc.log_events() if e.get("event") in ("store_unavailable", "store_opened")]
+    # store_opened is an info line: written out after the sweep that follows it (live/logs.py), which
+    # may come after the store has answered the reads above
+    deadline = time.monotonic() + 30
+    while (events := [e for e in proc.log_events() if e.get("event") in ("store_unavailable", "store_opened")]
+           )[-1]["event"] != "store_opened" and time.monotonic() < deadline:
+        time.sleep(0.1)
     # One line per change of state, not one per retry.
     assert events[0]["event"] == "store_unavailable" and events[-1]["event"] == "store_opened", events
     errors = [e["error"] for e in events if e["event"] == "store_unavailable"]

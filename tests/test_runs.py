@@ -400,14 +400,22 @@ def test_a_parent_cycle_through_the_root_is_reconciled_at_the_quiet_period_not_t
     assert {e.executor_id: e.verdict.value for e in reconcile(item.run).executors} == {"writer": "Agree"}
 
 
-def _bench_runs(traces: int) -> list:
-    """The runs of ``traces`` bench workload traces (bench/workload.py), finalized."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
-    from workload import encode, trace_spans
+def _workload():
+    """bench/workload.py, the module the benches share."""
+    bench = str(Path(__file__).parents[1] / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import workload
 
+    return workload
+
+
+def _bench_runs(traces: int) -> list:
+    """The runs of ``traces`` bench workload traces, finalized."""
+    workload = _workload()
     clock = Clock()
     assembler = Assembler(CONFIG.assembly, MATCHER, clock)
-    for body in encode([trace_spans(random.Random(seed)) for seed in range(traces)]):
+    for body in workload.encode([workload.trace_spans(random.Random(seed)) for seed in range(traces)]):
         assembler.offer(decode_bytes(body, MATCHER).spans)
     clock.now += CONFIG.assembly.max_trace_wait + 1
     return [item.run for item in assembler.sweep()]
@@ -431,11 +439,10 @@ def test_the_benches_read_the_documents_the_store_writes(tmp_path):
     from collector.store import StoredRun, open_store
 
     verdicts = {run.trace_id: reconcile(run) for run in _bench_runs(3)}
-    from workload import stored_docs  # on the path since _bench_runs
     store = open_store(str(tmp_path / "runs.db"))
     store.save_many([StoredRun(f"run-{i}", "live", v) for i, v in enumerate(verdicts.values())])
     store.close()
-    docs = dict(stored_docs(sqlite3.connect(tmp_path / "runs.db")))
+    docs = dict(_workload().stored_docs(sqlite3.connect(tmp_path / "runs.db")))
     assert sorted(docs) == sorted(verdicts)
     for trace_id, doc in docs.items():
         assert doc["status"] == "PASS"

@@ -9,10 +9,11 @@ INSTRUMENTATION := instrumentation/opentelemetry-instrumentation-maf-fidelity
 
 # The instrumentation is installed as a wheel (its namespace package would make an editable install
 # print setuptools' warning box), so it is reinstalled whenever one of its files changes. So is the
-# compiled decoder (native/, needs Rust), whose wheel native/build.sh caches per version of its sources.
+# compiled decoder (native/, needs Rust), whose wheel native/build.sh caches per version of its sources
+# (offline, tools/native-wheel takes the wheelhouse's prebuilt one: docs/running.md "Offline install").
 NATIVE := native/build.sh native/Cargo.toml native/Cargo.lock native/pyproject.toml $(shell find native/src -type f)
 # tools/maf-venv builds every environment (.venv and each .venv-maf/ release) the same way.
-INSTALL_INPUTS := pyproject.toml tools/maf-venv $(NATIVE) \
+INSTALL_INPUTS := pyproject.toml tools/maf-venv tools/offline.sh tools/native-wheel $(NATIVE) \
   $(shell find $(INSTRUMENTATION) -name '*.py' -o -name pyproject.toml | grep -v /build/)
 
 # Microsoft Agent Framework releases tested, as core:orchestrations (docs/maf.md "Supported MAF releases").
@@ -89,8 +90,25 @@ test-maf-latest: .venv-maf/latest/.installed
 	@.venv-maf/latest/bin/pip show agent-framework-core agent-framework-orchestrations | grep -E '^(Name|Version):' | paste - -
 	.venv-maf/latest/bin/pytest -p no:cacheprovider $(MAF_TESTS)
 
+# The .NET ledger package (instrumentation/dotnet, docs/dotnet.md): its xunit tests on each MAF .NET
+# release tested (the newest and the oldest the NuGet copy restores), then its NuGet package, into
+# instrumentation/dotnet/artifacts. The real-workflow scenarios run in `make test`
+# (tests/test_dotnet_live.py), against a live collector.
+MAF_DOTNET := 1.28.0 1.20.0
+# The package is built against the oldest, so it asks for no newer MAF than its users have.
+MAF_DOTNET_OLDEST := $(lastword $(MAF_DOTNET))
+DOTNET_DIR := instrumentation/dotnet
+.PHONY: test-dotnet
+test-dotnet:
+	@for release in $(MAF_DOTNET); do \
+	  echo "== Microsoft.Agents.AI.Workflows $$release"; \
+	  dotnet test $(DOTNET_DIR)/MafFidelity.sln -p:MafVersion=$$release --nologo || exit 1; \
+	done
+	dotnet pack $(DOTNET_DIR)/src/AgentEval.Instrumentation.MafFidelity -c Release -p:MafVersion=$(MAF_DOTNET_OLDEST) \
+	  -o $(DOTNET_DIR)/artifacts --nologo
+
 clean:
-	rm -rf $(VENV) .venv-maf .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-maf .pytest_cache .hypothesis $(DOTNET_DIR)/bin $(DOTNET_DIR)/obj $(DOTNET_DIR)/artifacts
 
 # Peers + throughput, this tree beside the collector of commit BASE (each in its own venv; BASE's
 # built once by bench/base.sh), alternating in one sitting, with the ratios: make bench-check BASE=8fe69c1.

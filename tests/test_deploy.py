@@ -427,9 +427,9 @@ def image(shared_dir: Path) -> Image:
     installs (its own pip command, on the two wheels its build stage makes), not writable by the
     image's user; the image's config with its data directory moved to one that user owns."""
     python = _public_python()
-    native = subprocess.run([str(ROOT / "native/build.sh"), python], capture_output=True, text=True)
+    native = subprocess.run([str(ROOT / "tools/native-wheel"), python], capture_output=True, text=True)
     if native.returncode != 0:
-        message = f"the compiled decoder cannot be built (no Rust?): {native.stderr.strip()[-300:]}"
+        message = f"no compiled decoder (no Rust? offline without a prebuilt one?): {native.stderr.strip()[-300:]}"
         if os.environ.get("AGENTEVAL_REQUIRE_NATIVE"):
             pytest.fail(message)
         pytest.skip(message)

@@ -185,6 +185,24 @@ def is_per_process_id(name: str) -> bool:
     return len(name) in (32, 36) and _PER_PROCESS_ID.fullmatch(name) is not None
 
 
+#: MAF .NET names an agent's host executor ``{Name}_{Id}`` (``GetDescriptiveId``), where the agent's
+#: ``Id`` is a per-process uuid unless set: the executor is named by its agent's name (docs/maf.md).
+_DOTNET_AGENT_EXECUTOR = re.compile(r"(.+?)_[0-9a-f]{32}", re.IGNORECASE)
+
+
+def _said(s: SpanRecord) -> Announcement | None:
+    """The instrumentation's announcement on a span, if it carries one."""
+    if s.facts[INSTRUMENTATION_VERSION] or s.facts[MAF_RELEASE]:
+        return Announcement(*s.facts[MAF_RELEASE:INSTRUMENTATION_STATUS + 1])
+    return None
+
+
+def stable_executor(name: str) -> str:
+    """An executor id as a unit may carry it: never with a per-process id."""
+    found = _DOTNET_AGENT_EXECUTOR.fullmatch(name)
+    return found.group(1) if found else name
+
+
 def workflow_name(name: str | None) -> str | None:
     """A subject, unless it holds a per-process id (MAF 1.23 names an unnamed workflow
     ``WorkflowBuilder-{uuid}``): the run is then named by what comes next (docs/design.md §1)."""
@@ -282,7 +300,7 @@ class TraceState:
 
     __slots__ = ("matcher", "trace_id", "root_span_id", "subject", "_context", "_pending", "_pending_ids",
                  "_runs", "_names", "_fallback_subject", "run_spans_seen", "unusable", "orphaned", "_callers",
-                 "_published", "_provisional", "_shared", "_times")
+                 "_published", "_provisional", "_shared", "_times", "_outside")
 
     def __init__(self, matcher: Matcher, trace_id: bytes) -> None:
         self.matcher = matcher
@@ -305,7 +323,10 @@ class TraceState:
         #: Ledger spans outside any workflow run that name their executor (a caller recording the
         #: workflow's AgentResponseEvents under its own span): (parent id, executor key, entry),
         #: until they join the run under the same parent that has that executor.
-        self._callers: list[tuple[bytes, str, LedgerEntry]] = []
+        self._callers: list[tuple[bytes, str, LedgerEntry, Announcement | None]] = []
+        #: Parent ids of the spans outside every workflow run (a caller's, .NET's ``workflow.session``):
+        #: how far up a run a caller's ledger span may sit and still join it.
+        self._outside: dict[bytes, bytes] = {}
         #: The revision last published of every run, including runs that only a provisional
         #: finalization made (spans classified as if parentless): the next numbers on from it.
         self._published: dict[str | None, int] = {}
@@ -391,6 +412,8 @@ class TraceState:
         if bridge:
             self._ledger_span(s, parent)
             return parent
+        if run_key is None and kind != RUN:
+            self._outside[s.span_id] = s.parent_id
         if kind == RUN:
             if run_key is None:  # an outermost workflow run; a nested one (sub-workflow) is its outer run's
                 run = self._run(s.span_id.hex())
@@ -409,7 +432,7 @@ class TraceState:
             name = executor_id or _suffix(s.name, self.matcher.executor_prefixes)
             if not name:
                 return parent
-            key = self._key(name)
+            key = self._key(stable_executor(name))
             run = self._run(run_key)
             seen = run.executors[key]
             seen.spans.append((s.start_ns, s.span_id.hex()))
@@ -474,9 +497,9 @@ class TraceState:
             if bridge_executor is None:
                 return
             if run_key is None:  # beside the workflow run, not in it: joins it once the run is known
-                self._callers.append((s.parent_id, self._key(bridge_executor), entry))
+                self._callers.append((s.parent_id, self._key(stable_executor(bridge_executor)), entry, _said(s)))
                 return
-            executor, key = self._key(bridge_executor), None
+            executor, key = self._key(stable_executor(bridge_executor)), None
         else:
             key = self._key(stable_name(name))
             if key == agent:  # under the agent span: aligned to that invocation
@@ -487,26 +510,39 @@ class TraceState:
 
     @staticmethod
     def _announce(run: _Run, s: SpanRecord) -> None:
-        if run.announcement is None and (s.facts[INSTRUMENTATION_VERSION] or s.facts[MAF_RELEASE]):
-            run.announcement = Announcement(*s.facts[MAF_RELEASE:INSTRUMENTATION_STATUS + 1])
+        if run.announcement is None:
+            run.announcement = _said(s)
 
     def _join_callers(self, everything: bool) -> None:
-        """Callers' ledger spans join the run under their parent that has their executor, when exactly
-        one does (docs/design.md §3); once the trace is complete, the others stay apart, noted."""
+        """Callers' ledger spans join the run beneath their parent (directly, or through spans outside
+        every run such as .NET's ``workflow.session``) that has their executor, when exactly one does;
+        of several (a caller's span around several runs), the one whose time holds the entry. Once
+        the trace is complete, the others stay apart, noted (docs/design.md §3)."""
         waiting = []
-        for parent_id, executor, entry in self._callers:
+        for parent_id, executor, entry, said in self._callers:
             runs = [r for r in self._runs.values()
-                    if r.span_id is not None and r.parent_id == parent_id and executor in r.executors]
-            if len(runs) == 1:
-                runs[0].units[(executor, None)].ledger.append(entry)
-                runs[0].dirty = True
-            elif everything:
-                apart = self._run(None)
-                apart.units[(executor, None)].ledger.append(entry)
-                apart.caller_ledgers_apart += 1
+                    if r.span_id is not None and executor in r.executors and parent_id in self._above(r)]
+            if len(runs) > 1:
+                runs = [r for r in runs if self._times.get(r.span_id, (_NO_START, 0))[0] <= entry.seq
+                        <= self._times.get(r.span_id, (_NO_START, 0))[1]]
+            if len(runs) == 1 or everything:
+                run = runs[0] if len(runs) == 1 else self._run(None)
+                run.units[(executor, None)].ledger.append(entry)
+                run.dirty = True
+                run.announcement = run.announcement or said
+                run.caller_ledgers_apart += len(runs) != 1
             else:
-                waiting.append((parent_id, executor, entry))
+                waiting.append((parent_id, executor, entry, said))
         self._callers = waiting
+
+    def _above(self, run: _Run) -> set[bytes]:
+        """The run's parent and, above it, every ancestor outside all runs (cycles cut)."""
+        above: set[bytes] = set()
+        span_id = run.parent_id
+        while span_id and span_id not in above:
+            above.add(span_id)
+            span_id = self._outside.get(span_id, b"")
+        return above
 
     @staticmethod
     def _error(s: SpanRecord) -> str | None:
@@ -657,6 +693,7 @@ class TraceState:
                 self._published[run.span_id] = run.revision
 
     def _run_input(self, run: _Run, cut: str | None, partial: bool) -> RunInput:
+        self._give_caller_ledgers_to_agents(run)
         names = self._display_names(run)
         records = []
         units_by_executor: dict[str | None, list[str | None]] = defaultdict(list)
@@ -716,6 +753,23 @@ class TraceState:
             start_ns=run.start_ns or (earliest if earliest < _NO_START else None),
             end_ns=latest or None,
         )
+
+    @staticmethod
+    def _give_caller_ledgers_to_agents(run: _Run) -> None:
+        """A caller's ledger entry names only its executor: it is that executor's own agent's (the agent
+        named as the executor, else the one agent that ran there), so one unit holds both the entry and
+        the agent's spans, and the entry, the framework's own ledger, is what is compared."""
+        for (executor, agent), caller in list(run.units.items()):
+            if agent is not None or not caller.ledger:
+                continue
+            agents = [a for e, a in run.units if e == executor and a is not None]
+            own = [a for a in agents if a == executor] or agents
+            if len(own) != 1:
+                continue
+            run.units[(executor, own[0])].ledger.extend(caller.ledger)
+            caller.ledger.clear()
+            if not caller.turns and not caller.agent_spans and not caller.derived_agent_spans:
+                del run.units[(executor, None)]
 
     def _subject(self, run: _Run) -> str | None:
         """The workflow's name, else the root's, else the service's; a builder's default name (every

@@ -1,0 +1,118 @@
+using System.Runtime.CompilerServices;
+using Microsoft.Agents.AI;
+using Microsoft.Extensions.AI;
+
+namespace FidelityScenarios;
+
+/// <summary>What an agent middleware does to the AgentResponse on its way to the caller.</summary>
+public enum Report
+{
+    /// <summary>Passes it on as it is.</summary>
+    Honest,
+    /// <summary>Halves every token count (an under-reporting middleware).</summary>
+    HalveUsage,
+    /// <summary>Drops the finish reason (a suppressed content_filter).</summary>
+    SuppressFinish,
+    /// <summary>Keeps only the last model call's usage (a tool loop's books kept wrong).</summary>
+    LastCallOnly,
+}
+
+/// <summary>One agent of a scenario: its name, the model calls its script answers, and its middleware.</summary>
+public sealed record AgentPlan(string Name, ScriptedCall[] Calls, Report Report = Report.Honest)
+{
+    /// <summary>What the chat boundary saw: every answered call's tokens.</summary>
+    public int TruthTokens => this.Calls.Where(c => !c.Fails).Sum(c => c.Total);
+
+    /// <summary>The last answered call's finish reason.</summary>
+    public string? TruthFinish => this.Calls.LastOrDefault(c => !c.Fails)?.Finish;
+
+    /// <summary>What the framework's AgentResponse says after the middleware.</summary>
+    public int FrameworkTokens => this.Report switch
+    {
+        Report.HalveUsage => this.Calls.Where(c => !c.Fails).Sum(c => c.InputTokens) / 2
+            + this.Calls.Where(c => !c.Fails).Sum(c => c.OutputTokens) / 2,
+        Report.LastCallOnly => this.Calls.Last(c => !c.Fails).Total,
+        _ => this.TruthTokens,
+    };
+
+    public string? FrameworkFinish => this.Report == Report.SuppressFinish ? null : this.TruthFinish;
+
+    /// <summary>
+    /// What the collector must conclude of this agent. <paramref name="afterMiddleware"/>: the framework's
+    /// side is the response the caller got (the ledger package); else MAF's agent span's, from inside
+    /// the middleware, which is the truth. An agent whose every call failed reported nothing:
+    /// NoTruth ledger_missing, never the Path-2 gap.
+    /// </summary>
+    public UnitExpectation Expected(bool afterMiddleware)
+    {
+        if (this.Calls.All(c => c.Fails))
+        {
+            return new UnitExpectation("NoTruth", 0, null, null, null, "ledger_missing");
+        }
+        int framework = afterMiddleware ? this.FrameworkTokens : this.TruthTokens;
+        string? finish = afterMiddleware ? this.FrameworkFinish : this.TruthFinish;
+        bool tokens = framework < this.TruthTokens * 0.98;
+        bool finishDiffers = this.TruthFinish is not null
+            && !string.Equals(finish, this.TruthFinish, StringComparison.OrdinalIgnoreCase);
+        string verdict = (tokens, finishDiffers) switch
+        {
+            (true, true) => "Both",
+            (true, false) => "TokenMismatch",
+            (false, true) => "FinishMismatch",
+            _ => "Agree",
+        };
+        return new UnitExpectation(verdict, this.TruthTokens, framework, this.TruthFinish, finish, null);
+    }
+}
+
+/// <summary>One unit's expected verdict and evidence, as the collector's run document names them.</summary>
+public sealed record UnitExpectation(string Verdict, int TruthTokens, int? FrameworkTokens, string? TruthFinish,
+    string? FrameworkFinish, string? NoTruthReason);
+
+/// <summary>An agent middleware that changes the response as its <see cref="Report"/> says, plain and streamed.</summary>
+public sealed class MisreportingAgent(AIAgent inner, AgentPlan plan) : DelegatingAIAgent(inner)
+{
+    protected override async Task<AgentResponse> RunCoreAsync(IEnumerable<ChatMessage> messages, AgentSession? session = null,
+        AgentRunOptions? options = null, CancellationToken cancellationToken = default) =>
+        this.Change(await this.InnerAgent.RunAsync(messages, session, options, cancellationToken).ConfigureAwait(false));
+
+    protected override async IAsyncEnumerable<AgentResponseUpdate> RunCoreStreamingAsync(IEnumerable<ChatMessage> messages,
+        AgentSession? session = null, AgentRunOptions? options = null,
+        [EnumeratorCancellation] CancellationToken cancellationToken = default)
+    {
+        AgentResponse response = await this.InnerAgent.RunStreamingAsync(messages, session, options, cancellationToken)
+            .ToAgentResponseAsync(cancellationToken).ConfigureAwait(false);
+        foreach (AgentResponseUpdate update in this.Change(response).ToAgentResponseUpdates())
+        {
+            yield return update;
+        }
+    }
+
+    private AgentResponse Change(AgentResponse response)
+    {
+        switch (plan.Report)
+        {
+            case Report.HalveUsage when response.Usage is { } usage:
+                response.Usage = new UsageDetails
+                {
+                    InputTokenCount = usage.InputTokenCount / 2,
+                    OutputTokenCount = usage.OutputTokenCount / 2,
+                    TotalTokenCount = usage.InputTokenCount / 2 + usage.OutputTokenCount / 2,
+                };
+                break;
+            case Report.SuppressFinish:
+                response.FinishReason = null;
+                break;
+            case Report.LastCallOnly:
+                ScriptedCall last = plan.Calls.Last(c => !c.Fails);
+                response.Usage = new UsageDetails
+                {
+                    InputTokenCount = last.InputTokens,
+                    OutputTokenCount = last.OutputTokens,
+                    TotalTokenCount = last.Total,
+                };
+                break;
+        }
+        return response;
+    }
+}

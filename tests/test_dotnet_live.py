@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import runs_of
+from llm_server import LLMServer, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
 DOTNET_DIR = ROOT / "instrumentation" / "dotnet"
@@ -50,10 +51,16 @@ def scenario_program(release: str) -> Path:
     return out / "FidelityScenarios"
 
 
-def run_scenario(program: Path, name: str, collector, transport: str) -> dict:
+def run_scenario(program: Path, name: str, collector, transport: str, model_server: LLMServer) -> dict:
+    """Runs a scenario; one whose agents call a model server gets the test's, scripted as the program says."""
+    script = json.loads(subprocess.run([str(program), "script", name], capture_output=True, text=True, check=True,
+                                       timeout=60).stdout)
+    for model, replies in script.items():
+        model_server.script(model, [Reply(r["input_tokens"], r["output_tokens"], r["finish"]) for r in replies])
     endpoint = f"http://{collector.grpc}" if transport == "grpc" else collector.http
-    proc = subprocess.run([str(program), name, "--endpoint", endpoint, "--protocol", transport],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([str(program), name, "--endpoint", endpoint, "--protocol", transport,
+                           "--openai", model_server.base_url], capture_output=True, text=True, timeout=120)
+    assert not model_server.unplayed(), model_server.unplayed()
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -75,6 +82,13 @@ def units(run: dict) -> dict[str, dict]:
     } for e in run["executors"]}
 
 
+@pytest.fixture(scope="module")
+def model_server():
+    server = LLMServer()
+    yield server
+    server.close()
+
+
 @pytest.fixture(scope="module", params=RELEASES)
 def program(request) -> tuple[str, Path]:
     return request.param, scenario_program(request.param)
@@ -82,14 +96,16 @@ def program(request) -> tuple[str, Path]:
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])
 @pytest.mark.parametrize("name", scenario_names())
-def test_each_dotnet_scenario_gives_its_expected_verdicts_live(program, name, transport, collector):
+def test_each_dotnet_scenario_gives_its_expected_verdicts_live(program, name, transport, collector, model_server):
     release, binary = program
-    said = run_scenario(binary, name, collector, transport)
+    said = run_scenario(binary, name, collector, transport, model_server)
     assert said["maf_release"] == f"dotnet-{release}"
     stored = runs_of(collector, said["trace_ids"])
-    expected = said["expected"]
+    # per trace, its workflow runs in the order they ran (a human-in-the-loop run's turns)
+    expected = [run for trace in said["expected"] for run in trace]
     assert len(stored) == len(expected), [(r["run_id"], r["status"]) for r in stored]
-    for run, want in zip(sorted(stored, key=lambda r: said["trace_ids"].index(r["trace_id"])), expected):
+    ordered = sorted(stored, key=lambda r: (said["trace_ids"].index(r["trace_id"]), r["started_at"]))
+    for run, want in zip(ordered, expected):
         assert units(run) == want["units"], run["run_id"]
         assert run["status"] == want["status"]
         assert run["non_agent_executors"] == want["non_agent_executors"]

@@ -10,7 +10,8 @@
 #                              (.ci/run) runs COMMAND, which builds a part of the tests from a
 #                              registry. Online (no PIP_NO_INDEX) plainly: its failure fails. Offline,
 #                              when it failed without reaching its registry (a tool missing, a host
-#                              not resolved, a connection refused), unsets the variable REQUIRE and
+#                              not resolved, a connection refused, Maven finding no plugin: with -q
+#                              that is all it says of an unreachable repository), unsets the variable REQUIRE and
 #                              adds "WHAT: not run, ..." to the array `skipped`; any other failure fails.
 #   agenteval_native_wheel PYTHON
 #                              prints the wheelhouse's prebuilt compiled decoder for today's native/
@@ -68,7 +69,7 @@ agenteval_build_or_skip() {
     return 0
   fi
   echo "$out" | tail -n 3
-  if grep -qiE "not installed|no such host|could not resolve|unknownhost|unknown host|network is unreachable|connection refused|dial tcp|could not transfer artifact|temporary failure in name resolution" <<<"$out"; then
+  if grep -qiE "not installed|no such host|could not resolve|unknownhost|unknown host|network is unreachable|connection refused|dial tcp|could not transfer artifact|no plugin found for prefix|temporary failure in name resolution" <<<"$out"; then
     skipped+=("$what: not run, it needs $registry, which this machine lacks or cannot reach")
     unset "$require"
     return 0

@@ -9,10 +9,11 @@ using OpenTelemetry.Trace;
 namespace FidelityScenarios;
 
 /// <summary>
-/// dotnet run -- SCENARIO --endpoint http://127.0.0.1:4317 [--protocol grpc|http]
+/// dotnet run -- SCENARIO --endpoint http://127.0.0.1:4317 [--protocol grpc|http] [--openai URL]
 /// Runs one scenario's real MAF workflow, exports its spans over OTLP and prints, as one JSON line,
 /// its trace ids and what the collector must say of it, worked out from how it was built.
-/// dotnet run -- list   prints the scenario names.
+/// dotnet run -- list              prints the scenario names.
+/// dotnet run -- script SCENARIO   prints what the OpenAI-compatible server of --openai must answer it.
 /// </summary>
 public static class Program
 {
@@ -25,6 +26,15 @@ public static class Program
             Console.WriteLine(string.Join('\n', Scenarios.All.Keys));
             return 0;
         }
+        if (args is ["script", string scripted] && Scenarios.All.TryGetValue(scripted, out Scenario? toScript))
+        {
+            // What a model server must answer a scenario, per model: {model: [{input_tokens, output_tokens, finish}]}.
+            Console.WriteLine(JsonSerializer.Serialize(toScript.Runs.Where(r => r.ModelServer)
+                .SelectMany(r => r.Workflows).SelectMany(w => w.Plans).ToDictionary(
+                    p => $"{p.Name}-model",
+                    p => p.Calls.Select(c => new { input_tokens = c.InputTokens, output_tokens = c.OutputTokens, finish = c.Finish }))));
+            return 0;
+        }
         if (args.Length < 3 || !Scenarios.All.TryGetValue(args[0], out Scenario? scenario))
         {
             Console.Error.WriteLine("usage: FidelityScenarios SCENARIO --endpoint URL [--protocol grpc|http] | list");
@@ -32,6 +42,10 @@ public static class Program
         }
         string endpoint = Option(args, "--endpoint") ?? throw new ArgumentException("--endpoint is required");
         bool http = Option(args, "--protocol") == "http";
+        if (Option(args, "--openai") is string openai)
+        {
+            Scenarios.OpenAIEndpoint = new Uri(openai.TrimEnd('/') + "/v1");
+        }
 
         var traceIds = new List<string>();
         using (TracerProvider provider = Sdk.CreateTracerProviderBuilder()

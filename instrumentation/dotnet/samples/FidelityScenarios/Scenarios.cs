@@ -1,35 +1,37 @@
+using System.ClientModel;
 using Microsoft.Agents.AI;
 using Microsoft.Agents.AI.Workflows;
 using Microsoft.Extensions.AI;
 using AgentEval.Instrumentation.MafFidelity;
+using OpenAI;
 
 namespace FidelityScenarios;
 
-/// <summary>
-/// One workflow run of a scenario and what the collector must say of it, from how it was built.
-/// <paramref name="Ledger"/>: the ledger package records the framework's side (else the collector falls
-/// back on MAF's <c>invoke_agent</c> span, which sees the response before any middleware outside it).
-/// </summary>
-public sealed record ScenarioRun(Func<Task> Run, IReadOnlyList<AgentPlan> Plans, bool Ledger = true,
-    IReadOnlyList<string>? NonAgentExecutors = null)
+/// <summary>What the collector must say of one workflow run, from how it was built.</summary>
+public sealed record Expectation(IReadOnlyList<AgentPlan> Plans, IReadOnlyList<string>? NonAgentExecutors = null)
 {
-    /// <summary>Per agent: its verdict and numbers (tolerance 2%, finish reasons compared); the run's status.</summary>
-    public object Expected()
+    /// <summary>
+    /// Per agent: its verdict and numbers (tolerance 2%, finish reasons compared); the run's status.
+    /// <paramref name="ledger"/>: the ledger package records the framework's side (else the collector
+    /// falls back on MAF's <c>invoke_agent</c> span, which sees the response before any middleware
+    /// outside it).
+    /// </summary>
+    public object Said(bool ledger)
     {
-        var units = this.Plans.ToDictionary(p => p.Name, p => p.Expected(this.Ledger));
+        var units = this.Plans.ToDictionary(p => p.Name, p => p.Expected(ledger));
         double[] scores = units.Values.Where(u => u.Verdict != "NoTruth").Select(u => Score(u.Verdict)).ToArray();
-        bool unchecked_ = units.Values.Any(u => u.Verdict == "NoTruth");
+        bool someUnchecked = units.Values.Any(u => u.Verdict == "NoTruth");
         double? score = scores.Length > 0 ? scores.Average() : null;
         return new
         {
             status = score switch
             {
                 null => "PENDING",
-                >= 0.99 => unchecked_ ? "WARN" : "PASS",
+                >= 0.99 => someUnchecked ? "WARN" : "PASS",
                 >= 0.80 => "WARN",
                 _ => "FAIL",
             },
-            ledger = this.Ledger,
+            ledger,
             non_agent_executors = this.NonAgentExecutors ?? [],
             units,
         };
@@ -43,10 +45,29 @@ public sealed record ScenarioRun(Func<Task> Run, IReadOnlyList<AgentPlan> Plans,
     };
 }
 
+/// <summary>
+/// One trace of a scenario: what runs in it, and the workflow runs it holds (one, or one per turn of
+/// a human-in-the-loop workflow), in order.
+/// </summary>
+public sealed record ScenarioRun(Func<Task> Run, IReadOnlyList<Expectation> Workflows, bool Ledger = true)
+{
+    /// <summary>Its agents call the model server of --openai, each as the model <c>{agent}-model</c>.</summary>
+    public bool ModelServer { get; init; }
+
+    public ScenarioRun(Func<Task> run, IReadOnlyList<AgentPlan> plans, bool ledger = true,
+        IReadOnlyList<string>? nonAgentExecutors = null)
+        : this(run, [new Expectation(plans, nonAgentExecutors)], ledger)
+    {
+    }
+
+    public IEnumerable<object> Expected() => this.Workflows.Select(w => w.Said(this.Ledger));
+}
+
 /// <summary>A scenario: its runs, each in a trace of its own.</summary>
 public sealed record Scenario(string Name, IReadOnlyList<ScenarioRun> Runs)
 {
-    public object Expected() => this.Runs.Select(r => r.Expected()).ToList();
+    /// <summary>Per trace, its workflow runs' expectations.</summary>
+    public object Expected() => this.Runs.Select(r => r.Expected().ToList()).ToList();
 }
 
 /// <summary>The scenarios, each a workflow as users write them with MAF .NET.</summary>
@@ -73,6 +94,15 @@ public static class Scenarios
         Named("function-executor", FunctionExecutor()),
         Named("failed-call", FailedCall()),
         Named("direct-agent-under-reported", DirectAgent(Report.HalveUsage)),
+        Named("sequential-builder", Orchestration(agents => AgentWorkflowBuilder.BuildSequential(agents), Report.HalveUsage)),
+        Named("concurrent-builder", Orchestration(agents => AgentWorkflowBuilder.BuildConcurrent(agents), Report.SuppressFinish)),
+        Named("group-chat", GroupChat()),
+        Named("handoff", Handoff()),
+        Named("human-in-the-loop", HumanInTheLoop()),
+        Named("workflow-as-agent", WorkflowAsAgent()),
+        // MAF's real OpenAI client (Microsoft.Extensions.AI.OpenAI) against the model server of --openai.
+        Named("openai-honest", OpenAIGraph(Report.Honest)),
+        Named("openai-under-reported", OpenAIGraph(Report.HalveUsage)),
     }.ToDictionary(s => s.Name);
 
     private static Scenario Named(string name, params ScenarioRun[] runs) => new(name, runs);
@@ -156,7 +186,7 @@ public static class Scenarios
         ExecutorBinding[] agents = plans.Select(p => Agent(p).BindAsExecutor(EmitResponses)).ToArray();
         WorkflowBuilder builder = new WorkflowBuilder(toChat).AddEdge(toChat, agents[0]);
         return new ScenarioRun(() => RunWorkflow(Chain(builder, agents), "tides", streaming: true, ledger: true),
-            plans, NonAgentExecutors: ["StringToChat"]);
+            plans, nonAgentExecutors: ["StringToChat"]);
     }
 
     /// <summary>The writer's model call fails: the workflow stops there, the reviewer never runs.</summary>
@@ -175,6 +205,117 @@ public static class Scenarios
     {
         AgentPlan plan = new("assistant", [new(90, 30)], report);
         return new ScenarioRun(async () => await Agent(plan, decorate: true).RunAsync("When is high tide?"), [plan]);
+    }
+
+    /// <summary>
+    /// Three agents in a workflow built by AgentWorkflowBuilder, as users call it: its agent executors
+    /// emit no AgentResponseEvent, so each agent carries the ledger's decorator; the second misreports.
+    /// </summary>
+    private static ScenarioRun Orchestration(Func<AIAgent[], Workflow> build, Report second)
+    {
+        AgentPlan[] plans =
+        [
+            new("french", [new(60, 20)]),
+            new("spanish", [new(70, 25, Finish(second))], second),
+            new("english", [new(80, 30)]),
+        ];
+        return new ScenarioRun(() => RunWorkflow(build(plans.Select(p => Agent(p, decorate: true)).ToArray()),
+            new List<ChatMessage> { new(ChatRole.User, "Hello, world!") }, streaming: true, ledger: true), plans);
+    }
+
+    /// <summary>Round-robin group chat of two agents, two turns each; the critic under-reports each turn.</summary>
+    private static ScenarioRun GroupChat()
+    {
+        AgentPlan[] plans =
+        [
+            new("writer", [new(100, 50), new(180, 60)]),
+            new("critic", [new(120, 30), new(200, 40)], Report.HalveUsage),
+        ];
+        return new ScenarioRun(() => RunWorkflow(
+            AgentWorkflowBuilder.CreateGroupChatBuilderWith(agents => new RoundRobinGroupChatManager(agents) { MaximumIterationCount = 4 })
+                .AddParticipants(plans.Select(p => Agent(p, decorate: true)))
+                .Build(),
+            new List<ChatMessage> { new(ChatRole.User, "Draft a slogan.") }, streaming: true, ledger: true), plans);
+    }
+
+    /// <summary>A triage agent hands off to a math tutor (its handoff tool call is a model call of its own).</summary>
+    private static ScenarioRun Handoff()
+    {
+        AgentPlan triage = new("triage", [new(90, 10, "tool_calls", CallTool: "handoff_to_*")]);
+        AgentPlan tutor = new("math_tutor", [new(150, 80)], Report.HalveUsage);
+        return new ScenarioRun(() =>
+        {
+            AIAgent triageAgent = Agent(triage, decorate: true), tutorAgent = Agent(tutor, decorate: true);
+            Workflow workflow = AgentWorkflowBuilder.CreateHandoffBuilderWith(triageAgent)
+                .WithHandoffs(triageAgent, [tutorAgent])
+                .Build();
+            return RunWorkflow(workflow, new List<ChatMessage> { new(ChatRole.User, "What is 12 * 7?") }, streaming: true,
+                ledger: true);
+        }, [triage, tutor]);
+    }
+
+    /// <summary>
+    /// A writer drafts (under-reporting); a function executor asks a person through a request port; the
+    /// answer, in a second turn of the same run, goes to a reviser. The writer forwards only its own
+    /// response (by default an agent executor also forwards what it received: two drafts, two questions).
+    /// </summary>
+    private static ScenarioRun HumanInTheLoop()
+    {
+        AgentPlan writer = new("writer", [new(140, 60)], Report.HalveUsage);
+        AgentPlan reviser = new("reviser", [new(220, 90)]);
+        return new ScenarioRun(async () =>
+        {
+            ExecutorBinding draft = Agent(writer).BindAsExecutor(
+                new AIAgentHostOptions { EmitAgentResponseEvents = true, ForwardIncomingMessages = false });
+            ExecutorBinding revise = Agent(reviser).BindAsExecutor(EmitResponses);
+            var ask = new AskForApprovalExecutor("AskForApproval");
+            RequestPort approval = RequestPort.Create<string, string>("Approval");
+            var toChat = new StringToChatExecutor("ApprovalToChat");
+            Workflow workflow = new WorkflowBuilder(draft)
+                .AddEdge(draft, ask).AddEdge(ask, approval).AddEdge(approval, toChat).AddEdge(toChat, revise)
+                .WithOutputFrom(revise).WithOpenTelemetry().Build();
+            await using StreamingRun run = await InProcessExecution.RunStreamingAsync(workflow,
+                new ChatMessage(ChatRole.User, "Draft a release note."));
+            await run.TrySendMessageAsync(new TurnToken(emitEvents: true));
+            await foreach (WorkflowEvent e in run.WatchStreamAsync().WithFidelityLedger())
+            {
+                if (e is RequestInfoEvent request)
+                {
+                    await run.SendResponseAsync(request.Request.CreateResponse("approved, tighten it"));
+                }
+            }
+        }, [new Expectation([writer], ["Approval", "AskForApproval"]), new Expectation([reviser], ["Approval", "ApprovalToChat"])]);
+    }
+
+    /// <summary>A two-agent workflow hosted as an agent (<c>workflow.AsAIAgent()</c>) and called as one.</summary>
+    private static ScenarioRun WorkflowAsAgent()
+    {
+        AgentPlan[] plans = [new("researcher", [new(120, 40)]), new("writer", [new(300, 200)], Report.HalveUsage)];
+        return new ScenarioRun(async () =>
+        {
+            Workflow workflow = Chain(plans.Select(p => Agent(p, decorate: true).BindAsExecutor()).ToArray());
+            AIAgent pipeline = workflow.AsAIAgent(name: "pipeline");
+            await pipeline.RunAsync("Write a short note on tides.");
+        }, plans);
+    }
+
+    /// <summary>The OpenAI-compatible server the OpenAI scenarios call (--openai), and what it must answer them.</summary>
+    public static Uri? OpenAIEndpoint { get; set; }
+
+    /// <summary>researcher -> writer on MAF's OpenAI chat client, each agent its own model on the server.</summary>
+    private static ScenarioRun OpenAIGraph(Report writer)
+    {
+        AgentPlan[] plans = [new("researcher", [new(120, 40)]), new("writer", [new(300, 200)], writer)];
+        return new ScenarioRun(() =>
+        {
+            Uri endpoint = OpenAIEndpoint ?? throw new InvalidOperationException("this scenario needs --openai URL");
+            var openai = new OpenAIClient(new ApiKeyCredential("not-needed"), new OpenAIClientOptions { Endpoint = endpoint });
+            ExecutorBinding[] agents = plans.Select(p => Agent(p,
+                    chatClient: openai.GetChatClient($"{p.Name}-model").AsIChatClient().AsBuilder().UseOpenTelemetry().Build())
+                .BindAsExecutor(EmitResponses)).ToArray();
+            return RunWorkflow(Chain(agents), new ChatMessage(ChatRole.User, "Write a short note on tides."), streaming: true,
+                ledger: true);
+        }, plans) { ModelServer = true };
     }
 
     private static Workflow Chain(params ExecutorBinding[] executors) => Chain(new WorkflowBuilder(executors[0]), executors);
@@ -212,6 +353,15 @@ public static class Scenarios
             }
         }
     }
+}
+
+/// <summary>A function executor asking a person (through the request port after it) to approve a draft.</summary>
+[SendsMessage(typeof(string))]
+internal sealed class AskForApprovalExecutor(string id) : Executor<List<ChatMessage>>(id)
+{
+    public override async ValueTask HandleAsync(List<ChatMessage> message, IWorkflowContext context,
+        CancellationToken cancellationToken = default) =>
+        await context.SendMessageAsync($"Approve this draft? ({message.Count} message(s))", cancellationToken: cancellationToken);
 }
 
 /// <summary>A function executor, as MAF's mixed-workflow sample has: a string in, a chat message and a turn token out.</summary>

@@ -3,7 +3,11 @@ using Microsoft.Extensions.AI;
 
 namespace FidelityScenarios;
 
-/// <summary>One model call as the script answers it: its usage and finish reason, a tool call, or a failure.</summary>
+/// <summary>
+/// One model call as the script answers it: its usage and finish reason, a tool call, or a failure.
+/// A <paramref name="CallTool"/> ending in <c>*</c> calls the first tool offered whose name starts so
+/// (a handoff tool, named by the builder).
+/// </summary>
 public sealed record ScriptedCall(int InputTokens, int OutputTokens, string Finish = "stop", string? CallTool = null,
     bool Fails = false)
 {
@@ -35,7 +39,7 @@ public sealed class ScriptedChatClient(string model, params ScriptedCall[] scrip
             throw new HttpRequestException("scripted failure: the model server answered 500");
         }
         AIContent content = call.CallTool is { } tool
-            ? new FunctionCallContent(Guid.NewGuid().ToString("N"), tool)
+            ? new FunctionCallContent(Guid.NewGuid().ToString("N"), Offered(tool, options))
             : new TextContent($"{model} answers");
         return Task.FromResult(new ChatResponse(new ChatMessage(ChatRole.Assistant, [content]))
         {
@@ -49,6 +53,11 @@ public sealed class ScriptedChatClient(string model, params ScriptedCall[] scrip
             },
         });
     }
+
+    private static string Offered(string tool, ChatOptions? options) =>
+        !tool.EndsWith('*') ? tool
+        : options?.Tools?.FirstOrDefault(t => t.Name.StartsWith(tool[..^1], StringComparison.Ordinal))?.Name
+          ?? throw new InvalidOperationException($"no tool offered matches {tool}");
 
     public async IAsyncEnumerable<ChatResponseUpdate> GetStreamingResponseAsync(IEnumerable<ChatMessage> messages,
         ChatOptions? options = null, [EnumeratorCancellation] CancellationToken cancellationToken = default)

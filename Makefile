@@ -92,23 +92,35 @@ test-maf-latest: .venv-maf/latest/.installed
 
 # The .NET ledger package (instrumentation/dotnet, docs/dotnet.md): its xunit tests on each MAF .NET
 # release tested (the newest and the oldest the NuGet copy restores), then its NuGet package, into
-# instrumentation/dotnet/artifacts. The real-workflow scenarios run in `make test`
+# dist/ (as make dist). The real-workflow scenarios run in `make test`
 # (tests/test_dotnet_live.py), against a live collector.
 MAF_DOTNET := 1.28.0 1.20.0
 # The package is built against the oldest, so it asks for no newer MAF than its users have.
 MAF_DOTNET_OLDEST := $(lastword $(MAF_DOTNET))
 DOTNET_DIR := instrumentation/dotnet
+DOTNET_PACK := dotnet pack $(DOTNET_DIR)/src/AgentEval.Instrumentation.MafFidelity -c Release \
+  -p:MafVersion=$(MAF_DOTNET_OLDEST) --nologo -o dist
 .PHONY: test-dotnet
 test-dotnet:
 	@for release in $(MAF_DOTNET); do \
 	  echo "== Microsoft.Agents.AI.Workflows $$release"; \
 	  dotnet test $(DOTNET_DIR)/MafFidelity.sln -p:MafVersion=$$release --nologo || exit 1; \
 	done
-	dotnet pack $(DOTNET_DIR)/src/AgentEval.Instrumentation.MafFidelity -c Release -p:MafVersion=$(MAF_DOTNET_OLDEST) \
-	  -o $(DOTNET_DIR)/artifacts --nologo
+	$(DOTNET_PACK)
+
+# The release artifacts an app outside this repository installs the ledger from (docs/maf.md,
+# docs/dotnet.md; neither package is on a public index): the collector's and the MAF
+# instrumentation's wheels and, where the .NET SDK is, the .NET ledger package, into dist/.
+.PHONY: dist
+dist:
+	mkdir -p dist
+	bash -c 'source tools/offline.sh && agenteval_offline $(PYTHON) && \
+	  $(PYTHON) -m pip wheel --quiet --no-deps --wheel-dir dist . ./$(INSTRUMENTATION)'
+	@if command -v dotnet >/dev/null; then $(DOTNET_PACK); \
+	  else echo "note: no .NET SDK: dist/ has no AgentEval.Instrumentation.MafFidelity package"; fi
 
 clean:
-	rm -rf $(VENV) .venv-maf .pytest_cache .hypothesis $(DOTNET_DIR)/bin $(DOTNET_DIR)/obj $(DOTNET_DIR)/artifacts
+	rm -rf $(VENV) .venv-maf .pytest_cache .hypothesis dist $(DOTNET_DIR)/bin $(DOTNET_DIR)/obj
 
 # Peers + throughput, this tree beside the collector of commit BASE (each in its own venv; BASE's
 # built once by bench/base.sh), alternating in one sitting, with the ratios: make bench-check BASE=8fe69c1.

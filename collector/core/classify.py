@@ -300,7 +300,7 @@ class TraceState:
 
     __slots__ = ("matcher", "trace_id", "root_span_id", "subject", "_context", "_pending", "_pending_ids",
                  "_runs", "_names", "_fallback_subject", "run_spans_seen", "unusable", "orphaned", "_callers",
-                 "_published", "_provisional", "_shared", "_times", "_outside")
+                 "_published", "_provisional", "_shared", "_times", "_outside", "_runtime")
 
     def __init__(self, matcher: Matcher, trace_id: bytes) -> None:
         self.matcher = matcher
@@ -308,6 +308,8 @@ class TraceState:
         self.root_span_id: bytes | None = None
         self.subject: str | None = None
         self._fallback_subject: str | None = None
+        #: The first ``telemetry.sdk.language`` of the trace's spans (the run's MAF runtime).
+        self._runtime: str | None = None
         self._context: dict[bytes, Context] = {}
         self._pending: dict[bytes, list[SpanRecord]] = defaultdict(list)
         self._pending_ids: set[bytes] = set()
@@ -363,6 +365,8 @@ class TraceState:
             self._pending_ids.add(sid)
         if self._fallback_subject is None and span.resource_subject:
             self._fallback_subject = span.resource_subject
+        if self._runtime is None and span.sdk_language:
+            self._runtime = span.sdk_language.casefold()
         return True
 
     def _resolve(self, span: SpanRecord, inherited: Context) -> None:
@@ -750,6 +754,7 @@ class TraceState:
             notes=tuple(notes),
             announcement=run.announcement,
             service_name=self._fallback_subject,
+            runtime=self._runtime,
             start_ns=run.start_ns or (earliest if earliest < _NO_START else None),
             end_ns=latest or None,
         )

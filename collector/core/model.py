@@ -72,6 +72,17 @@ NO_TRUTH_EXPLANATIONS: dict[NoTruthReason, str] = {
 }
 
 
+#: How the .NET ledger package announces its MAF release (``dotnet-1.28.0``): the runtime, then
+#: Microsoft.Agents.AI.Workflows' version; the Python instrumentation announces agent-framework-core's.
+DOTNET_RELEASE_PREFIX = "dotnet-"
+
+#: How an app outside this repository installs the ledger: from the release artifacts `make dist`
+#: builds (docs/maf.md, docs/dotnet.md); neither is on a public package index.
+PYTHON_INSTALL = ("pip install --find-links <agenteval>/dist opentelemetry-instrumentation-maf-fidelity, where "
+                  "<agenteval> is the collector's repository after make dist")
+DOTNET_INSTALL = ("dotnet add package AgentEval.Instrumentation.MafFidelity --source <agenteval>/dist, where "
+                  "<agenteval> is the collector's repository after make dist")
+
 #: What would give each NoTruth unit its truth back (shown on the run page).
 NO_TRUTH_FIXES: dict[NoTruthReason, str] = {
     NoTruthReason.NO_CHAT_TRACE: (
@@ -95,14 +106,41 @@ NO_TRUTH_FIXES: dict[NoTruthReason, str] = {
     ),
     NoTruthReason.LEDGER_MISSING: (
         "if the agent failed, see the failed chat calls and the run's workflow errors; otherwise record "
-        "its responses: MAF Python, call MafFidelityInstrumentor().instrument() or run under "
-        "opentelemetry-instrument (pip install opentelemetry-instrumentation-maf-fidelity if it is not "
-        "installed); MAF .NET, wrap the agent with UseOpenTelemetry()"
+        "its responses: call MafFidelityInstrumentor().instrument() or run under opentelemetry-instrument "
+        f"(if it is not installed: {PYTHON_INSTALL})"
     ),
     NoTruthReason.LEDGER_DERIVED: (
         "record the AgentResponse the caller receives: call MafFidelityInstrumentor().instrument() or "
-        "run under opentelemetry-instrument (pip install opentelemetry-instrumentation-maf-fidelity if it "
-        "is not installed; nothing announced it), no call-site change needed"
+        f"run under opentelemetry-instrument (nothing announced it: {PYTHON_INSTALL}), no call-site change needed"
+    ),
+}
+
+#: The same for runs of MAF .NET (docs/dotnet.md): the ledger package, its two ways in, MAF's switches.
+DOTNET_FIXES: dict[NoTruthReason, str] = {
+    **NO_TRUTH_FIXES,
+    NoTruthReason.NO_CHAT_TRACE: (
+        "instrument this agent's chat client (.AsBuilder().UseOpenTelemetry() on the IChatClient) and add "
+        "the source Experimental.Microsoft.Extensions.AI to the tracer provider "
+        "(AddMafFidelityInstrumentation() adds it), exporting to this collector in the same trace as the workflow"
+    ),
+    NoTruthReason.RESPONSE_MISSING: (
+        "make this agent's chat client record each response: UseOpenTelemetry() on the IChatClient itself "
+        "(not only on the agent), and for streamed calls a client that reports usage in the last update"
+    ),
+    NoTruthReason.USAGE_MISSING: (
+        "make the chat client report usage: a streamed call reports it only when the provider sends it in "
+        "the last update (OpenAI-compatible servers: stream_options include_usage)"
+    ),
+    NoTruthReason.LEDGER_MISSING: (
+        "if the agent failed, see the failed chat calls and the run's workflow errors; otherwise record "
+        f"its responses with the ledger package ({DOTNET_INSTALL}): bind the agent with "
+        "AIAgentHostOptions { EmitAgentResponseEvents = true } and read the run's events through "
+        "WithFidelityLedger(), or add .UseFidelityLedger() first in the agent's builder; its spans need "
+        "AddMafFidelityInstrumentation() on the tracer provider"
+    ),
+    NoTruthReason.LEDGER_DERIVED: (
+        f"record the AgentResponse the caller receives with the ledger package ({DOTNET_INSTALL}): "
+        "WithFidelityLedger() over the workflow's events, or .UseFidelityLedger() on the agent"
     ),
 }
 
@@ -285,6 +323,9 @@ class RunInput:
     announcement: Announcement | None = None
     #: The resource's ``service.name`` (live).
     service_name: str | None = None
+    #: The MAF runtime its spans came from, by the SDK's ``telemetry.sdk.language`` (``dotnet``,
+    #: ``python``; None: not said): what a NoTruth fix is written for.
+    runtime: str | None = None
     #: When the run started (Unix ns): its workflow-run span's start, else its earliest span's; and
     #: the latest end of its spans. None: unknown (a file format without span times).
     start_ns: int | None = None
@@ -464,6 +505,8 @@ class RunVerdict:
     instrumentation_version: str | None = None
     instrumentation_status: str | None = None
     service_name: str | None = None
+    #: See :attr:`RunInput.runtime`.
+    runtime: str | None = None
     #: When the run started (ISO 8601, UTC) and how long it took (seconds, to the latest end of its
     #: spans); None: unknown (a file format without span times, spans without end times).
     started_at: str | None = None
@@ -507,6 +550,18 @@ def fmt_usd(usd: float | None) -> str:
         return f"${usd:,.2f}"
     decimals = 1 - math.floor(math.log10(abs(usd)))  # two significant digits, never in e-notation
     return f"${usd:.{decimals}f}"
+
+
+def fmt_maf_release(release: str | None) -> str:
+    """A run's MAF release as people read it: the .NET ledger announces ``dotnet-{version}``."""
+    if release is not None and release.startswith(DOTNET_RELEASE_PREFIX):
+        return f"Microsoft.Agents.AI.Workflows {release.removeprefix(DOTNET_RELEASE_PREFIX)} (.NET)"
+    return f"agent-framework-core {release or '-'}"
+
+
+def ledger_package(dotnet: bool) -> str:
+    """The ledger's package for a runtime (docs/maf.md, docs/dotnet.md)."""
+    return "AgentEval.Instrumentation.MafFidelity" if dotnet else "opentelemetry-instrumentation-maf-fidelity"
 
 
 def fmt_started(started_at: str) -> str:

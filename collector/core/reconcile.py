@@ -66,6 +66,7 @@ def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard"
                                     run.partial or run.split),
         revision=revision,
         service_name=run.service_name,
+        runtime=run.runtime,
         started_at=_utc(run.start_ns),
         duration_s=_duration(run.start_ns, run.end_ns),
         spend=spend,

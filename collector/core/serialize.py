@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from collector.core.model import (
+    DOTNET_FIXES,
     FILE_FIXES,
     LEDGER_SOURCE_AGENTEVAL,
     LEDGER_SOURCE_V1,
@@ -24,6 +25,8 @@ from collector.core.model import (
     ExecutorVerdict,
     NoTruthReason,
     RunVerdict,
+    fmt_maf_release,
+    ledger_package,
 )
 
 _SCALARS = (str, int, float, bool, type(None))
@@ -56,19 +59,20 @@ def no_truth_fix(verdict: ExecutorVerdict, run: RunVerdict) -> str | None:
         return None
     if verdict.evidence.ledger_source in _FILE_SOURCES:
         return _FILE_FIXES[reason]
+    dotnet = run.runtime == "dotnet"
     if reason in (NoTruthReason.LEDGER_DERIVED, NoTruthReason.LEDGER_MISSING) and run.instrumentation_status:
-        found = (f"opentelemetry-instrumentation-maf-fidelity {run.instrumentation_version} is installed "
-                 f"(agent-framework-core {run.maf_release})")
+        found = f"{ledger_package(dotnet)} {run.instrumentation_version} is installed ({fmt_maf_release(run.maf_release)})"
         if not run.instrumentation_status.startswith("active"):
             return (f"{found} but records nothing: {run.instrumentation_status.removeprefix('inactive: ')}; "
                     "upgrade it to a release that supports this MAF, or run a MAF release it supports")
+        runs_through = ("the agent's AgentResponseEvents are read through WithFidelityLedger() or the agent "
+                        "has .UseFidelityLedger()" if dotnet else "the agent runs through a MAF agent class's run()")
         recorded = (f"{found} and active, but no agent_response span of this agent reached the collector: "
-                    "check that the agent runs through a MAF agent class's run() and that every span of the "
-                    "process is exported to this collector")
+                    f"check that {runs_through} and that every span of the process is exported to this collector")
         if reason is NoTruthReason.LEDGER_MISSING:
             return f"if the agent failed, see the failed chat calls and the run's workflow errors; otherwise {recorded}"
         return recorded
-    return NO_TRUTH_FIXES[reason]
+    return (DOTNET_FIXES if dotnet else NO_TRUTH_FIXES)[reason]
 
 
 def _unit_extras(verdict: ExecutorVerdict, run: RunVerdict) -> dict[str, Any]:

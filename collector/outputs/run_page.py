@@ -17,7 +17,7 @@ import jinja2
 import structlog
 from aiohttp import web
 
-from collector.core.model import Failure, Status, Usage, fmt_duration, fmt_started, fmt_usd
+from collector.core.model import Failure, Status, Usage, fmt_duration, fmt_maf_release, fmt_started, fmt_usd, ledger_package
 from collector.core.serialize import to_json
 from collector.security import BearerAuth
 from collector.store import RETRY_READ_AFTER, UNREADABLE, RunStore, StoreError
@@ -37,6 +37,8 @@ _env.filters["when"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmt
 _env.filters["started"] = fmt_started
 _env.filters["duration"] = fmt_duration
 _env.filters["usd"] = fmt_usd
+_env.filters["maf_release"] = fmt_maf_release
+_env.filters["ledger_package"] = lambda runtime: ledger_package(runtime == "dotnet")
 _env.globals["statuses"] = [s.value for s in Status]
 
 

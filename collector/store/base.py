@@ -426,7 +426,7 @@ def _none() -> None:
 _ADDED_KEYS: dict[str, Callable[[], Any]] = {
     "non_agent_executors": list, "workflow_errors": list, "coverage_note": _none, "unattributed_chat": list,
     "maf_release": _none, "instrumentation_version": _none, "instrumentation_status": _none, "service_name": _none,
-    "started_at": _none, "duration_s": _none, "split": bool, "spend": _none, **{f"{name}_more": int for name in BOUNDED_RUN}}
+    "runtime": _none, "started_at": _none, "duration_s": _none, "split": bool, "spend": _none, **{f"{name}_more": int for name in BOUNDED_RUN}}
 #: Likewise, evidence keys (an older document left nothing out of its lists).
 _ADDED_EVIDENCE: dict[str, Callable[[], Any]] = {
     "chat_calls": list, "ledger": list, "framework_input_tokens": _none, "framework_output_tokens": _none,

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from collector.core.model import fmt_duration, fmt_score, fmt_started, fmt_usd
+from collector.core.model import fmt_duration, fmt_maf_release, fmt_score, fmt_started, fmt_usd, ledger_package
 
 STATUS_STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "PENDING": "bold magenta"}
 VERDICT_STYLE = {
@@ -187,7 +187,7 @@ def print_run(console: Console, run: dict[str, Any]) -> None:
         tokens = f", {chat['tokens']:,} tokens," if chat["tokens"] is not None else ""
         console.print(f"  note: {chat['calls']} chat call(s){tokens} {where} (not a unit)")
     if run.get("maf_release") or run.get("instrumentation_version"):
-        console.print(f"  agent-framework-core {run.get('maf_release') or '-'}, opentelemetry-instrumentation-maf-fidelity "
+        console.print(f"  {fmt_maf_release(run.get('maf_release'))}, {ledger_package(run.get('runtime') == 'dotnet')} "
                       f"{run.get('instrumentation_version') or '-'} ({run.get('instrumentation_status') or '-'})",
                       markup=False)
     for error in run.get("workflow_errors") or ():

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import AGENTEVAL, CollectorProcess, runs_of
 from llm_server import LLMServer, Reply
-from test_dotnet_live import RELEASES, _dotnet
+from dotnet_scenarios import RELEASES, dotnet_sdk
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = (ROOT / "docs" / "dotnet.md").read_text()
@@ -46,7 +46,7 @@ def _sh(script: str, cwd: Path, env: dict[str, str] | None = None) -> None:
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_a_new_console_app_that_follows_the_page_gets_its_verdicts(release, tmp_path):
-    dotnet = _dotnet()
+    dotnet = dotnet_sdk()
     dist, add, run = blocks("sh")
     # One build of dist/ and of the NuGet cache's copy of our package at a time (test workers share both).
     with open(ROOT / "instrumentation" / "dotnet" / ".build-docs.lock", "w") as lock:

@@ -72,6 +72,12 @@ def diverged_units(doc: dict[str, Any]) -> list[tuple[str, str]]:
             if e["verdict"] not in (Verdict.AGREE, Verdict.NO_TRUTH)]
 
 
+def subject_cell(doc: dict[str, Any]) -> str:
+    """The subject, and beneath it the MAF release its spans named (``dotnet-1.28.0``: which runtime)."""
+    subject = shown(doc["subject"] or "-")
+    return f"{subject}\n[dim]{shown(doc['maf_release'])}[/]" if doc.get("maf_release") else subject
+
+
 def run_line(doc: dict[str, Any]) -> str:
     """The piped form of one verdict: fixed fields first, so it greps and cuts well."""
     stamp = time.strftime("%H:%M:%S", time.localtime(doc["updated_at"])) if doc.get("updated_at") else "-"
@@ -79,6 +85,8 @@ def run_line(doc: dict[str, Any]) -> str:
     parts = [stamp, f"{doc['status']:<7}", f"score={fmt_score(doc['score'])}",
              f"checked={doc['checked']}/{total}", f"rev={doc['revision']}", f"run={doc['run_id']}",
              f"subject={shown(doc['subject'] or '-')}"]
+    if doc.get("maf_release"):
+        parts.append(f"maf={shown(doc['maf_release'])}")  # dotnet-1.28.0 for MAF .NET: says which runtime
     if (spend := doc.get("spend")) is not None:
         # a run none of whose units could be priced has an unknown spend, never 0
         parts.append(f"unreported_usd={spend['unreported_usd']:.6f}" if spend["units_priced"] else "unreported_usd=unknown")
@@ -130,8 +138,7 @@ class Board:
         for doc in reversed(self.runs.values()):
             stamp = time.strftime("%H:%M:%S", time.localtime(doc["updated_at"])) if doc.get("updated_at") else "-"
             cells = [stamp, f"[{STATUS_STYLE[doc['status']]}]{doc['status']}[/]", fmt_score(doc["score"]),
-                     f"{doc['checked']}/{doc['checked'] + doc['unchecked']}", shown(doc["subject"] or "-"),
-                     ids[doc["run_id"]]]
+                     f"{doc['checked']}/{doc['checked'] + doc['unchecked']}", subject_cell(doc), ids[doc["run_id"]]]
             if not narrow:
                 cells += [str(doc["revision"]), run_unreported(doc)]
             units = [f"{unit} [{VERDICT_STYLE[verdict]}]{verdict}[/]" for unit, verdict in diverged_units(doc)]

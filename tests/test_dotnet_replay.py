@@ -1,0 +1,137 @@
+"""Real MAF .NET traces on every machine, .NET SDK or not: each scenario's OTLP export requests as the
+collector received them from the OpenTelemetry .NET SDK (tests/fixtures/dotnet/<release>/<scenario>/,
+captured by capture.py on 1.28.0 and 1.20.0) replayed into a live collector over gRPC and HTTP in
+their original batches, over gRPC one span per request in shuffled order, and through the offline CLI
+as OTLP/JSON; every run must be what the scenario's construction said (expected.json). The run page,
+`runs show`, `watch` and the metrics name the MAF .NET release."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from collector.core.model import STATUS_EXIT_CODES, Status
+from conftest import AGENTEVAL, PROTOBUF, CollectorProcess, post, runs_of
+from dotnet_scenarios import FIXTURES, RELEASES, assert_runs, requests_in
+from mafshape import to_otlp_json
+
+CAPTURED = sorted((release, path.name) for release in RELEASES for path in (FIXTURES / release).iterdir() if path.is_dir())
+SEVERITY = ("FAIL", "PENDING", "WARN", "PASS")
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+def fixture(release: str, name: str) -> tuple[Path, dict]:
+    folder = FIXTURES / release / name
+    return folder, json.loads((folder / "expected.json").read_text())
+
+
+def one_span_each(requests: list[bytes]) -> list[bytes]:
+    """Every span of the requests in a request of its own (its resource and scope kept)."""
+    out = []
+    for body in requests:
+        for rs in ExportTraceServiceRequest.FromString(body).resource_spans:
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    single = ExportTraceServiceRequest()
+                    rs_copy = single.resource_spans.add(resource=rs.resource, schema_url=rs.schema_url)
+                    rs_copy.scope_spans.add(scope=ss.scope, schema_url=ss.schema_url).spans.append(span)
+                    out.append(single.SerializeToString())
+    return out
+
+
+@pytest.fixture(scope="module", params=["grpc", "http", "shuffled"])
+def replay(request, tmp_path_factory):
+    """A collector of its own per way of sending (the same traces must not meet twice)."""
+    proc = CollectorProcess(tmp_path_factory.mktemp(f"replay-{request.param}"))
+    channel = grpc.insecure_channel(proc.grpc)
+    export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+
+    def send(folder: Path, expected: dict) -> list[str]:
+        transport = "http" if request.param == "http" else "grpc"
+        requests = requests_in(folder / transport)
+        if request.param == "shuffled":
+            requests = one_span_each(requests)
+            random.Random(folder.name).shuffle(requests)
+        for body in requests:
+            if transport == "http":
+                status, answer, _ = post(proc.http, body, PROTOBUF)
+                assert status == 200, answer
+            else:
+                export(body, timeout=15)
+        return expected["trace_ids"][transport]
+
+    yield proc, send
+    channel.close()
+    proc.stop()
+
+
+def first_watched(proc: CollectorProcess, *args: str) -> str:
+    """The first line `agenteval watch` prints (piped: one line per run), the newest stored run replayed."""
+    watcher = subprocess.Popen([AGENTEVAL, "watch", "--endpoint", proc.grpc, "--replay", "1", *args],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        return watcher.stdout.readline()
+    finally:
+        watcher.kill()
+        watcher.communicate()
+
+
+@pytest.mark.parametrize(("release", "name"), CAPTURED)
+def test_each_captured_dotnet_trace_gives_its_verdicts_live(release, name, replay):
+    proc, send = replay
+    folder, expected = fixture(release, name)
+    trace_ids = send(folder, expected)
+    assert_runs(runs_of(proc, trace_ids), trace_ids, expected["expected"], release)
+
+
+@pytest.mark.parametrize(("release", "name"), CAPTURED)
+def test_each_captured_dotnet_trace_gives_its_verdicts_and_exit_code_offline(release, name, tmp_path):
+    folder, expected = fixture(release, name)
+    trace = tmp_path / f"{name}.jsonl"
+    trace.write_text("".join(json.dumps(to_otlp_json(ExportTraceServiceRequest.FromString(body))) + "\n"
+                             for body in requests_in(folder / "grpc")))
+    proc = subprocess.run([AGENTEVAL, "bench", "workflow-trace-fidelity", "--workflow-trace", str(trace),
+                           "--subject", name, "--json", "--store", str(tmp_path / "runs.db")],
+                          capture_output=True, text=True, timeout=120)
+    out = json.loads(proc.stdout)
+    runs = out["runs"] if "runs" in out else [out]
+    worst = min((r["status"] for trace in expected["expected"] for r in trace), key=SEVERITY.index)
+    assert (proc.returncode, out["status"]) == (STATUS_EXIT_CODES[Status(worst)], worst), proc.stderr
+    assert_runs(runs, expected["trace_ids"]["grpc"], expected["expected"], release)
+
+
+def test_a_dotnet_run_names_its_release_on_the_page_in_runs_show_watch_and_the_metrics(replay):
+    proc, send = replay
+    folder, expected = fixture("1.28.0", "graph-under-reported")
+    (trace_id,) = send(folder, expected)
+    (run,) = runs_of(proc, [trace_id])
+    assert (run["maf_release"], run["status"]) == ("dotnet-1.28.0", "WARN")
+
+    shown = subprocess.run([AGENTEVAL, "runs", "show", run["run_id"], "--store", str(proc.store_path)],
+                           capture_output=True, text=True, timeout=60).stdout
+    assert "Microsoft.Agents.AI.Workflows 1.28.0 (.NET), AgentEval.Instrumentation.MafFidelity 0.1.0 (active)" in shown
+    page = urllib.request.urlopen(f"{proc.http}/runs/{run['run_id']}", timeout=10).read().decode()
+    assert "Microsoft.Agents.AI.Workflows 1.28.0 (.NET)" in page and "AgentEval.Instrumentation.MafFidelity 0.1.0" in page
+    assert json.loads(first_watched(proc, "--json"))["maf_release"] == "dotnet-1.28.0"
+    assert "maf=dotnet-1.28.0" in first_watched(proc)
+    scrape = urllib.request.urlopen(proc.prometheus, timeout=10).read().decode()
+    assert any('maf_release="dotnet-1.28.0"' in line and "WARN" in line for line in scrape.splitlines()), scrape[-2000:]
+
+
+def test_a_dotnet_units_fix_speaks_dotnet_never_pip(replay):
+    """failed-call: the writer's only call failed, no ledger: NoTruth ledger_missing, fixed the .NET way."""
+    proc, send = replay
+    folder, expected = fixture("1.20.0", "failed-call")
+    (trace_id,) = send(folder, expected)
+    (run,) = runs_of(proc, [trace_id])
+    writer = next(e for e in run["executors"] if e["executor_id"] == "writer")
+    assert writer["no_truth_reason"] == "ledger_missing"
+    assert "AgentEval.Instrumentation.MafFidelity" in writer["no_truth_fix"] and "pip" not in writer["no_truth_fix"]
+    assert "UseFidelityLedger" in writer["no_truth_fix"] or "WithFidelityLedger" in writer["no_truth_fix"]

@@ -32,6 +32,13 @@ def fixture(release: str, name: str) -> tuple[Path, dict]:
     return folder, json.loads((folder / "expected.json").read_text())
 
 
+def otlp_json_file(folder: Path, path: Path) -> Path:
+    """The gRPC capture as the OpenTelemetry Collector's file exporter writes it (OTLP/JSON lines)."""
+    path.write_text("".join(json.dumps(to_otlp_json(ExportTraceServiceRequest.FromString(body))) + "\n"
+                            for body in requests_in(folder / "grpc")))
+    return path
+
+
 def one_span_each(requests: list[bytes]) -> list[bytes]:
     """Every span of the requests in a request of its own (its resource and scope kept)."""
     out = []
@@ -94,9 +101,7 @@ def test_each_captured_dotnet_trace_gives_its_verdicts_live(release, name, repla
 @pytest.mark.parametrize(("release", "name"), CAPTURED)
 def test_each_captured_dotnet_trace_gives_its_verdicts_and_exit_code_offline(release, name, tmp_path):
     folder, expected = fixture(release, name)
-    trace = tmp_path / f"{name}.jsonl"
-    trace.write_text("".join(json.dumps(to_otlp_json(ExportTraceServiceRequest.FromString(body))) + "\n"
-                             for body in requests_in(folder / "grpc")))
+    trace = otlp_json_file(folder, tmp_path / f"{name}.jsonl")
     proc = subprocess.run([AGENTEVAL, "bench", "workflow-trace-fidelity", "--workflow-trace", str(trace),
                            "--subject", name, "--json", "--store", str(tmp_path / "runs.db")],
                           capture_output=True, text=True, timeout=120)
@@ -135,3 +140,18 @@ def test_a_dotnet_units_fix_speaks_dotnet_never_pip(replay):
     assert writer["no_truth_reason"] == "ledger_missing"
     assert "AgentEval.Instrumentation.MafFidelity" in writer["no_truth_fix"] and "pip" not in writer["no_truth_fix"]
     assert "UseFidelityLedger" in writer["no_truth_fix"] or "WithFidelityLedger" in writer["no_truth_fix"]
+
+
+def test_a_failed_dotnet_call_is_a_failed_turn_never_the_path2_gap(tmp_path):
+    """The real failed-call trace, offline: the writer's call raised (HTTP 500 from its client)."""
+    folder, _ = fixture("1.28.0", "failed-call")
+    trace = otlp_json_file(folder, tmp_path / "failed.jsonl")
+    proc = subprocess.run([AGENTEVAL, "bench", "workflow-trace-fidelity", "--workflow-trace", str(trace), "--subject",
+                           "dotnet", "--json", "--store", str(tmp_path / "runs.db")], capture_output=True, text=True,
+                          timeout=120)
+    (run,) = json.loads(proc.stdout)["runs"]
+    writer = next(e for e in run["executors"] if e["executor_id"] == "writer")
+    assert writer["no_truth_reason"] == "ledger_missing" and writer["evidence"]["failed_turns"] == 1
+    assert "Path-2" not in writer["no_truth_explanation"]
+    # .NET records an agent failure as an event, never as span status: no workflow error to show.
+    assert run["workflow_errors"] == []

@@ -274,7 +274,7 @@ class ExecutorVerdict(_message.Message):
     def __init__(self, executor_id: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., score: _Optional[float] = ..., token_diverged: _Optional[bool] = ..., finish_diverged: _Optional[bool] = ..., no_truth_reason: _Optional[_Union[NoTruthReason, str]] = ..., no_truth_explanation: _Optional[str] = ..., evidence: _Optional[_Union[Evidence, _Mapping]] = ..., checked: _Optional[bool] = ..., no_truth_fix: _Optional[str] = ...) -> None: ...
 
 class RunVerdict(_message.Message):
-    __slots__ = ("run_id", "trace_id", "subject", "status", "score", "preset", "source", "revision", "incomplete", "checked", "unchecked", "unattributed_chat_spans", "notes", "exit_code", "root_span_id", "updated_at", "executors", "cost_tier", "created_at", "finalized_by", "non_agent_executors", "workflow_errors", "coverage_note", "replayed", "maf_release", "instrumentation_version", "instrumentation_status", "unattributed_chat", "service_name", "workflow_errors_more", "started_at", "duration_s", "split", "spend")
+    __slots__ = ("run_id", "trace_id", "subject", "status", "score", "preset", "source", "revision", "incomplete", "checked", "unchecked", "unattributed_chat_spans", "notes", "exit_code", "root_span_id", "updated_at", "executors", "cost_tier", "created_at", "finalized_by", "non_agent_executors", "workflow_errors", "coverage_note", "replayed", "maf_release", "instrumentation_version", "instrumentation_status", "unattributed_chat", "service_name", "workflow_errors_more", "started_at", "duration_s", "split", "spend", "runtime")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -309,6 +309,7 @@ class RunVerdict(_message.Message):
     DURATION_S_FIELD_NUMBER: _ClassVar[int]
     SPLIT_FIELD_NUMBER: _ClassVar[int]
     SPEND_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     trace_id: str
     subject: str
@@ -343,7 +344,8 @@ class RunVerdict(_message.Message):
     duration_s: float
     split: bool
     spend: RunSpend
-    def __init__(self, run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., subject: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., score: _Optional[float] = ..., preset: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[int] = ..., incomplete: _Optional[bool] = ..., checked: _Optional[int] = ..., unchecked: _Optional[int] = ..., unattributed_chat_spans: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., root_span_id: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., executors: _Optional[_Iterable[_Union[ExecutorVerdict, _Mapping]]] = ..., cost_tier: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finalized_by: _Optional[str] = ..., non_agent_executors: _Optional[_Iterable[str]] = ..., workflow_errors: _Optional[_Iterable[str]] = ..., coverage_note: _Optional[str] = ..., replayed: _Optional[bool] = ..., maf_release: _Optional[str] = ..., instrumentation_version: _Optional[str] = ..., instrumentation_status: _Optional[str] = ..., unattributed_chat: _Optional[_Iterable[_Union[UnattributedChat, _Mapping]]] = ..., service_name: _Optional[str] = ..., workflow_errors_more: _Optional[int] = ..., started_at: _Optional[str] = ..., duration_s: _Optional[float] = ..., split: _Optional[bool] = ..., spend: _Optional[_Union[RunSpend, _Mapping]] = ...) -> None: ...
+    runtime: str
+    def __init__(self, run_id: _Optional[str] = ..., trace_id: _Optional[str] = ..., subject: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., score: _Optional[float] = ..., preset: _Optional[str] = ..., source: _Optional[str] = ..., revision: _Optional[int] = ..., incomplete: _Optional[bool] = ..., checked: _Optional[int] = ..., unchecked: _Optional[int] = ..., unattributed_chat_spans: _Optional[int] = ..., notes: _Optional[_Iterable[str]] = ..., exit_code: _Optional[int] = ..., root_span_id: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., executors: _Optional[_Iterable[_Union[ExecutorVerdict, _Mapping]]] = ..., cost_tier: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finalized_by: _Optional[str] = ..., non_agent_executors: _Optional[_Iterable[str]] = ..., workflow_errors: _Optional[_Iterable[str]] = ..., coverage_note: _Optional[str] = ..., replayed: _Optional[bool] = ..., maf_release: _Optional[str] = ..., instrumentation_version: _Optional[str] = ..., instrumentation_status: _Optional[str] = ..., unattributed_chat: _Optional[_Iterable[_Union[UnattributedChat, _Mapping]]] = ..., service_name: _Optional[str] = ..., workflow_errors_more: _Optional[int] = ..., started_at: _Optional[str] = ..., duration_s: _Optional[float] = ..., split: _Optional[bool] = ..., spend: _Optional[_Union[RunSpend, _Mapping]] = ..., runtime: _Optional[str] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("subject", "statuses", "replay")

@@ -166,9 +166,10 @@ def assert_parity(payload: bytes, native_must_answer: bool = False) -> tuple:
 # --- realistic payloads ---------------------------------------------------------------------------------
 
 def dotnet_requests() -> list[bytes]:
-    """The MAF .NET fixtures (OTLP/JSON with hex ids) as protobuf."""
-    bodies = []
-    for path in sorted(DOTNET.glob("*.jsonl")):
+    """The MAF .NET fixtures: the requests the OpenTelemetry .NET SDK sent (captured per release and
+    scenario), and the hand-built 1.17 traces (OTLP/JSON with hex ids) as protobuf."""
+    bodies = [path.read_bytes() for path in sorted(DOTNET.glob("1.*/*/*/*.pb"))]
+    for path in sorted(DOTNET.glob("source-1.17/*.jsonl")):
         for line in path.read_text().splitlines():
             doc = json.loads(line)
             for rs in doc.get("resourceSpans", []):
@@ -199,7 +200,7 @@ def test_maf_shaped_sdk_requests_decode_natively_and_identically() -> None:
 
 def test_dotnet_fixture_requests_decode_natively_and_identically() -> None:
     bodies = dotnet_requests()
-    assert len(bodies) >= 6
+    assert len(bodies) >= 84
     for body in bodies:
         expected = assert_parity(body, native_must_answer=True)
         assert expected[0] == "ok" and expected[1][0]

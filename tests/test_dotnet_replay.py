@@ -53,17 +53,15 @@ def one_span_each(requests: list[bytes]) -> list[bytes]:
     return out
 
 
-@pytest.fixture(scope="module", params=["grpc", "http", "shuffled"])
-def replay(request, tmp_path_factory):
-    """A collector of its own per way of sending (the same traces must not meet twice)."""
-    proc = CollectorProcess(tmp_path_factory.mktemp(f"replay-{request.param}"))
-    channel = grpc.insecure_channel(proc.grpc)
+def sender(proc: CollectorProcess, mode: str, channel: grpc.Channel):
+    """Sends a fixture's captured requests to ``proc``: as captured over gRPC or HTTP, or over gRPC one
+    span per request in shuffled order; returns its trace ids."""
     export = channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
 
     def send(folder: Path, expected: dict) -> list[str]:
-        transport = "http" if request.param == "http" else "grpc"
+        transport = "http" if mode == "http" else "grpc"
         requests = requests_in(folder / transport)
-        if request.param == "shuffled":
+        if mode == "shuffled":
             requests = one_span_each(requests)
             random.Random(folder.name).shuffle(requests)
         for body in requests:
@@ -74,7 +72,15 @@ def replay(request, tmp_path_factory):
                 export(body, timeout=15)
         return expected["trace_ids"][transport]
 
-    yield proc, send
+    return send
+
+
+@pytest.fixture(scope="module", params=["grpc", "http", "shuffled"])
+def replay(request, tmp_path_factory):
+    """A collector of its own per way of sending (the same traces must not meet twice)."""
+    proc = CollectorProcess(tmp_path_factory.mktemp(f"replay-{request.param}"))
+    channel = grpc.insecure_channel(proc.grpc)
+    yield proc, sender(proc, request.param, channel)
     channel.close()
     proc.stop()
 
@@ -90,12 +96,21 @@ def first_watched(proc: CollectorProcess, *args: str) -> str:
         watcher.communicate()
 
 
-@pytest.mark.parametrize(("release", "name"), CAPTURED)
-def test_each_captured_dotnet_trace_gives_its_verdicts_live(release, name, replay):
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_captured_dotnet_trace_gives_its_verdicts_live(release, replay):
+    """All of a release's scenarios sent first, then read: the collector reconciles them side by side."""
     proc, send = replay
-    folder, expected = fixture(release, name)
-    trace_ids = send(folder, expected)
-    assert_runs(runs_of(proc, trace_ids), trace_ids, expected["expected"], release)
+    names = [name for r, name in CAPTURED if r == release]
+    sent = {name: send(*fixture(release, name)) for name in names}
+    stored = runs_of(proc, [trace_id for trace_ids in sent.values() for trace_id in trace_ids], timeout=60)
+    wrong = []
+    for name, trace_ids in sent.items():
+        try:
+            assert_runs([r for r in stored if r["trace_id"] in trace_ids], trace_ids, fixture(release, name)[1]["expected"],
+                        release)
+        except AssertionError as exc:
+            wrong.append(f"{name}: {exc}")
+    assert not wrong, "\n".join(wrong)
 
 
 @pytest.mark.parametrize(("release", "name"), CAPTURED)
@@ -112,11 +127,19 @@ def test_each_captured_dotnet_trace_gives_its_verdicts_and_exit_code_offline(rel
     assert_runs(runs, expected["trace_ids"]["grpc"], expected["expected"], release)
 
 
-def test_a_dotnet_run_names_its_release_on_the_page_in_runs_show_watch_and_the_metrics(replay):
-    proc, send = replay
-    folder, expected = fixture("1.28.0", "graph-under-reported")
-    (trace_id,) = send(folder, expected)
-    (run,) = runs_of(proc, [trace_id])
+def test_a_dotnet_run_names_its_release_on_the_page_in_runs_show_watch_and_the_metrics(tmp_path):
+    proc = CollectorProcess(tmp_path)  # of its own: the run `watch --replay 1` shows is this one
+    channel = grpc.insecure_channel(proc.grpc)
+    try:
+        (trace_id,) = sender(proc, "grpc", channel)(*fixture("1.28.0", "graph-under-reported"))
+        (run,) = runs_of(proc, [trace_id])
+        names_its_release(proc, run)
+    finally:
+        channel.close()
+        proc.stop()
+
+
+def names_its_release(proc: CollectorProcess, run: dict) -> None:
     assert (run["maf_release"], run["status"]) == ("dotnet-1.28.0", "WARN")
 
     shown = subprocess.run([AGENTEVAL, "runs", "show", run["run_id"], "--store", str(proc.store_path)],

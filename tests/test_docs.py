@@ -98,6 +98,16 @@ def test_the_configuration_page_is_generated_from_the_documented_config():
         "docs/configuration.md is stale: run `make docs`")
 
 
+def test_every_configuration_section_shows_its_defaults():
+    """A top-level value (`instance`, `shutdown_delay`) was a heading over an empty table of keys."""
+    sections = re.split(r"^## ", (ROOT / "docs/configuration.md").read_text(), flags=re.M)[1:]
+    for section in sections:
+        name = section.split("\n", 1)[0]
+        rows = [line for line in section.splitlines() if line.startswith("| `")]
+        assert rows or re.search(r"^Default: `[^`]*`\.$", section, flags=re.M), f"{name}: no default shown"
+        assert "| key | default | what it does |" not in section or rows, f"{name}: an empty table"
+
+
 #: Keys an earlier version had, which the config refuses by name with their successor's (collector/config.py).
 RETIRED_KEYS = {"receivers.http.trace_link"}
 

@@ -412,3 +412,67 @@ def test_runs_list_piped_keeps_each_run_id_on_one_line(live, tmp_path):
     for i in ids:
         prefixes = [s for s in shown if i.startswith(s)]
         assert len(prefixes) == 1 and [j for j in ids if j.startswith(prefixes[0])] == [i], (i, shown)
+
+
+# --- collector validate: the config check that starts nothing -----------------------------------------
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def _shadow_confluent_kafka(tmp_path: Path) -> dict:
+    """An environment in which confluent-kafka (the kafka extra) is not installed."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "confluent_kafka.py").write_text("raise ImportError('No module named confluent_kafka')\n")
+    return {"PYTHONPATH": str(shadow)}
+
+
+_FREE = {"receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},
+         "exporters": {"prometheus": {"endpoint": "127.0.0.1:0"}}}
+
+
+@pytest.mark.parametrize(("cfg", "expected"), [
+    ({"receivers": {"grpc": {"endpoint": "nope"}}}, "receivers.grpc.endpoint: Value error, expected host:port"),
+    ({"assembly": {"quiet_periodd": 1}}, "assembly.quiet_periodd: unknown key"),
+    ({"receivers": {"auth": {"bearer_token_env": "AGENTEVAL_NOT_SET_ANYWHERE"}}},
+     "receivers.auth.bearer_token_env: $AGENTEVAL_NOT_SET_ANYWHERE is not set"),
+    ({"exporters": {"prometheus": {"require_auth": True, "endpoint": "127.0.0.1:0"}}},
+     "exporters.prometheus.require_auth: set receivers.auth.bearer_token_file"),
+    ({"receivers": {"tls": {"cert_file": "{tmp}/none.pem", "key_file": "{tmp}/none.key"}}}, "receivers.tls: "),
+    ({"journal": {"enabled": False}, "receivers": {"kafka": {"enabled": True, "brokers": ["127.0.0.1:9"], "topic": "t",
+                                                              "group_id": "g"}}},
+     "receivers.kafka.enabled: the kafka receiver needs confluent-kafka, which is not installed: "
+     "pip install 'agenteval-collector[kafka]'"),
+])
+def test_validate_refuses_what_serve_refuses_with_the_same_error(cfg, expected, tmp_path):
+    """`agenteval collector validate --config FILE`, as `otelcol validate`: serve's error, exit 1."""
+    text = yaml.safe_dump(cfg).replace("{tmp}", str(tmp_path))
+    merged = yaml.safe_load(text)
+    for section, values in _FREE.items():  # never a fixed port: serve must fail on the config, not a port
+        for key, sub in values.items():
+            merged.setdefault(section, {}).setdefault(key, {}).setdefault("endpoint", sub["endpoint"])
+    merged["store"] = {"url": str(tmp_path / "runs.db")}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(merged))
+    env = _shadow_confluent_kafka(tmp_path)
+    validated = cli("collector", "validate", "--config", str(path), env=env)
+    served = cli("collector", "serve", "--config", str(path), env=env)
+    assert validated.returncode == served.returncode == 1, (validated.stderr, served.stderr)
+    assert _error_lines(validated.stderr) == _error_lines(served.stderr)
+    assert expected in validated.stderr and "Traceback" not in validated.stderr + served.stderr
+    assert validated.stdout == ""
+
+
+def test_validate_accepts_a_good_config_and_starts_nothing(tmp_path):
+    store, journal = tmp_path / "runs.db", tmp_path / "journal"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"store": {"url": str(store)}, "journal": {"path": str(journal)},
+                                    "receivers": {"grpc": {"endpoint": "${env:GRPC_AT:-127.0.0.1:4317}"}}}))
+    proc = cli("collector", "validate", "--config", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"{path}: valid\n"
+    assert not store.exists() and not journal.exists()
+    for shipped in ("config/collector.yaml", "config/container.yaml", "config/replica.yaml"):
+        proc = cli("collector", "validate", "--config", str(ROOT / shipped), env={"AGENTEVAL_DB_PASSWORD": "x"})
+        assert proc.returncode == 0, (shipped, proc.stderr)

@@ -91,11 +91,8 @@ class Collector:
     async def start(self) -> Listening:
         cfg = self.config
         self.hub = VerdictHub(asyncio.get_running_loop(), cfg.stream.max_watchers, cfg.stream.buffer)
-        auth = BearerAuth(cfg.receivers.auth.token())
+        auth = check(cfg)
         prometheus = cfg.exporters.prometheus
-        if prometheus.enabled and prometheus.require_auth and not auth.enabled:
-            raise ConfigError("exporters.prometheus.require_auth: set receivers.auth.bearer_token_file or "
-                              "bearer_token_env, whose token /metrics will then require")
         check_ports(cfg)
         files = raise_file_limit()
         self.metrics = Metrics(cfg, self.resource, self._gauges,
@@ -301,6 +298,26 @@ def full_collection() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+
+
+def check(cfg: CollectorConfig) -> BearerAuth:
+    """What a loaded config still needs before anything starts (``serve`` first, ``collector validate``
+    alone, as ``otelcol validate``): its secrets readable, a token where /metrics requires one, its TLS
+    files loadable, the kafka receiver's client installed. Raises :class:`ConfigError` naming the key;
+    returns the receivers' auth. Ports and the store are not touched: they are the running machine's."""
+    cfg.store.password()
+    auth = BearerAuth(cfg.receivers.auth.token())
+    prometheus = cfg.exporters.prometheus
+    if prometheus.enabled and prometheus.require_auth and not auth.enabled:
+        raise ConfigError("exporters.prometheus.require_auth: set receivers.auth.bearer_token_file or "
+                          "bearer_token_env, whose token /metrics will then require")
+    if cfg.receivers.tls.enabled:
+        ssl_context(cfg.receivers.tls)  # loads the certificate, key and client CA as both listeners will
+    if cfg.receivers.kafka.enabled:
+        from collector.live.kafka_receiver import kafka_client
+
+        kafka_client()
+    return auth
 
 
 def _endpoints(cfg: CollectorConfig) -> list[tuple[str, str]]:

@@ -373,6 +373,26 @@ def collector_serve(
         raise _Fatal(str(exc)) from exc
 
 
+@collector_app.command("validate")
+def collector_validate(
+    config: Annotated[Path, typer.Option("--config", metavar="<file>", help="The collector YAML config to check.")],
+) -> None:
+    """Check a config as `serve` does before it starts, starting nothing (as `otelcol validate`): exit 0, or 1 with the error `serve` would give.
+
+    Keys, values and ${env:...} references, secrets (token and password files or variables), TLS
+    files, the kafka receiver's client. Not checked: whether the ports are free and the store
+    reachable, which depend on the moment and the machine that runs it.
+    """
+    from collector.live.server import check
+
+    cfg = _config(config)
+    try:
+        check(cfg)
+    except ConfigError as exc:
+        raise _Fatal(str(exc)) from exc
+    out.print(f"{config}: valid", markup=False, highlight=False)
+
+
 @app.command("demo")
 def demo_command(
     endpoint: Annotated[Optional[str], typer.Option("--endpoint", metavar="<host:port|url>", help="The collector's OTLP endpoint (default: 127.0.0.1:4317 for grpc, http://127.0.0.1:4318 for http/protobuf).")] = None,

@@ -177,7 +177,8 @@ def test_help_shows_flags_as_flags_and_whole_sentences(command):
         assert len(line) <= 80, line
     if command[0] == "bench":
         assert "--preset <smoke|standard|audit-grade>" in proc.stdout  # one piece, not split over lines
-        assert "so\n  memory stays flat however large the file." in proc.stdout
+        assert "so memory stays flat however large the file." in " ".join(proc.stdout.split())
+        assert "an\n  offline check never lands among a live collector's runs." in proc.stdout
 
 
 # --- 10: input checks -----------------------------------------------------------------------------

@@ -513,8 +513,12 @@ class Metrics:
                     self.delta.record(abs(e.evidence.delta), e.evidence.direction or "equal", exemplar)
             if run.spend is not None and run.spend.unreported_tokens:
                 tokens["", subject, release] += run.spend.unreported_tokens
-                cost["", subject, release] += run.spend.unreported_usd
-                latest["tokens", ("", subject, release)] = latest["cost", ("", subject, release)] = exemplar
+                latest["tokens", ("", subject, release)] = exemplar
+                # over the units that under-reported at a known price: none adds nothing, not a 0
+                if any((c := e.evidence.cost) is not None and c.unreported_tokens and c.unreported_usd is not None
+                       for e in run.executors):
+                    cost["", subject, release] += run.spend.unreported_usd
+                    latest["cost", ("", subject, release)] = exemplar
         # (counter, counts, its kind in ``latest``, its label, its family where it carries exemplars)
         for counter, counts, kind, label, family in (
                 (self.runs, statuses, "status", "status", "fidelity_runs"),

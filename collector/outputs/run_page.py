@@ -19,6 +19,7 @@ from aiohttp import web
 
 from collector.core.model import Failure, Status, Usage, fmt_duration, fmt_started, fmt_usd
 from collector.core.serialize import to_json
+from collector.core.spend import known_spend
 from collector.security import BearerAuth
 from collector.store import RETRY_READ_AFTER, UNREADABLE, RunStore, StoreError
 
@@ -38,6 +39,7 @@ _env.filters["started"] = fmt_started
 _env.filters["duration"] = fmt_duration
 _env.filters["usd"] = fmt_usd
 _env.globals["statuses"] = [s.value for s in Status]
+_env.globals["known_spend"] = known_spend
 
 
 class RunPage:

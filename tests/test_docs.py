@@ -217,3 +217,22 @@ def test_the_layout_page_names_every_module():
     missing = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "collector").rglob("*.py"))
                if p.stem != "__init__" and "api" not in p.parts and f"`{p.stem}`" not in layout]
     assert not missing, f"docs/layout.md does not name {missing}"
+
+
+@pytest.mark.parametrize(("term", "definition"), [("ledger", "*ledger*"), ("truth", "*chat truth*"),
+                                                   ("unit", "*agent unit*"), ("Path-2", "*Path-2*")])
+def test_the_readme_defines_each_term_where_it_first_uses_it(term, definition):
+    text = README.read_text()
+    first = re.search(rf"(?<![\w-]){re.escape(term)}(?![\w-])", text)
+    assert first and text.find(definition) in range(first.start() - len(definition), first.start() + 1), (
+        f"README.md uses {term!r} at {text[first.start() - 40:first.end() + 20]!r} before defining it")
+    if term == "Path-2":  # the demo's path2-pending row is the first a reader sees of it: defined under it
+        assert text.find(definition) < text.find("##", text.find("path2-pending"))
+
+
+def test_the_readme_says_verdict_spans_are_exported_only_with_an_otlp_endpoint():
+    """The README listed verdict spans under "What you get"; by default none are exported."""
+    text = README.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| verdict spans"))
+    assert "exporters.otlp.endpoint" in row
+    assert CollectorConfig().exporters.otlp.endpoint is None and "By default nothing leaves the machine" in text

@@ -477,3 +477,35 @@ def test_validate_accepts_a_good_config_and_starts_nothing(tmp_path):
     for shipped in ("config/collector.yaml", "config/container.yaml", "config/replica.yaml"):
         proc = cli("collector", "validate", "--config", str(ROOT / shipped), env={"AGENTEVAL_DB_PASSWORD": "x"})
         assert proc.returncode == 0, (shipped, proc.stderr)
+
+
+def test_serve_prints_its_banner_before_any_log_line(tmp_path):
+    """On a terminal (stdout and stderr on one screen) a fresh store's migration lines came first, JSON
+    above the readable banner; and the README's banner is the one printed (the journal's path was not)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_FREE))
+    env = {k: v for k, v in os.environ.items() if k not in ("AGENTEVAL_STORE", "XDG_DATA_HOME")} | {"HOME": str(tmp_path)}
+    proc = subprocess.Popen([AGENTEVAL, "collector", "serve", "--config", str(cfg)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        lines = [proc.stdout.readline() for _ in range(12)]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    assert lines[0] == "agenteval collector listening:\n", lines
+    banner = lines[:lines.index("Press Ctrl-C to stop.\n") + 1]
+    assert all(line.startswith("{") for line in lines[len(banner):]), lines  # the log lines, after it
+    readme = (ROOT / "README.md").read_text()
+    shown = re.search(r"`make run` prints where it listens:\n\n```text\n(.*?)```", readme, re.S)[1]
+    # the README shows the default ports and the home directory as ~; here port 0 picked them
+    normal = [re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", line.replace(str(tmp_path), "~")).rstrip()
+              for line in banner]
+    assert [re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", line).rstrip() for line in shown.splitlines()] == normal
+
+
+def test_make_run_says_what_it_installs_before_the_quiet_minute():
+    """`make run` on a fresh clone was a minute of silence (pip runs with --quiet)."""
+    dry = subprocess.run(["make", "-n", "-B", "install"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    first = dry.stdout.splitlines()[0]
+    assert first.startswith("echo \"installing agenteval") and "the first time only" in first, dry.stdout
+    assert "tools/maf-venv" in dry.stdout.splitlines()[1]

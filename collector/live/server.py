@@ -154,7 +154,6 @@ class Collector:
                  kafka=self.listening.kafka, otlp_out=cfg.exporters.otlp.endpoint, tls=tls.enabled,
                  mtls=bool(tls.client_ca_file), auth=auth.enabled, metrics_auth=prometheus.require_auth,
                  open_files_limit=files, decoder="native" if decode.NATIVE else "python")
-        logs.flush()
         return self.listening
 
     def _gauges(self) -> dict[str, int]:
@@ -396,6 +395,7 @@ async def serve(config: CollectorConfig, stop: asyncio.Event | None = None) -> N
         + "\nPress Ctrl-C to stop.",
         flush=True,
     )
+    logs.flush()  # the start's info lines (store migrations, collector_listening) after the banner, not above it
     await stop.wait()
     if config.shutdown_delay:
         # still accepting, so spans a load balancer routes here until it learns of the stop are not refused

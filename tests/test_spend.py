@@ -326,6 +326,6 @@ def test_unreported_spend_of_unknown_cost_is_not_counted_as_zero(site):
     assert run["spend"]["unreported_tokens"] == 102_000 and run["spend"]["units_priced"] == 0
     time.sleep(0.2)  # the metrics are recorded as the run is published, before it is stored
     series = {(name, dict(labels).get("subject")): value for (name, labels), value in site.metrics().items()}
-    assert series[("fidelity_unreported_tokens_total", "spend-unknown-only")] == 102_000
-    assert ("fidelity_unreported_cost_usd_total", "spend-unknown-only") not in series
+    assert series[("agenteval_unreported_tokens_total", "spend-unknown-only")] == 102_000
+    assert ("agenteval_unreported_cost_usd_total", "spend-unknown-only") not in series
     assert "unreported_usd=unknown  unreported_tokens=102000" in run_line(site.store().get_run(run["run_id"]))

@@ -70,8 +70,9 @@ class Collector:
                                 max_items=config.store.max_span_ids_per_unit, retry=True)
         otlp = config.exporters.otlp
         self.spans = None
+        self._span_exporter: RetryingSpanExporter | None = None
         if otlp.endpoint:
-            exporter = RetryingSpanExporter(otlp_span_exporter(otlp.endpoint, otlp.protocol, otlp.insecure),
+            exporter = self._span_exporter = RetryingSpanExporter(otlp_span_exporter(otlp.endpoint, otlp.protocol, otlp.insecure),
                                             max_spans=otlp.max_backlog_spans, retry_interval=otlp.retry_interval,
                                             shutdown_timeout=otlp.shutdown_timeout)
             self.spans = VerdictSpans(exporter, self.resource, config.store.max_span_ids_per_unit)
@@ -158,7 +159,8 @@ class Collector:
 
     def _gauges(self) -> dict[str, int]:
         return {**(self.pipeline.gauges() if self.pipeline else {}),
-                "watchers": self.hub.watchers if self.hub else 0, "inflight_bytes": self.budget.used}
+                "watchers": self.hub.watchers if self.hub else 0, "inflight_bytes": self.budget.used,
+                "verdict_spans_dropped": self._span_exporter.dropped if self._span_exporter else 0}
 
     async def _sweep_forever(self) -> None:
         """Sweep when the earliest deadline is due, not on a fixed tick: a verdict waits its trace's

@@ -506,3 +506,21 @@ def test_a_pending_run_of_a_complete_trace_says_it_is_final_and_what_would_fix_i
     status, html, _ = _get(f"{proc.http}/runs/{runs['derived']['run_id']}")
     summary = _summary(html)
     assert summary.startswith("Final: nothing was checked.") and "(ledger_derived)" in summary
+
+
+def _lines(locator) -> int:
+    """How many lines an inline element takes on the screen."""
+    return locator.evaluate("e => new Set([...e.getClientRects()].map(r => Math.round(r.top))).size")
+
+
+def test_run_ids_and_reasons_stay_on_one_line_on_a_desktop_screen(site, page):
+    """At 1366 px a live run id (49 characters) wrapped over two lines on /runs, and response_missing
+    broke mid-word in the run page's verdict column."""
+    proc, runs = site
+    page.goto(f"{proc.http}/runs")
+    for run in runs.values():
+        assert _lines(page.locator(f'tr[data-run-id="{run["run_id"]}"] a.run')) == 1, run["run_id"]
+    page.goto(f"{proc.http}/runs/{runs['path2_pending']['run_id']}")
+    reasons = page.locator("#executors td code")
+    assert reasons.count() == 2 and all(_lines(code) == 1 for code in reasons.all())
+    assert _lines(page.locator("dl.facts .id").first) == 1  # the run id beside "run id"

@@ -26,7 +26,9 @@ MAF_MATRIX  := 1.22.0:1.3.2 1.23.0:1.4.0
 MAF_TESTS := tests/test_maf_patterns.py tests/test_maf.py tests/test_instrumentation.py tests/test_demo.py \
   tests/test_instrumentation_stacks.py $(wildcard tests/test_maf_real_world.py)
 
+# pip runs quietly: one line first says what the silent minute is.
 $(BIN)/.installed: $(INSTALL_INPUTS)
+	@echo "installing agenteval, its test tools and MAF $(subst :, + orchestrations ,$(MAF_DEFAULT)) into $(VENV) (a minute or two, the first time only)..."
 	PYTHON=$(PYTHON) tools/maf-venv $(VENV) $(subst :, ,$(MAF_DEFAULT))
 	touch $@
 

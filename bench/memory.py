@@ -43,7 +43,7 @@ def main() -> None:
             idle = collector.rss_kib()[0]
             send_streams("grpc", collector.grpc, bodies)
             deadline = time.monotonic() + 120
-            while gauge(collector, "collector_spans_in_flight") < count:
+            while gauge(collector, "agenteval_spans_in_flight") < count:
                 assert time.monotonic() < deadline, "spans did not all arrive"
                 time.sleep(0.2)
             time.sleep(1.0)

@@ -37,8 +37,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from rotel.agent import agent as rotel_agent
-
 sys.path.insert(0, str(Path(__file__).parent))
 from workload import (Collector, RssSampler, cpu_seconds, encode, free_ports, rss_kib, send_streams,  # noqa: E402
                       trace_spans)
@@ -52,6 +50,8 @@ class Rotel:
     its temp folder removed on leaving the ``with`` block."""
 
     def __init__(self) -> None:
+        from rotel.agent import agent as rotel_agent
+
         self.dir = Path(tempfile.mkdtemp(prefix="rotel-bench-"))
         grpc_port, http_port = free_ports(2)
         self.grpc = f"127.0.0.1:{grpc_port}"
@@ -122,7 +122,16 @@ HEADER = ("| server | streams | accepted spans/s | end-to-end spans/s | CPU s /1
           "idle RSS MiB | steady RSS MiB | peak RSS MiB | refused |\n|---|---|---|---|---|---|---|---|---|---|")
 
 
+def comparisons(ours: list[str], unpriced: bool) -> list[tuple[str, str]]:
+    """The pairs of our collectors compared (name, base): each tree beside the last and, with
+    ``unpriced``, the first tree priced beside itself unpriced (``ours[1]``); none for one tree alone."""
+    pairs = [(name, ours[-1]) for name in ours[:-1]] + ([(ours[0], ours[1])] if unpriced else [])
+    return list(dict.fromkeys(pairs))
+
+
 def main() -> None:
+    from rotel.agent import agent as rotel_agent
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", type=int, default=3000)
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 16])
@@ -166,8 +175,7 @@ def main() -> None:
             e2e = statistics.median(o["e2e"] / r["accepted"] for o, r in pairs)
             print(f"{streams} stream{'s' * (streams > 1)}: {name}/rotel CPU per span {cpu:.2f}x; "
                   f"throughput {name}/rotel accepted {accepted:.3f}, end-to-end {e2e:.3f} (medians of {len(pairs)} pairs)")
-        # each tree beside the last; with --unpriced, also the first tree priced beside it unpriced
-        for name, base in [(name, ours[-1]) for name in ours[:-1]] + [(ours[0], ours[1])] * args.unpriced:
+        for name, base in comparisons(ours, args.unpriced):
             pairs = list(zip(results[(name, streams)], results[(base, streams)]))
             cpu = statistics.median(o["cpu_per_100k"] / b["cpu_per_100k"] for o, b in pairs)
             e2e = statistics.median(o["e2e"] / b["e2e"] for o, b in pairs)

@@ -105,16 +105,16 @@ def scrape(prometheus: str, name: str) -> float:
 
 
 def throughput(code: str, bodies: list[bytes], runs: int, spans: int, store: dict | None) -> dict:
-    """End-to-end spans/s until every run is stored (counted by ``fidelity_runs_total``, which a
+    """End-to-end spans/s until every run is stored (counted by ``agenteval_runs_total``, which a
     deleting sweeper does not lower), with ``store`` as the collector's extra store settings; how
     many runs the sweeper deleted by then, and the longest batch it logged."""
     collector = Collector({"late_window": LATE_WINDOW}, code=None if code == "." else code, store=store)
     try:
         sent = send_streams("grpc", collector.grpc, bodies, 1)
-        while scrape(collector.prometheus, "fidelity_runs_total") < runs:
+        while scrape(collector.prometheus, "agenteval_runs_total") < runs:
             time.sleep(0.02)
         finished = time.monotonic()
-        deleted = scrape(collector.prometheus, "collector_store_runs_deleted_total") if store else 0.0
+        deleted = scrape(collector.prometheus, "agenteval_store_runs_deleted_total") if store else 0.0
         swept = [json.loads(line) for line in (collector.dir / "log").read_text().splitlines() if '"store_swept"' in line]
     finally:
         collector.stop()

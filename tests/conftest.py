@@ -75,7 +75,7 @@ def runs_of(collector, traces: list[str], timeout: float = 20.0) -> list[dict]:
     while time.monotonic() < deadline:
         gauges = collector.metrics()
         idle = all(gauges.get((name, ()), 1) == 0
-                   for name in ("collector_traces_in_flight", "collector_store_queued_runs"))
+                   for name in ("agenteval_traces_in_flight", "agenteval_store_queued_runs"))
         found = sorted((d for d in collector.store().list_runs(limit=1000, with_docs=True) if d["trace_id"] in wanted),
                        key=lambda d: d["run_id"])
         stored = [(d["run_id"], d["revision"]) for d in found]
@@ -254,8 +254,8 @@ class CollectorProcess:
         out = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                labels = tuple(sorted((k, v) for k, v in sample.labels.items()
-                                      if not k.startswith("otel_scope_")))
+                # a label a series lacks is exposed as "" where others of its family have it: absent
+                labels = tuple(sorted((k, v) for k, v in sample.labels.items() if v))
                 out[(sample.name, labels)] = sample.value
         return out
 

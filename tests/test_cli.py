@@ -283,3 +283,30 @@ def test_a_span_beyond_the_trace_window_is_an_error_not_a_split_run(tmp_path):
     assert ids[0] not in {r["trace_id"] for r in doc["runs"]}
     ok = bench(path, tmp_path / "runs2.db", "--json", "--trace-window", "40")
     assert ok.returncode == 11 and ids[0] in {r["trace_id"] for r in json.loads(ok.stdout)["runs"]}
+
+
+def test_offline_bench_keeps_nothing_unless_a_store_is_named(tmp_path):
+    """The README's offline check stored its run "demo" in the live collector's default store, where
+    it showed up as a FAIL among production runs. Now only --store, a --config store.url or
+    $AGENTEVAL_STORE keep runs; the table, --json and the reports are the same either way."""
+    data = tmp_path / "data"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "AGENTEVAL_STORE"} | {
+        "XDG_DATA_HOME": str(data), "HOME": str(tmp_path), "TMPDIR": str(scratch)}
+    example = str(ROOT / "examples/fail_under_reported_tokens.json")
+    args = [AGENTEVAL, "bench", "workflow-trace-fidelity", "--workflow-trace", example, "--subject", "demo"]
+    proc = subprocess.run([*args, "--junit", str(tmp_path / "j.xml")], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == 9 and "TokenMismatch" in proc.stdout
+    assert "not stored: 1 run(s) checked" in proc.stderr and "--store" in proc.stderr
+    assert 'name="status" value="FAIL"' in (tmp_path / "j.xml").read_text()
+    as_json = subprocess.run([*args, "--json"], capture_output=True, text=True, env=env, timeout=60)
+    assert as_json.returncode == 9 and json.loads(as_json.stdout)["runs"][0]["status"] == "FAIL"
+    assert not data.exists(), sorted(data.rglob("*"))  # the default store was never opened
+    listed = subprocess.run([AGENTEVAL, "runs", "list"], capture_output=True, text=True, env=env, timeout=60)
+    assert listed.stdout.strip() == "no runs stored"
+    kept = subprocess.run([*args, "--store", str(tmp_path / "mine.db")], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert kept.returncode == 9 and f"stored 1 run(s) in {tmp_path / 'mine.db'}" in " ".join(kept.stderr.split())
+    assert not list(scratch.iterdir())  # the runs' scratch store is gone too

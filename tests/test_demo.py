@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -177,3 +178,23 @@ def test_demo_workflows_build_without_self_loops():
         workflow = spec.build()
         edges = [e for group in workflow.edge_groups for e in group.edges]
         assert all(e.source_id != e.target_id for e in edges), spec.name
+
+
+def test_your_own_workflow_on_the_scripted_client_as_docs_show_it(collector):
+    """examples/scripted_workflow.py, run as docs/running.md says: a two-agent workflow of one's own
+    whose writer's middleware halves its usage is caught (TokenMismatch), the researcher agrees."""
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, str(root / "examples/scripted_workflow.py")], capture_output=True,
+                          text=True, timeout=120, cwd=root,
+                          env={**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.grpc}"})
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    trace_id = proc.stdout.split()[-1]
+    run = collector.run(trace_id)
+    assert (run["subject"], run["status"]) == ("my-workflow", "FAIL")
+    assert {e["executor_id"]: e["verdict"] for e in run["executors"]} == {"researcher": "Agree",
+                                                                          "writer": "TokenMismatch"}
+    shown = subprocess.run([AGENTEVAL, "runs", "show", trace_id, "--store", collector.store_url],
+                           capture_output=True, text=True, timeout=60)
+    assert "writer" in shown.stdout and "TokenMismatch" in shown.stdout and "FAIL" in shown.stdout
+    running = (root / "docs/running.md").read_text()
+    assert "python examples/scripted_workflow.py" in running and "ChatTelemetryLayer" in running

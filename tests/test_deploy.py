@@ -263,7 +263,9 @@ def test_dashboard_has_the_panels_ops_asked_for():
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory) -> set[str]:
     """Every sample name a running collector exports once it has seen each kind of event."""
-    proc = CollectorProcess(tmp_path_factory.mktemp("scrape"), {"assembly": {"max_spans_in_flight": 200}})
+    # the scenarios' model priced by hand, so an under-report adds to the unreported-cost counter
+    proc = CollectorProcess(tmp_path_factory.mktemp("scrape"), {"assembly": {"max_spans_in_flight": 200}, "pricing": {
+        "models": {"fake-model": {"input_per_mtok": 1.0, "output_per_mtok": 1.0}}}})
     try:
         spans, ids = record([s for s, _, _ in SCENARIOS.values()])
         export_spans(proc, spans)
@@ -300,12 +302,26 @@ def fresh(tmp_path_factory) -> dict[str, list]:
     return out
 
 
-@pytest.mark.parametrize("rule", [r for g in ALERTS["groups"] for r in g["rules"]], ids=lambda r: r["alert"])
-def test_every_alert_watches_series_a_fresh_collector_already_exports(rule, fresh):
+#: The verdict counters: their label values (each run's subject and MAF release) come from runs, so
+#: a series appears with the first run that has it, never at 0 with a placeholder value no run has.
+PER_RUN = {"agenteval_runs_total", "agenteval_unit_verdicts_total", "agenteval_notruth_units_total",
+           "agenteval_unreported_tokens_total", "agenteval_unreported_cost_usd_total"}
+
+
+@pytest.mark.parametrize("rule", [r for g in ALERTS["groups"] for r in g["rules"]
+                                  if _metric_names(r["expr"]) - PER_RUN - PROMETHEUS_OWN], ids=lambda r: r["alert"])
+def test_every_self_metric_alert_watches_series_a_fresh_collector_already_exports(rule, fresh):
     """A rate over no series is no data, not 0: an alert on a counter that appears only at its first
-    event cannot tell "none yet" from "not scraped"."""
+    event cannot tell "none yet" from "not scraped". Self-metrics' label values are known in advance."""
     missing = _metric_names(rule["expr"]) - set(fresh) - PROMETHEUS_OWN
     assert not missing, f"{rule['alert']} watches series a fresh collector does not export: {missing}"
+
+
+def test_a_fresh_collector_exports_no_verdict_series_with_a_placeholder_label(fresh):
+    """Before any run, the verdict counters carried subject="" and maf_release="unknown"."""
+    assert not PER_RUN & set(fresh), PER_RUN & set(fresh)
+    values = {v for samples in fresh.values() for s in samples for v in s.labels.values()}
+    assert "" not in values and "unknown" not in values
 
 
 def test_a_fresh_collector_says_what_runs_and_how_the_process_does(fresh):
@@ -313,8 +329,8 @@ def test_a_fresh_collector_says_what_runs_and_how_the_process_does(fresh):
     assert info.value == 1 and info.labels["decoder"] in ("native", "python") and info.labels["version"]
     for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"):
         assert fresh[name][0].value > 0, name
-    assert {s.labels["status"] for s in fresh["fidelity_runs_total"]} == {"PASS", "WARN", "FAIL", "PENDING"}
-    assert all(s.value == 0 for s in fresh["fidelity_runs_total"] + fresh["collector_spans_refused_total"])
+    assert {s.labels["reason"] for s in fresh["agenteval_spans_refused_total"]} == {"capacity", "journal", "store_backlog"}
+    assert all(s.value == 0 for s in fresh["agenteval_spans_refused_total"])
 
 
 @pytest.mark.parametrize("expr", _dashboard_exprs() + [r["expr"] for g in ALERTS["groups"] for r in g["rules"]])

@@ -98,6 +98,16 @@ def test_the_configuration_page_is_generated_from_the_documented_config():
         "docs/configuration.md is stale: run `make docs`")
 
 
+def test_every_configuration_section_shows_its_defaults():
+    """A top-level value (`instance`, `shutdown_delay`) was a heading over an empty table of keys."""
+    sections = re.split(r"^## ", (ROOT / "docs/configuration.md").read_text(), flags=re.M)[1:]
+    for section in sections:
+        name = section.split("\n", 1)[0]
+        rows = [line for line in section.splitlines() if line.startswith("| `")]
+        assert rows or re.search(r"^Default: `[^`]*`\.$", section, flags=re.M), f"{name}: no default shown"
+        assert "| key | default | what it does |" not in section or rows, f"{name}: an empty table"
+
+
 #: Keys an earlier version had, which the config refuses by name with their successor's (collector/config.py).
 RETIRED_KEYS = {"receivers.http.trace_link"}
 
@@ -199,3 +209,30 @@ def test_the_readme_instrumentation_snippet_imports():
     [snippet] = [b for b in code_blocks(README, ("python",)) if "MafFidelityInstrumentor" in b]
     imports = "\n".join(line for line in snippet.splitlines() if line.startswith(("from ", "import ")))
     exec(compile(imports, "README.md", "exec"), {})
+
+
+def test_the_layout_page_names_every_module():
+    """docs/layout.md left out the Kafka receiver, the hand-over, pricing, spend and the CI reports."""
+    layout = (ROOT / "docs/layout.md").read_text()
+    missing = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "collector").rglob("*.py"))
+               if p.stem != "__init__" and "api" not in p.parts and f"`{p.stem}`" not in layout]
+    assert not missing, f"docs/layout.md does not name {missing}"
+
+
+@pytest.mark.parametrize(("term", "definition"), [("ledger", "*ledger*"), ("truth", "*chat truth*"),
+                                                   ("unit", "*agent unit*"), ("Path-2", "*Path-2*")])
+def test_the_readme_defines_each_term_where_it_first_uses_it(term, definition):
+    text = README.read_text()
+    first = re.search(rf"(?<![\w-]){re.escape(term)}(?![\w-])", text)
+    assert first and text.find(definition) in range(first.start() - len(definition), first.start() + 1), (
+        f"README.md uses {term!r} at {text[first.start() - 40:first.end() + 20]!r} before defining it")
+    if term == "Path-2":  # the demo's path2-pending row is the first a reader sees of it: defined under it
+        assert text.find(definition) < text.find("##", text.find("path2-pending"))
+
+
+def test_the_readme_says_verdict_spans_are_exported_only_with_an_otlp_endpoint():
+    """The README listed verdict spans under "What you get"; by default none are exported."""
+    text = README.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| verdict spans"))
+    assert "exporters.otlp.endpoint" in row
+    assert CollectorConfig().exporters.otlp.endpoint is None and "By default nothing leaves the machine" in text

@@ -18,7 +18,7 @@ from collector.demo.maf_fakes import AgentSpec, Turn, chain, keep_last_call_usag
 from conftest import CollectorProcess, export_spans
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
-COUNTERS = ("fidelity_runs", "fidelity_executor_verdicts", "fidelity_unreported_tokens", "fidelity_unreported_cost_usd")
+COUNTERS = ("agenteval_runs", "agenteval_unit_verdicts", "agenteval_unreported_tokens", "agenteval_unreported_cost_usd")
 
 
 @pytest.fixture(autouse=True)
@@ -49,14 +49,16 @@ def _scrape(proc, accept: str | None) -> str:
         return response.read().decode()
 
 
-def test_a_fresh_collector_shows_the_spend_counters_at_zero(tmp_path):
+def test_a_fresh_collector_shows_no_spend_series_before_a_run_has_one(tmp_path):
+    """The spend counters' labels (subject, MAF release) are known only from runs: a series at 0
+    before any run carried placeholder values (subject="", maf_release="unknown") no run has."""
     proc = CollectorProcess(tmp_path)
     try:
-        samples = {s.name: s.value for f in text_families(_scrape(proc, None)) for s in f.samples}
+        samples = {s.name: s.labels for f in text_families(_scrape(proc, None)) for s in f.samples}
     finally:
         proc.stop()
-    assert samples["fidelity_unreported_tokens_total"] == 0
-    assert samples["fidelity_unreported_cost_usd_total"] == 0
+    assert "agenteval_unreported_tokens_total" not in samples and "agenteval_unreported_cost_usd_total" not in samples
+    assert samples["agenteval_spans_received_total"] == {"transport": "http"}  # a self-metric: at 0 from the start
 
 
 def test_the_openmetrics_scrape_carries_the_runs_trace_id_on_its_verdicts(sent):
@@ -68,14 +70,14 @@ def test_the_openmetrics_scrape_carries_the_runs_trace_id_on_its_verdicts(sent):
             if sample.labels.get("subject") == "exemplar-run" and sample.name.endswith("_total"):
                 by_name[name, sample.labels.get("status") or sample.labels.get("verdict")] = sample
     expected = {"trace_id": run["trace_id"], "run_id": run["run_id"]}
-    fail = by_name["fidelity_runs", "FAIL"]
+    fail = by_name["agenteval_runs", "FAIL"]
     assert fail.value == 1 and fail.exemplar.labels == expected
-    assert by_name["fidelity_executor_verdicts", "TokenMismatch"].exemplar.labels == expected
-    tokens, cost = by_name["fidelity_unreported_tokens", None], by_name["fidelity_unreported_cost_usd", None]
+    assert by_name["agenteval_unit_verdicts", "TokenMismatch"].exemplar.labels == expected
+    tokens, cost = by_name["agenteval_unreported_tokens", None], by_name["agenteval_unreported_cost_usd", None]
     assert tokens.value == 900 + 120 and tokens.exemplar.labels == expected  # the tool call's tokens went unreported
     assert cost.value == pytest.approx(run["spend"]["unreported_usd"]) and cost.exemplar.labels == expected
     assert cost.value == pytest.approx((900 * 0.15 + 120 * 0.60) / 1e6)  # gpt-4o-mini's published rates
-    for histogram, value in (("fidelity_run_score", run["score"]), ("fidelity_token_delta", 1020)):
+    for histogram, value in (("agenteval_run_score", run["score"]), ("agenteval_token_delta_tokens", 1020)):
         marked = [s for s in families[histogram].samples if s.exemplar is not None and s.exemplar.labels == expected
                   and s.exemplar.value == value]
         assert len(marked) == 1  # on the bucket the run's value fell in: the smallest bound at or above it
@@ -87,7 +89,7 @@ def test_the_plain_text_scrape_has_no_exemplars_and_still_parses(sent):
     proc, _ = sent
     text = _scrape(proc, None)
     assert " # {" not in text
-    assert any(f.name == "fidelity_runs" for f in text_families(text))
+    assert any(f.name == "agenteval_runs" for f in text_families(text))
 
 
 def test_the_otlp_push_carries_the_runs_trace_as_exemplars(sent, capture):
@@ -107,8 +109,8 @@ def test_the_otlp_push_carries_the_runs_trace_as_exemplars(sent, capture):
         return found
 
     deadline = time.monotonic() + 15
-    names = ("fidelity.runs", "fidelity.executor.verdicts", "fidelity.unreported.cost_usd", "fidelity.run.score",
-             "fidelity.token.delta")
+    names = ("agenteval.runs", "agenteval.unit.verdicts", "agenteval.unreported.cost_usd", "agenteval.run.score",
+             "agenteval.token.delta")
     while not all(exemplars().get(n) for n in names):
         assert time.monotonic() < deadline, f"no exemplar of the run on {[n for n in names if not exemplars().get(n)]}"
         time.sleep(0.2)

@@ -570,11 +570,11 @@ def test_collector_survived_the_fuzzing(live: Live) -> None:
     expect_stored_once(live.proc.store_path, trace_id, good_run_id(trace_id, good), "pass")
     assert not live.crashes, "the collector died during fuzzing:\n" + "\n---\n".join(live.crashes)
     with urllib.request.urlopen(live.proc.prometheus, timeout=10) as resp:
-        assert resp.status == 200 and b"collector_spans_received" in resp.read()
+        assert resp.status == 200 and b"agenteval_spans_received" in resp.read()
     time.sleep(0.5)  # anything that would revise a good run has arrived by now
     for store, tid, run, scenario in live.sent:
         expect_stored_once(store, tid, run, scenario, timeout=1.0)
-    failed = sum(v for (name, _), v in live.proc.metrics().items() if name == "collector_runs_failed_total")
+    failed = sum(v for (name, _), v in live.proc.metrics().items() if name == "agenteval_pipeline_failures_total")
     for log in live.logs:
         text = log.read_text()
         assert "Traceback" not in text, text[text.index("Traceback") - 300:][:3000]

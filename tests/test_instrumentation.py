@@ -168,7 +168,7 @@ def test_a_default_opentelemetry_instrument_setup_sends_metrics_and_logs_too_and
     after = collector.metrics()
     transport = "grpc" if protocol == "grpc" else "http"
     for signal in ("metrics", "logs"):
-        key = ("collector_signals_discarded_total", (("signal", signal), ("transport", transport)))
+        key = ("agenteval_signals_discarded_total", (("signal", signal), ("transport", transport)))
         assert after.get(key, 0) > before.get(key, 0), signal
 
 
@@ -228,7 +228,7 @@ def test_the_installed_release_is_instrumented_announced_and_counted_by_release(
     run_doc = collector.run(format(ledger.context.trace_id, "032x"))
     assert (run_doc["maf_release"], run_doc["instrumentation_version"], run_doc["instrumentation_status"]) == (
         version("agent-framework-core"), __version__, "active")
-    counted = {labels for (name, labels), _ in collector.metrics().items() if name == "fidelity_runs_total"}
+    counted = {labels for (name, labels), _ in collector.metrics().items() if name == "agenteval_runs_total"}
     assert (("maf_release", version("agent-framework-core")), ("status", "PASS"), ("subject", run_doc["subject"])) in counted
     for release in (version("agent-framework-core"), version("agent-framework-core").rpartition(".")[0]):  # 1.26 too
         assert collector.store().list_runs(maf_release=release)[0]["run_id"] == run_doc["run_id"]

@@ -74,9 +74,9 @@ def test_runs_stored_before_a_kill_9_are_not_published_again_by_the_replay(tmp_p
         assert second.run(open_id)["status"] == "FAIL"
         time.sleep(1.0)  # both traces replayed and finalized by now
         assert [e["trace_id"] for e in second.log_events() if e.get("event") == "run_verdict"] == [open_id]
-        counted = {labels: v for (name, labels), v in second.metrics().items() if name == "fidelity_runs_total" and v}
-        # rootless: its service.name; no MAF instrumentation announced a release
-        assert counted == {(("maf_release", "unknown"), ("status", "FAIL"), ("subject", "maf-app")): 1}
+        counted = {labels: v for (name, labels), v in second.metrics().items() if name == "agenteval_runs_total" and v}
+        # rootless: its service.name; no MAF instrumentation announced a release (no maf_release label)
+        assert counted == {(("status", "FAIL"), ("subject", "maf-app")): 1}
         assert second.run(stored_id)["revision"] == 1
     finally:
         assert second.stop() == 0

@@ -353,8 +353,8 @@ def test_bad_messages_are_counted_skipped_and_never_block_their_partition(kafka_
         replica.current.stop()
     assert sorted((e["reason"], e["partition"], e["offset"]) for e in skipped) == [
         ("too_large", 0, 2), ("undecodable", 0, 1)]
-    assert metrics[("collector_kafka_messages_skipped_total", (("reason", "undecodable"),))] == 1
-    assert metrics[("collector_kafka_messages_skipped_total", (("reason", "too_large"),))] == 1
+    assert metrics[("agenteval_kafka_messages_skipped_total", (("reason", "undecodable"),))] == 1
+    assert metrics[("agenteval_kafka_messages_skipped_total", (("reason", "too_large"),))] == 1
     assert not [e for e in replica.events("run_verdict") if e["trace_id"] in big.spans]
 
 
@@ -380,7 +380,7 @@ def test_over_capacity_consumption_pauses_and_rereads_skipping_nothing(kafka_bro
         for tid, scenario in traffic.scenario.items():
             doc = life.run(tid, timeout=90)
             assert (doc["status"], doc["incomplete"]) == (SCENARIOS[scenario][1], False)
-        refused = life.metrics()[("collector_spans_refused_total", (("reason", "capacity"), ("transport", "kafka")))]
+        refused = life.metrics()[("agenteval_spans_refused_total", (("reason", "capacity"), ("transport", "kafka")))]
     finally:
         life.stop()
     assert refused > 0, "the replica never refused: the test did not exercise the pause"

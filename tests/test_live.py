@@ -101,9 +101,9 @@ def test_path2_reasons_are_counted_in_metrics(collector):
     run = collector.run(trace_id)
     assert {e["no_truth_reason"] for e in run["executors"]} == {"response_missing"}
     after = collector.metrics()
-    key = ("fidelity_no_truth_executors_total", (("maf_release", "unknown"), ("reason", "response_missing"), ("subject", "path2")))
+    key = ("agenteval_notruth_units_total", (("reason", "response_missing"), ("subject", "path2")))
     assert after[key] - before.get(key, 0) == 2
-    runs_key = ("fidelity_runs_total", (("maf_release", "unknown"), ("status", "PENDING"), ("subject", "path2")))
+    runs_key = ("agenteval_runs_total", (("status", "PENDING"), ("subject", "path2")))
     assert after[runs_key] - before.get(runs_key, 0) == 1
 
 
@@ -113,13 +113,13 @@ def test_metrics_expose_verdicts_scores_and_self_metrics(collector):
     collector.run(trace_id)
     m = collector.metrics()
     names = {name for name, _ in m}
-    for expected in ("fidelity_runs_total", "fidelity_executor_verdicts_total", "fidelity_run_score_bucket",
-                     "fidelity_token_delta_bucket", "collector_spans_received_total", "collector_traces_in_flight",
-                     "collector_spans_in_flight", "fidelity_verdict_latency_seconds_bucket"):
+    for expected in ("agenteval_runs_total", "agenteval_unit_verdicts_total", "agenteval_run_score_bucket",
+                     "agenteval_token_delta_tokens_bucket", "agenteval_spans_received_total", "agenteval_traces_in_flight",
+                     "agenteval_spans_in_flight", "agenteval_verdict_latency_seconds_bucket"):
         assert expected in names, expected
-    assert m[("fidelity_executor_verdicts_total", (("maf_release", "unknown"), ("subject", "fail-under-report"),
-                                                ("verdict", "TokenMismatch")))] >= 1
-    assert m[("collector_spans_received_total", (("transport", "http"),))] >= len(spans)
+    # no MAF instrumentation announced a release: no maf_release label
+    assert m[("agenteval_unit_verdicts_total", (("subject", "fail-under-report"), ("verdict", "TokenMismatch")))] >= 1
+    assert m[("agenteval_spans_received_total", (("transport", "http"),))] >= len(spans)
 
 
 def test_fidelity_counters_say_which_workflow_up_to_a_bound(tmp_path):
@@ -131,15 +131,15 @@ def test_fidelity_counters_say_which_workflow_up_to_a_bound(tmp_path):
             spans, (trace_id,) = record([SCENARIOS[name][0]])
             export_spans(proc, spans)
             proc.run(trace_id)
-        runs = {labels: v for (name, labels), v in proc.metrics().items() if name == "fidelity_runs_total" and v}
-        unknown = ("maf_release", "unknown")  # no MAF instrumentation announced a release
-        assert runs == {(unknown, ("status", "FAIL"), ("subject", "fail-under-report")): 1,
-                        (unknown, ("status", "PENDING"), ("subject", "path2")): 1,
-                        (unknown, ("status", "PASS"), ("subject", "_other")): 1,
-                        (unknown, ("status", "WARN"), ("subject", "_other")): 1}
-        verdicts = {labels: v for (name, labels), v in proc.metrics().items() if name == "fidelity_executor_verdicts_total"}
-        assert verdicts[(unknown, ("subject", "fail-under-report"), ("verdict", "TokenMismatch"))] == 1
-        assert verdicts[(unknown, ("subject", "_other"), ("verdict", "FinishMismatch"))] == 1
+        runs = {labels: v for (name, labels), v in proc.metrics().items() if name == "agenteval_runs_total" and v}
+        # no MAF instrumentation announced a release: no maf_release label (never a placeholder value)
+        assert runs == {(("status", "FAIL"), ("subject", "fail-under-report")): 1,
+                        (("status", "PENDING"), ("subject", "path2")): 1,
+                        (("status", "PASS"), ("subject", "_other")): 1,
+                        (("status", "WARN"), ("subject", "_other")): 1}
+        verdicts = {labels: v for (name, labels), v in proc.metrics().items() if name == "agenteval_unit_verdicts_total"}
+        assert verdicts[(("subject", "fail-under-report"), ("verdict", "TokenMismatch"))] == 1
+        assert verdicts[(("subject", "_other"), ("verdict", "FinishMismatch"))] == 1
     finally:
         proc.stop()
 
@@ -171,7 +171,7 @@ def test_duplicate_delivery_is_counted_once(collector):
     evidence = {e["executor_id"]: e["evidence"] for e in run["executors"]}
     assert evidence["writer"]["truth_tokens"] == 960 and evidence["writer"]["response_turns"] == 2
     after = collector.metrics()
-    key = ("collector_spans_duplicate_total", (("transport", "grpc"),))
+    key = ("agenteval_spans_duplicate_total", (("transport", "grpc"),))
     assert after[key] - before.get(key, 0) == len(spans)
 
 
@@ -301,8 +301,8 @@ def test_undecodable_requests_get_400_and_invalid_argument(collector):
     assert logged == [(400, "application/x-protobuf"), (400, "application/json"), (415, "text/plain"),
                       (400, "application/x-protobuf")]  # each one logged, as the client's error
     metrics = collector.metrics()  # counted as requests, not as spans (they hold none we could read)
-    assert metrics[("collector_requests_rejected_total", (("reason", "undecodable"), ("transport", "http")))] >= 4
-    assert {dict(labels)["reason"] for name, labels in metrics if name == "collector_spans_rejected_total"} <= \
+    assert metrics[("agenteval_requests_rejected_total", (("reason", "undecodable"), ("transport", "http")))] >= 4
+    assert {dict(labels)["reason"] for name, labels in metrics if name == "agenteval_spans_rejected_total"} <= \
         {"invalid_span", "late", "never_fits"}  # spans only
     channel = grpc.insecure_channel(collector.grpc)
     raw = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
@@ -326,9 +326,9 @@ def test_our_own_verdict_spans_are_never_reingested(collector, capture):
         status, _, _ = post(collector.http, req.SerializeToString(), "application/x-protobuf")
         assert status == 200
     after = collector.metrics()
-    key = ("collector_spans_received_total", (("transport", "http"),))
+    key = ("agenteval_spans_received_total", (("transport", "http"),))
     assert after.get(key, 0) == before.get(key, 0)
-    own = ("collector_spans_own_total", (("transport", "http"),))
+    own = ("agenteval_spans_own_total", (("transport", "http"),))
     assert after[own] - before.get(own, 0) >= 1 + 2  # fidelity.run and its executor spans
     assert collector.run(trace_id)["revision"] == 1
 
@@ -385,9 +385,9 @@ def test_metrics_are_also_pushed_over_otlp(collector, capture):
     export_spans(collector, spans)
     collector.run(trace_id)
     deadline = time.monotonic() + 10
-    while "fidelity.runs" not in capture.metrics.metric_names() and time.monotonic() < deadline:
+    while "agenteval.runs" not in capture.metrics.metric_names() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert {"fidelity.runs", "fidelity.executor.verdicts", "collector.spans.received"} <= capture.metrics.metric_names()
+    assert {"agenteval.runs", "agenteval.unit.verdicts", "agenteval.spans.received"} <= capture.metrics.metric_names()
 
 
 def test_completion_follows_each_traces_deadline_not_a_fixed_tick(tmp_path):

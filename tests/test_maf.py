@@ -130,7 +130,7 @@ def test_bridge_with_the_callers_own_tracer_provider(collector):
 
 def test_mafs_separate_build_trace_is_counted_as_ignored_not_stored(tmp_path):
     """MAF exports ``workflow.build`` in a trace of its own, in which no agent runs: not a run, and
-    counted in collector_traces_ignored_total (one per such trace), beside the run it built."""
+    counted in agenteval_traces_ignored_total (one per such trace), beside the run it built."""
     proc = CollectorProcess(tmp_path)
     try:
         MAF_SPANS.clear()
@@ -142,11 +142,11 @@ def test_mafs_separate_build_trace_is_counted_as_ignored_not_stored(tmp_path):
         export_spans(proc, built + maf_spans)
         assert verdicts(proc.run(trace_id)) == {"solo": "Agree"}
         deadline = time.monotonic() + 15
-        while proc.metrics().get(("collector_traces_ignored_total", ()), 0) < len(build):
+        while proc.metrics().get(("agenteval_traces_ignored_total", ()), 0) < len(build):
             assert time.monotonic() < deadline, "the build trace was not counted as ignored"
             time.sleep(0.1)
         time.sleep(1)  # nothing more is counted, and nothing of it is stored
-        assert proc.metrics()[("collector_traces_ignored_total", ())] == len(build)
+        assert proc.metrics()[("agenteval_traces_ignored_total", ())] == len(build)
         assert [run["trace_id"] for run in proc.store().list_runs()] == [trace_id]
     finally:
         proc.stop()

@@ -177,7 +177,8 @@ def test_help_shows_flags_as_flags_and_whole_sentences(command):
         assert len(line) <= 80, line
     if command[0] == "bench":
         assert "--preset <smoke|standard|audit-grade>" in proc.stdout  # one piece, not split over lines
-        assert "so\n  memory stays flat however large the file." in proc.stdout
+        assert "so memory stays flat however large the file." in " ".join(proc.stdout.split())
+        assert "an\n  offline check never lands among a live collector's runs." in proc.stdout
 
 
 # --- 10: input checks -----------------------------------------------------------------------------
@@ -412,3 +413,99 @@ def test_runs_list_piped_keeps_each_run_id_on_one_line(live, tmp_path):
     for i in ids:
         prefixes = [s for s in shown if i.startswith(s)]
         assert len(prefixes) == 1 and [j for j in ids if j.startswith(prefixes[0])] == [i], (i, shown)
+
+
+# --- collector validate: the config check that starts nothing -----------------------------------------
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def _shadow_confluent_kafka(tmp_path: Path) -> dict:
+    """An environment in which confluent-kafka (the kafka extra) is not installed."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "confluent_kafka.py").write_text("raise ImportError('No module named confluent_kafka')\n")
+    return {"PYTHONPATH": str(shadow)}
+
+
+_FREE = {"receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}},
+         "exporters": {"prometheus": {"endpoint": "127.0.0.1:0"}}}
+
+
+@pytest.mark.parametrize(("cfg", "expected"), [
+    ({"receivers": {"grpc": {"endpoint": "nope"}}}, "receivers.grpc.endpoint: Value error, expected host:port"),
+    ({"assembly": {"quiet_periodd": 1}}, "assembly.quiet_periodd: unknown key"),
+    ({"receivers": {"auth": {"bearer_token_env": "AGENTEVAL_NOT_SET_ANYWHERE"}}},
+     "receivers.auth.bearer_token_env: $AGENTEVAL_NOT_SET_ANYWHERE is not set"),
+    ({"exporters": {"prometheus": {"require_auth": True, "endpoint": "127.0.0.1:0"}}},
+     "exporters.prometheus.require_auth: set receivers.auth.bearer_token_file"),
+    ({"receivers": {"tls": {"cert_file": "{tmp}/none.pem", "key_file": "{tmp}/none.key"}}}, "receivers.tls: "),
+    ({"journal": {"enabled": False}, "receivers": {"kafka": {"enabled": True, "brokers": ["127.0.0.1:9"], "topic": "t",
+                                                              "group_id": "g"}}},
+     "receivers.kafka.enabled: the kafka receiver needs confluent-kafka, which is not installed: "
+     "pip install 'agenteval-collector[kafka]'"),
+])
+def test_validate_refuses_what_serve_refuses_with_the_same_error(cfg, expected, tmp_path):
+    """`agenteval collector validate --config FILE`, as `otelcol validate`: serve's error, exit 1."""
+    text = yaml.safe_dump(cfg).replace("{tmp}", str(tmp_path))
+    merged = yaml.safe_load(text)
+    for section, values in _FREE.items():  # never a fixed port: serve must fail on the config, not a port
+        for key, sub in values.items():
+            merged.setdefault(section, {}).setdefault(key, {}).setdefault("endpoint", sub["endpoint"])
+    merged["store"] = {"url": str(tmp_path / "runs.db")}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(merged))
+    env = _shadow_confluent_kafka(tmp_path)
+    validated = cli("collector", "validate", "--config", str(path), env=env)
+    served = cli("collector", "serve", "--config", str(path), env=env)
+    assert validated.returncode == served.returncode == 1, (validated.stderr, served.stderr)
+    assert _error_lines(validated.stderr) == _error_lines(served.stderr)
+    assert expected in validated.stderr and "Traceback" not in validated.stderr + served.stderr
+    assert validated.stdout == ""
+
+
+def test_validate_accepts_a_good_config_and_starts_nothing(tmp_path):
+    store, journal = tmp_path / "runs.db", tmp_path / "journal"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"store": {"url": str(store)}, "journal": {"path": str(journal)},
+                                    "receivers": {"grpc": {"endpoint": "${env:GRPC_AT:-127.0.0.1:4317}"}}}))
+    proc = cli("collector", "validate", "--config", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"{path}: valid\n"
+    assert not store.exists() and not journal.exists()
+    for shipped in ("config/collector.yaml", "config/container.yaml", "config/replica.yaml"):
+        proc = cli("collector", "validate", "--config", str(ROOT / shipped), env={"AGENTEVAL_DB_PASSWORD": "x"})
+        assert proc.returncode == 0, (shipped, proc.stderr)
+
+
+def test_serve_prints_its_banner_before_any_log_line(tmp_path):
+    """On a terminal (stdout and stderr on one screen) a fresh store's migration lines came first, JSON
+    above the readable banner; and the README's banner is the one printed (the journal's path was not)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_FREE))
+    env = {k: v for k, v in os.environ.items() if k not in ("AGENTEVAL_STORE", "XDG_DATA_HOME")} | {"HOME": str(tmp_path)}
+    proc = subprocess.Popen([AGENTEVAL, "collector", "serve", "--config", str(cfg)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        lines = [proc.stdout.readline() for _ in range(12)]
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    assert lines[0] == "agenteval collector listening:\n", lines
+    banner = lines[:lines.index("Press Ctrl-C to stop.\n") + 1]
+    assert all(line.startswith("{") for line in lines[len(banner):]), lines  # the log lines, after it
+    readme = (ROOT / "README.md").read_text()
+    shown = re.search(r"`make run` prints where it listens:\n\n```text\n(.*?)```", readme, re.S)[1]
+    # the README shows the default ports and the home directory as ~; here port 0 picked them
+    normal = [re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", line.replace(str(tmp_path), "~")).rstrip()
+              for line in banner]
+    assert [re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", line).rstrip() for line in shown.splitlines()] == normal
+
+
+def test_make_run_says_what_it_installs_before_the_quiet_minute():
+    """`make run` on a fresh clone was a minute of silence (pip runs with --quiet)."""
+    dry = subprocess.run(["make", "-n", "-B", "install"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    first = dry.stdout.splitlines()[0]
+    assert first.startswith("echo \"installing agenteval") and "the first time only" in first, dry.stdout
+    assert "tools/maf-venv" in dry.stdout.splitlines()[1]

@@ -44,7 +44,7 @@ def set_attr(span: dict, key: str, value: dict) -> None:
 
 
 def in_flight(collector) -> float:
-    return collector.metrics()[("collector_spans_in_flight", ())]
+    return collector.metrics()[("agenteval_spans_in_flight", ())]
 
 
 POISONS = {
@@ -285,7 +285,7 @@ def test_a_cut_trace_whose_rest_never_comes_is_replayed_and_then_let_go(tmp_path
         replayed = [e for e in second.log_events() if e.get("event") == "journal_replayed"]
         assert replayed and replayed[0]["spans"] == len(spans) - 1
         deadline = time.monotonic() + 15
-        while second.metrics()[("collector_traces_in_flight", ())] and time.monotonic() < deadline:
+        while second.metrics()[("agenteval_traces_in_flight", ())] and time.monotonic() < deadline:
             time.sleep(0.1)  # until max_trace_wait (1 s) finalizes it again: found stored, not published
         rows = [r for r in second.store().list_runs(limit=50, with_docs=True) if r["trace_id"] == trace_id]
         assert [(r["run_id"], r["incomplete"], r["revision"]) for r in rows] == [(trace_id, True, 1)]

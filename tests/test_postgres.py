@@ -104,8 +104,8 @@ def test_database_restart_mid_stream_loses_no_verdict(postgres, tmp_path):
             queued = errors = 0
             while time.monotonic() < deadline and (len(sent) < outage_started + 10 or not queued or not errors):
                 metrics = proc.metrics()
-                queued = metrics.get(("collector_store_queued_runs", ()), 0)
-                errors = sum(v for (name, _), v in metrics.items() if name == "collector_store_errors_total")
+                queued = metrics.get(("agenteval_store_queued_runs", ()), 0)
+                errors = sum(v for (name, _), v in metrics.items() if name == "agenteval_store_errors_total")
                 time.sleep(0.1)
             assert queued > 0, "verdicts were not queued during the outage"
             assert errors > 0, "failed writes were not counted"
@@ -119,7 +119,7 @@ def test_database_restart_mid_stream_loses_no_verdict(postgres, tmp_path):
     for trace_id in sent:
         assert proc.run(trace_id, timeout=60)["status"] == "FAIL"
     assert len(proc.store().list_runs(limit=10_000)) == len(sent)
-    assert proc.metrics()[("collector_store_queued_runs", ())] == 0
+    assert proc.metrics()[("agenteval_store_queued_runs", ())] == 0
     assert proc.stop() == 0
 
 
@@ -133,7 +133,7 @@ def test_a_full_store_backlog_refuses_ingest_with_a_retryable_status(postgres, t
                 spans, _ids = record([SCENARIOS["pass"][0]])
                 assert post(proc.http, export_request(spans).SerializeToString())[0] == 200
             deadline = time.monotonic() + 15
-            while proc.metrics().get(("collector_store_queued_runs", ()), 0) < 2:
+            while proc.metrics().get(("agenteval_store_queued_runs", ()), 0) < 2:
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
             spans, _ids = record([SCENARIOS["pass"][0]])
@@ -144,7 +144,7 @@ def test_a_full_store_backlog_refuses_ingest_with_a_retryable_status(postgres, t
                 assert ready[0] == 200 and time.monotonic() < deadline, ready
                 time.sleep(0.2)
             assert ready[0] == 503 and ready[1]["ready"] is False
-            refused = proc.metrics()[("collector_spans_refused_total", (("reason", "store_backlog"), ("transport", "http")))]
+            refused = proc.metrics()[("agenteval_spans_refused_total", (("reason", "store_backlog"), ("transport", "http")))]
             assert refused == len(spans)
         finally:
             postgres.start()

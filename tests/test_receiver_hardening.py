@@ -272,7 +272,7 @@ def test_metrics_can_require_the_bearer_token(tmp_path):
         assert status == 401 and headers["WWW-Authenticate"] == "Bearer"
         assert scrape(proc, {"Authorization": "Bearer wrong"})[0] == 401
         status, text, _ = scrape(proc, {"Authorization": f"bearer {TOKEN}"})
-        assert status == 200 and b"collector_traces_in_flight" in text
+        assert status == 200 and b"agenteval_traces_in_flight" in text
     finally:
         proc.stop()
     assert TOKEN not in proc.stderr_path.read_text()
@@ -313,7 +313,7 @@ def test_every_request_over_the_size_limit_is_counted_and_logged(tmp_path):
         member = gzip.compress(b"\x00" * (3 * 1024 * 1024))
         assert post(proc.http, member + member, headers={"Content-Encoding": "gzip"})[0] == 413
         assert post(proc.http, valid_request()[0])[0] == 200
-        series = ("collector_requests_rejected_total", (("reason", "too_large"), ("transport", "http")))
+        series = ("agenteval_requests_rejected_total", (("reason", "too_large"), ("transport", "http")))
         assert proc.metrics()[series] == 2
         logged = [e for e in proc.log_events() if e.get("event") == "request_too_large"]
         assert [e["transport"] for e in logged] == ["http", "http"]
@@ -338,7 +338,7 @@ def test_a_request_aiohttp_cannot_parse_is_one_json_line_and_counted(tmp_path):
                 sock.sendall(raw)
                 assert closed_by_server(sock, time.monotonic() + 10)
         assert post(proc.http, valid_request()[0])[0] == 200
-        series = ("collector_requests_rejected_total", (("reason", "malformed_http"), ("transport", "http")))
+        series = ("agenteval_requests_rejected_total", (("reason", "malformed_http"), ("transport", "http")))
         assert proc.metrics()[series] == 2
         text = proc.stderr_path.read_text()
         assert "Traceback" not in text
@@ -582,8 +582,8 @@ def test_concurrent_large_requests_stay_within_the_memory_budget(budgeted, trans
     time.sleep(1.0)  # past the quiet period of anything a refused request might have left
     assert all(budgeted.store().get_run(trace_id) is None for ok_, (_, trace_id) in zip(accepted, requests) if not ok_)
     metrics = budgeted.metrics()
-    assert metrics[("collector_inflight_bytes", ())] == 0
-    assert metrics[("collector_requests_rejected_total", (("reason", "memory_budget"), ("transport", transport)))] \
+    assert metrics[("agenteval_inflight_bytes", ())] == 0
+    assert metrics[("agenteval_requests_rejected_total", (("reason", "memory_budget"), ("transport", transport)))] \
         >= accepted.count(False)
 
 

@@ -148,7 +148,7 @@ def test_http_bad_input_gets_the_otlp_status_and_a_message(collector, case):
 def test_http_invalid_spans_are_rejected_with_reasons_and_the_rest_kept(collector):
     request = with_bad_ids()
     trace_id = request.resource_spans[0].scope_spans[0].spans[2].trace_id.hex()
-    series = ("collector_spans_rejected_total", (("reason", "invalid_span"), ("transport", "http")))
+    series = ("agenteval_spans_rejected_total", (("reason", "invalid_span"), ("transport", "http")))
     before = collector.metrics().get(series, 0)
     status, payload, _ = post(collector.http, request.SerializeToString())
     partial = ExportTraceServiceResponse.FromString(payload).partial_success
@@ -170,7 +170,7 @@ def test_spans_of_a_trace_past_its_late_window_are_rejected_as_late(tmp_path):
         partial = ExportTraceServiceResponse.FromString(payload).partial_success
         assert status == 200 and partial.rejected_spans == 1 and "late_window" in partial.error_message
         counted = {labels: v for (name, labels), v in proc.metrics().items()
-                   if name == "collector_spans_rejected_total" and v}  # (every reason is there at 0 from the start)
+                   if name == "agenteval_spans_rejected_total" and v}  # (every reason is there at 0 from the start)
         assert counted == {(("reason", "late"), ("transport", "http")): 1}
     finally:
         proc.stop()
@@ -305,7 +305,7 @@ def test_over_capacity_is_refused_with_retryable_codes_and_nothing_accepted_is_l
     for trace_id in accepted:  # every accepted span reached its verdict
         assert small.run(trace_id)["status"] == "PASS"
     refused = small.metrics()
-    assert sum(v for (name, _), v in refused.items() if name == "collector_spans_refused_total") == \
+    assert sum(v for (name, _), v in refused.items() if name == "agenteval_spans_refused_total") == \
         per_trace * (len(refused_grpc) + len(refused_http))
     # Retried once capacity is free, the real exporters get through.
     for body, trace_id in refused_grpc + refused_http:
@@ -367,7 +367,7 @@ def test_a_full_journal_refuses_over_both_transports_counting_each_refused_span(
                 assert grpc_raw(proc.grpc, b"\xff\xfe not protobuf")[0] is grpc.StatusCode.INVALID_ARGUMENT
             refused += len(ExportTraceServiceRequest.FromString(body).resource_spans[0].scope_spans[0].spans)
             counted = {labels: value for (name, labels), value in proc.metrics().items()
-                       if name == "collector_spans_refused_total"}
+                       if name == "agenteval_spans_refused_total"}
             assert sum(counted.values()) == refused
             assert counted[(("reason", "journal"), ("transport", transport))] > 0
     finally:

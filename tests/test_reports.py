@@ -137,3 +137,16 @@ def test_runs_show_rejects_an_unknown_format(tmp_path, bad):
     proc = subprocess.run([AGENTEVAL, "runs", "show", "x", "--format", bad, "--store", str(tmp_path / "runs.db")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "--format: expected table, json, junit or markdown" in proc.stderr
+
+
+def test_an_unpriced_run_reports_its_spend_unknown_in_junit_as_in_markdown(tmp_path):
+    """JUnit said `unreported_usd value="0.0"` where the Markdown said unknown (no model named)."""
+    proc, report, summary = _reports(ROOT / "examples/fail_under_reported_tokens.json", tmp_path)
+    assert proc.returncode == 9
+    (suite,) = list(report)
+    properties = {p.name: p.value for p in suite.properties()}
+    assert properties["unreported_usd"] == "unknown" and properties["unreported_tokens"] == "420"
+    assert "spend  unknown: no unit's model could be priced (2 unit(s); 420 tokens unreported)" in (tmp_path / "report.xml").read_text()
+    assert "unknown: no unit's model could be priced" in summary
+    writer = next(line for line in summary.splitlines() if line.startswith("| `writer`"))
+    assert writer.endswith("| unknown |")  # its 420 tokens have no price; the researcher's $0.00 reported them all

@@ -294,37 +294,37 @@ def test_a_collector_under_load_with_a_size_cap_stores_every_verdict_and_says_ho
         "store": {"retention": {"max_size": 600_000, "sweep_interval": 0.05, "batch": 20}}})
     try:
         before = proc.metrics()
-        assert before[("collector_store_runs_deleted_total", ())] == 0
-        assert ("collector_store_bytes", ()) in before and ("collector_store_oldest_run_timestamp_seconds", ()) in before
+        assert before[("agenteval_store_runs_deleted_total", ())] == 0
+        assert ("agenteval_store_bytes", ()) in before and ("agenteval_store_oldest_run_timestamp_seconds", ()) in before
         old = 4000  # ~10x the cap: the sweeper deletes them in batches while the requests come in
         verdict = _verdict(f"{1:032x}", executors=3, chats=3)
         proc.store().save_many(StoredRun(f"old-{i:04d}", "live", verdict) for i in range(old))
         _sql(proc.store_url, "UPDATE runs SET updated_at = updated_at - 3600, created_at = created_at - 3600")
-        deleted = proc.metrics()[("collector_store_runs_deleted_total", ())]
+        deleted = proc.metrics()[("agenteval_store_runs_deleted_total", ())]
         for body in bodies:
             status, reason, _ = post(proc.http, body)
             assert status == 200, reason  # never refused (a refusal would be 429/503)
-        assert proc.metrics()[("collector_store_runs_deleted_total", ())] > deleted  # deleting meanwhile
+        assert proc.metrics()[("agenteval_store_runs_deleted_total", ())] > deleted  # deleting meanwhile
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             m = proc.metrics()
-            if sum(v for (name, _), v in m.items() if name == "fidelity_runs_total") >= 600:
+            if sum(v for (name, _), v in m.items() if name == "agenteval_runs_total") >= 600:
                 break
             time.sleep(0.2)
-        assert sum(v for (name, _), v in m.items() if name == "fidelity_runs_total") == 600
-        assert sum(v for (name, _), v in m.items() if name == "collector_spans_refused_total") == 0
+        assert sum(v for (name, _), v in m.items() if name == "agenteval_runs_total") == 600
+        assert sum(v for (name, _), v in m.items() if name == "agenteval_spans_refused_total") == 0
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # every run stored, and the passes after the last one
             m = proc.metrics()  # before the count: a run deleted between the two is counted in neither
             used, kept = proc.store()._usage()
-            if (used <= 600_000 and m[("collector_store_runs_deleted_total", ())] + kept >= old + 600
-                    and m[("collector_store_oldest_run_timestamp_seconds", ())] > time.time() - 600):
+            if (used <= 600_000 and m[("agenteval_store_runs_deleted_total", ())] + kept >= old + 600
+                    and m[("agenteval_store_oldest_run_timestamp_seconds", ())] > time.time() - 600):
                 break
             time.sleep(0.1)
         assert used <= 600_000 and 0 < kept < 600
-        assert m[("collector_store_runs_deleted_total", ())] + kept >= old + 600  # every run stored, then some deleted
-        assert m[("collector_store_bytes", ())] > 0
-        oldest = m[("collector_store_oldest_run_timestamp_seconds", ())]
+        assert m[("agenteval_store_runs_deleted_total", ())] + kept >= old + 600  # every run stored, then some deleted
+        assert m[("agenteval_store_bytes", ())] > 0
+        oldest = m[("agenteval_store_oldest_run_timestamp_seconds", ())]
         assert time.time() - 600 < oldest <= time.time()
         since = time.strftime("%Y-%m-%d", time.gmtime(proc.store().oldest()))
         listed = subprocess.run([AGENTEVAL, "runs", "list", "--store", proc.store_url, "--config", str(proc.config_path)],

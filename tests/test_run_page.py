@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -190,7 +191,7 @@ def test_pending_run_page_says_why_each_executor_has_no_truth(site, page, tmp_pa
     run = runs["path2_pending"]
     page.goto(f"{proc.http}/runs/{run['run_id'][:10]}")  # a unique prefix is enough
     assert page.locator("#status").inner_text() == "PENDING"
-    assert "none of the 2 agent unit(s) could be checked" in page.locator("#summary").inner_text()
+    assert "none of its 2 agent unit(s) could be checked" in page.locator("#summary").inner_text()
     assert "This is not a pass" in page.locator("#summary").inner_text()
     card = page.locator('[data-no-truth="response_missing"]')  # one card per reason, naming its units
     assert [u.inner_text() for u in card.locator(".unit").all()] == ["researcher", "writer"]
@@ -483,3 +484,43 @@ def test_a_trace_id_of_a_trace_holding_several_runs_lists_them(tmp_path):
         assert status == 404 and all(r in json.loads(body)["error"] for r in runs)
     finally:
         proc.stop()
+
+
+def _summary(html: str) -> str:
+    """The run page's summary paragraph as text (tags dropped, spaces joined)."""
+    summary = re.search(r'<p id="summary">(.*?)</p>', html, re.S)[1]
+    return " ".join(re.sub(r"<[^>]+>", "", summary).split())
+
+
+def test_a_pending_run_of_a_complete_trace_says_it_is_final_and_what_would_fix_it(site):
+    """"No verdict yet" read as "wait": the trace was complete, nothing was ever going to be checked."""
+    proc, runs = site
+    status, html, _ = _get(f"{proc.http}/runs/{runs['path2_pending']['run_id']}")
+    assert status == 200 and not runs["path2_pending"]["incomplete"]
+    summary = _summary(html)
+    assert "No verdict yet" not in html and "yet" not in summary
+    assert summary.startswith("Final: nothing was checked.")
+    assert "none of its 2 agent unit(s) could be checked honestly (response_missing)" in summary
+    assert "waiting will not change it" in summary and "This is not a pass" in summary
+    assert 'href="#why-response_missing"' in html and 'id="why-response_missing"' in html  # to its fix
+    status, html, _ = _get(f"{proc.http}/runs/{runs['derived']['run_id']}")
+    summary = _summary(html)
+    assert summary.startswith("Final: nothing was checked.") and "(ledger_derived)" in summary
+
+
+def _lines(locator) -> int:
+    """How many lines an inline element takes on the screen."""
+    return locator.evaluate("e => new Set([...e.getClientRects()].map(r => Math.round(r.top))).size")
+
+
+def test_run_ids_and_reasons_stay_on_one_line_on_a_desktop_screen(site, page):
+    """At 1366 px a live run id (49 characters) wrapped over two lines on /runs, and response_missing
+    broke mid-word in the run page's verdict column."""
+    proc, runs = site
+    page.goto(f"{proc.http}/runs")
+    for run in runs.values():
+        assert _lines(page.locator(f'tr[data-run-id="{run["run_id"]}"] a.run')) == 1, run["run_id"]
+    page.goto(f"{proc.http}/runs/{runs['path2_pending']['run_id']}")
+    reasons = page.locator("#executors td code")
+    assert reasons.count() == 2 and all(_lines(code) == 1 for code in reasons.all())
+    assert _lines(page.locator("dl.facts .id").first) == 1  # the run id beside "run id"

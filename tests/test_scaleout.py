@@ -248,7 +248,7 @@ def check_every_trace_once(top: Topology, traffic: Traffic, url: str, load: Load
     by_replica = {r.name: {e["trace_id"] for e in r.events("run_verdict")} for r in top.replicas}
     for replica in top.replicas:
         assert by_replica[replica.name] == {t for t, rs in runs.items() if rs[0]["finalized_by"] == replica.name}
-        assert replica.metric("collector_traces_in_flight") == 0
+        assert replica.metric("agenteval_traces_in_flight") == 0
     # The load balancer dropped nothing it had accepted, and the spans also reached "Jaeger".
     dropped = top.otelcol.metrics()
     assert not any(v for k, v in dropped.items() if k.startswith(("otelcol_exporter_send_failed",
@@ -275,7 +275,7 @@ def test_two_replicas_one_killed_mid_load_and_restarted(otelcol_built, postgres,
     victim = top.replicas[0]
     try:
         load = Load(top.otelcol.grpc, traffic)
-        while victim.metric("collector_spans_received_total") < traffic.total() / 6:  # a third of its share
+        while victim.metric("agenteval_spans_received_total") < traffic.total() / 6:  # a third of its share
             time.sleep(0.02)
         victim.kill_9()
         victim.start()  # same port and journal; the load balancer retried meanwhile
@@ -298,7 +298,7 @@ def test_three_replicas_one_refusing_for_capacity(otelcol_built, postgres, traff
         load = Load(top.otelcol.grpc, traffic)
         load.finish()
         shares = check_every_trace_once(top, traffic, url, load)
-        refused = tight.metric("collector_spans_refused_total")
+        refused = tight.metric("agenteval_spans_refused_total")
     finally:
         top.stop()
     assert all(shares.values()), shares

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import subprocess
+import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,6 +22,7 @@ from collector.bridge import FidelityBridge
 from collector.config import CollectorConfig
 from collector.core.model import ChatTurn, Usage
 from collector.demo.maf_fakes import AgentSpec, Turn, chain, keep_last_call_usage, lookup
+from collector.ui.watch import run_line
 
 from conftest import AGENTEVAL, CollectorProcess, export_spans
 from test_run_page import _screenshot, browser, page  # noqa: F401 - the run page's Chromium fixtures
@@ -282,3 +286,46 @@ def test_the_grpc_api_carries_each_units_cost_and_the_runs_spend(site):
     doc = to_doc(message)
     assert doc["spend"] == run["spend"]
     assert [e["evidence"]["cost"] for e in doc["executors"]] == [e["evidence"]["cost"] for e in run["executors"]]
+
+
+def _show(site, run_id: str, *args: str) -> str:
+    proc = subprocess.run([AGENTEVAL, "runs", "show", run_id, "--store", site.store_url, *args],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_a_run_without_a_ledger_shows_its_spend_unknown_never_zero(site):
+    """An app without the instrumentation: the chat calls are priced, the framework's side and the
+    unreported spend are not known. `runs show` printed `framework $0.00 ... unreported spend $0.00
+    (0 tokens)`, JUnit `unreported_usd value="0.0"`."""
+    spans, trace_id = run_maf(chain("spend-no-ledger", [AgentSpec("researcher", [Turn(40_000, 5_000)]),
+                                                        AgentSpec("writer", LOOP, tools=[lookup])]))
+    export_spans(site, [s for s in spans if "fidelity.ledger.source" not in (s.attributes or {})])
+    run = site.run(trace_id)
+    assert run["status"] == "PENDING" and run["spend"]["units_priced"] == 2
+    table = _show(site, run["run_id"])
+    assert "spend  framework unknown, truth $0.06, unreported spend unknown (not compared)" in table
+    markdown = _show(site, run["run_id"], "--format", "markdown")
+    assert "framework unknown, truth $0.06, unreported spend unknown (not compared)" in markdown
+    junit = _show(site, run["run_id"], "--format", "junit")
+    assert '<property name="unreported_usd" value="unknown" />' in junit
+    assert '<property name="unreported_tokens" value="unknown" />' in junit
+    page = urllib.request.urlopen(f"{site.http}/runs/{run['run_id']}", timeout=10).read().decode()
+    spend = re.search(r'<p id="spend".*?</p>', page, re.S)[0]
+    assert "unknown" in spend and "$0.00" not in spend
+    for text in (table, markdown, junit, spend):
+        assert "$0.00 " not in text and "$0.00," not in text and 'value="0' not in text
+
+
+def test_unreported_spend_of_unknown_cost_is_not_counted_as_zero(site):
+    """The cost counter sums units whose cost is known; a run whose under-report has no price adds
+    its tokens, never a 0 USD series."""
+    run = _sent(site, chain("spend-unknown-only", [
+        AgentSpec("writer", LOOP, tools=[lookup], middleware=[keep_last_call_usage()], model="acme-llm-7")]))
+    assert run["spend"]["unreported_tokens"] == 102_000 and run["spend"]["units_priced"] == 0
+    time.sleep(0.2)  # the metrics are recorded as the run is published, before it is stored
+    series = {(name, dict(labels).get("subject")): value for (name, labels), value in site.metrics().items()}
+    assert series[("agenteval_unreported_tokens_total", "spend-unknown-only")] == 102_000
+    assert ("agenteval_unreported_cost_usd_total", "spend-unknown-only") not in series
+    assert "unreported_usd=unknown  unreported_tokens=102000" in run_line(site.store().get_run(run["run_id"]))

@@ -152,7 +152,7 @@ def test_kill_9_while_postgres_is_down_at_start_loses_no_acknowledged_span(postg
             proc = CollectorProcess(tmp_path, store_url=url)
             expected = send(proc)
             deadline = time.monotonic() + 30  # their verdicts made and queued for the store
-            while proc.metrics().get(("collector_store_queued_runs", ()), 0) < len(expected):
+            while proc.metrics().get(("agenteval_store_queued_runs", ()), 0) < len(expected):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             proc.proc.send_signal(signal.SIGKILL)

@@ -120,7 +120,7 @@ class Follower:
 
 
 def _watchers(proc) -> float:
-    return proc.metrics().get(("collector_watchers", ()), 0)
+    return proc.metrics().get(("agenteval_watchers", ()), 0)
 
 
 def _wait_watchers(proc, n: int) -> None:

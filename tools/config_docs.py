@@ -62,6 +62,10 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _default(key: Key) -> str:
+    return ", ".join(v.strip("'\"") for v in key.default)
+
+
 def page(text: str) -> str:
     out = [
         "# Configuration",
@@ -89,14 +93,16 @@ def page(text: str) -> str:
             out += ["", f"## `{section}`", ""]
             if key.comment:
                 out += [" ".join(key.comment), ""]
+            if not key.section:  # a top-level value: its default, no table of keys
+                out.append(f"Default: `{_default(key)}`.")
+                continue
             out += ["| key | default | what it does |", "|---|---|---|"]
             continue
         if key.section:
             if key.comment:
                 out.append(f"| `{path}` | | {_cell(' '.join(key.comment))} |")
             continue
-        default = ", ".join(v.strip("'\"") for v in key.default)
-        out.append(f"| `{path}` | `{_cell(default)}` | {_cell(' '.join(key.comment))} |")
+        out.append(f"| `{path}` | `{_cell(_default(key))}` | {_cell(' '.join(key.comment))} |")
     return "\n".join(out) + "\n"
 
 

@@ -8,9 +8,9 @@ is counted apart in the run's sums, not summed as free.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from collector.core.model import Evidence, ExecutorVerdict, RunSpend, UnitCost, Usage
 
@@ -142,6 +142,25 @@ def run_spend(units: Iterable[ExecutorVerdict]) -> RunSpend:
         units_priced=sum(c.truth_usd is not None for c in costs),
         units_unknown=sum(c.truth_usd is None for c in costs),
     )
+
+
+#: A run's spend figures, each summed over the units that have it.
+SPEND_FIGURES = ("framework_usd", "truth_usd", "unreported_usd", "unreported_tokens")
+
+
+def known_spend(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A run document's spend as it may be shown: each of :data:`SPEND_FIGURES` None where no unit
+    has it (a run without a ledger has no framework price, one that compared nothing no unreported
+    spend): an empty sum is unknown, never 0. The unreported USD is known where a unit that
+    under-reported has a price (a unit that reported every token adds $0 whatever its model costs).
+    None for a run that was not priced."""
+    spend = doc.get("spend")
+    if spend is None:
+        return None
+    costs = [cost for unit in doc["executors"] if (cost := unit["evidence"].get("cost"))]
+    under = [c for c in costs if c["unreported_tokens"]] or costs
+    return {**spend, **{f: spend[f] if any(c[f] is not None for c in (under if f == "unreported_usd" else costs))
+                        else None for f in SPEND_FIGURES}}
 
 
 def price_units(units: Sequence[ExecutorVerdict], pricer: Pricer) -> RunSpend:

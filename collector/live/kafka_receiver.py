@@ -28,6 +28,7 @@ from typing import Any
 import structlog
 from google.protobuf.message import DecodeError as ProtoDecodeError
 
+from collector.config import ConfigError
 from collector.config import KafkaReceiver as KafkaConfig
 from collector.formats.decode import DecodeError, decode_bytes
 from collector.live.assembler import Backpressure
@@ -48,11 +49,13 @@ ERROR_LOG_INTERVAL = 10.0
 STOP_FLUSH_TIMEOUT = 10.0
 
 
-def _kafka() -> Any:
+def kafka_client() -> Any:
+    """confluent-kafka (the distribution's ``kafka`` extra), or a config error saying how to install it."""
     try:
         import confluent_kafka
-    except ImportError as exc:  # the kafka extra
-        raise RuntimeError("receivers.kafka needs confluent-kafka: pip install 'agenteval[kafka]'") from exc
+    except ImportError as exc:
+        raise ConfigError("receivers.kafka.enabled: the kafka receiver needs confluent-kafka, which is not "
+                          "installed: pip install 'agenteval-collector[kafka]'") from exc
     return confluent_kafka
 
 
@@ -61,7 +64,7 @@ class KafkaTraceReceiver:
         self.config = config
         self.pipeline = pipeline
         self.offsets = offsets
-        self._ck = _kafka()
+        self._ck = kafka_client()
         self._consumer: Any = None
         self._task: asyncio.Task | None = None
         self._stopping = False

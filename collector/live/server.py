@@ -70,8 +70,9 @@ class Collector:
                                 max_items=config.store.max_span_ids_per_unit, retry=True)
         otlp = config.exporters.otlp
         self.spans = None
+        self._span_exporter: RetryingSpanExporter | None = None
         if otlp.endpoint:
-            exporter = RetryingSpanExporter(otlp_span_exporter(otlp.endpoint, otlp.protocol, otlp.insecure),
+            exporter = self._span_exporter = RetryingSpanExporter(otlp_span_exporter(otlp.endpoint, otlp.protocol, otlp.insecure),
                                             max_spans=otlp.max_backlog_spans, retry_interval=otlp.retry_interval,
                                             shutdown_timeout=otlp.shutdown_timeout)
             self.spans = VerdictSpans(exporter, self.resource, config.store.max_span_ids_per_unit)
@@ -91,11 +92,8 @@ class Collector:
     async def start(self) -> Listening:
         cfg = self.config
         self.hub = VerdictHub(asyncio.get_running_loop(), cfg.stream.max_watchers, cfg.stream.buffer)
-        auth = BearerAuth(cfg.receivers.auth.token())
+        auth = check(cfg)
         prometheus = cfg.exporters.prometheus
-        if prometheus.enabled and prometheus.require_auth and not auth.enabled:
-            raise ConfigError("exporters.prometheus.require_auth: set receivers.auth.bearer_token_file or "
-                              "bearer_token_env, whose token /metrics will then require")
         check_ports(cfg)
         files = raise_file_limit()
         self.metrics = Metrics(cfg, self.resource, self._gauges,
@@ -157,12 +155,12 @@ class Collector:
                  kafka=self.listening.kafka, otlp_out=cfg.exporters.otlp.endpoint, tls=tls.enabled,
                  mtls=bool(tls.client_ca_file), auth=auth.enabled, metrics_auth=prometheus.require_auth,
                  open_files_limit=files, decoder="native" if decode.NATIVE else "python")
-        logs.flush()
         return self.listening
 
     def _gauges(self) -> dict[str, int]:
         return {**(self.pipeline.gauges() if self.pipeline else {}),
-                "watchers": self.hub.watchers if self.hub else 0, "inflight_bytes": self.budget.used}
+                "watchers": self.hub.watchers if self.hub else 0, "inflight_bytes": self.budget.used,
+                "verdict_spans_dropped": self._span_exporter.dropped if self._span_exporter else 0}
 
     async def _sweep_forever(self) -> None:
         """Sweep when the earliest deadline is due, not on a fixed tick: a verdict waits its trace's
@@ -303,6 +301,26 @@ def full_collection() -> None:
     gc.freeze()
 
 
+def check(cfg: CollectorConfig) -> BearerAuth:
+    """What a loaded config still needs before anything starts (``serve`` first, ``collector validate``
+    alone, as ``otelcol validate``): its secrets readable, a token where /metrics requires one, its TLS
+    files loadable, the kafka receiver's client installed. Raises :class:`ConfigError` naming the key;
+    returns the receivers' auth. Ports and the store are not touched: they are the running machine's."""
+    cfg.store.password()
+    auth = BearerAuth(cfg.receivers.auth.token())
+    prometheus = cfg.exporters.prometheus
+    if prometheus.enabled and prometheus.require_auth and not auth.enabled:
+        raise ConfigError("exporters.prometheus.require_auth: set receivers.auth.bearer_token_file or "
+                          "bearer_token_env, whose token /metrics will then require")
+    if cfg.receivers.tls.enabled:
+        ssl_context(cfg.receivers.tls)  # loads the certificate, key and client CA as both listeners will
+    if cfg.receivers.kafka.enabled:
+        from collector.live.kafka_receiver import kafka_client
+
+        kafka_client()
+    return auth
+
+
 def _endpoints(cfg: CollectorConfig) -> list[tuple[str, str]]:
     """(config key, host:port) of every listener this config opens."""
     out = []
@@ -379,6 +397,7 @@ async def serve(config: CollectorConfig, stop: asyncio.Event | None = None) -> N
         + "\nPress Ctrl-C to stop.",
         flush=True,
     )
+    logs.flush()  # the start's info lines (store migrations, collector_listening) after the banner, not above it
     await stop.wait()
     if config.shutdown_delay:
         # still accepting, so spans a load balancer routes here until it learns of the stop are not refused

@@ -1,7 +1,8 @@
 """A span exporter that survives downstream outages: batches wait in a bounded backlog and a sender
 thread of its own delivers them in order, retrying while the endpoint is down. The SDK's batch
 worker only ever appends, so it never blocks behind a dead endpoint. The store stays the source of
-truth for anything that had to be dropped from a full backlog (counted, logged)."""
+truth for anything that had to be dropped from a full backlog (counted in :attr:`dropped`, which the
+collector exports as ``agenteval_verdict_spans_dropped_total``, and logged)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ class RetryingSpanExporter(SpanExporter):
         self._retry_interval = retry_interval
         self._backlog: deque[list[ReadableSpan]] = deque()
         self._spans = 0
-        self._lock = threading.Lock()  # guards the backlog; held only briefly
+        #: Spans dropped from a full backlog since the start.
+        self.dropped = 0
+        self._lock = threading.Lock()  # guards the backlog and ``dropped``; held only briefly
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
@@ -43,6 +46,7 @@ class RetryingSpanExporter(SpanExporter):
                 old = self._backlog.popleft()
                 self._spans -= len(old)
                 dropped += len(old)
+            self.dropped += dropped
         if dropped:
             log.warning("verdict_spans_dropped", spans=dropped, reason="export backlog full")
         self._wake.set()

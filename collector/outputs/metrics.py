@@ -49,7 +49,6 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.samples import Exemplar as PromExemplar
 
 from collector.config import CollectorConfig, split_endpoint
-from collector.core.model import NoTruthReason, Status, Verdict
 from collector.security import BearerAuth
 from collector.store import StoredRun
 
@@ -61,8 +60,6 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 OTHER_SUBJECT = "_other"
 #: Distinct ``maf_release`` label values (MAF ships every few weeks: a process sees a handful).
 MAX_RELEASES = 20
-#: The ``maf_release`` label of runs whose spans named no release (no MAF instrumentation).
-UNKNOWN_RELEASE = "unknown"
 
 
 @dataclass(slots=True)
@@ -143,20 +140,6 @@ def build_info() -> dict[str, str]:
 
     return {"version": version("agenteval-collector"), "python": platform.python_version(),
             "decoder": "native" if decode.NATIVE else "python"}
-
-
-@lru_cache(maxsize=1)
-def _scope_labels() -> dict[str, str]:
-    """The labels the installed SDK's Prometheus reader puts on our scope's series (``otel_scope_*``
-    since 2026; none before), read off a counter of a throwaway provider: our histograms carry the same."""
-    registry = CollectorRegistry()
-    provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)])
-    provider.get_meter(SCOPE.name).create_counter("probe").add(1)
-    try:
-        return {k: v for family in registry.collect() for sample in family.samples
-                for k, v in sample.labels.items() if k.startswith("otel_scope_")}
-    finally:
-        provider.shutdown()
 
 
 @dataclass(slots=True)
@@ -242,21 +225,19 @@ class _PrometheusHistograms:
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         for h in self.histograms:
-            scope = _scope_labels()
-            labels = [*([h.label] if h.label else []), *scope]
-            family = HistogramMetricFamily(h.prometheus_name, h.description, labels=labels)
+            family = HistogramMetricFamily(h.prometheus_name, h.description, labels=[h.label] if h.label else [])
             for key, series in h.snapshot():
                 running, buckets = 0, []
                 for le, count, seen in zip(h.le, series.counts, series.exemplars):
                     running += count
                     buckets.append((le, running) if seen is None else (le, running, seen[1].prometheus(seen[0])))
-                family.add_metric([*([key] if h.label else []), *scope.values()], buckets, series.total)
+                family.add_metric([key] if h.label else [], buckets, series.total)
             yield family
 
 
 #: The counters whose samples carry an exemplar (their Prometheus family names).
-EXEMPLAR_COUNTERS = ("fidelity_runs", "fidelity_executor_verdicts", "fidelity_unreported_tokens",
-                     "fidelity_unreported_cost_usd")
+EXEMPLAR_COUNTERS = ("agenteval_runs", "agenteval_unit_verdicts", "agenteval_unreported_tokens",
+                     "agenteval_unreported_cost_usd")
 
 
 class _CounterExemplars:
@@ -266,7 +247,7 @@ class _CounterExemplars:
 
     def __init__(self, sdk: CollectorRegistry) -> None:
         self.sdk = sdk
-        #: (family, labels without the scope's) -> (the counter's increment, its run)
+        #: (family, labels) -> (the counter's increment, its run)
         self.latest: dict[tuple[str, frozenset], tuple[float, RunExemplar]] = {}
 
     def seen(self, family: str, labels: dict[str, str], value: float, run: RunExemplar) -> None:
@@ -281,8 +262,8 @@ class _CounterExemplars:
     def _with_exemplar(self, name: str, sample):
         if not sample.name.endswith("_total"):
             return sample
-        key = frozenset((k, v) for k, v in sample.labels.items() if not k.startswith("otel_scope_"))
-        seen = self.latest.get((name, key))
+        # the exposition gives a label a series does not have the value "" (absent, to Prometheus)
+        seen = self.latest.get((name, frozenset((k, v) for k, v in sample.labels.items() if v)))
         return sample if seen is None else sample._replace(exemplar=seen[1].prometheus(seen[0]))
 
 
@@ -350,12 +331,12 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._http: WSGIServer | None = None
         self.prometheus_port: int | None = None
-        self.score = Histogram("fidelity.run.score", "fidelity_run_score", "", "Run score (PENDING runs have none)",
+        self.score = Histogram("agenteval.run.score", "agenteval_run_score", "", "Run score (PENDING runs have none)",
                                SCORE_BUCKETS)
-        self.delta = Histogram("fidelity.token.delta", "fidelity_token_delta", "{token}",
+        self.delta = Histogram("agenteval.token.delta", "agenteval_token_delta_tokens", "{token}",
                                "Absolute framework-vs-truth token delta per checked executor", DELTA_BUCKETS,
                                label="direction")
-        self.latency = Histogram("fidelity.verdict.latency", "fidelity_verdict_latency_seconds", "s",
+        self.latency = Histogram("agenteval.verdict.latency", "agenteval_verdict_latency_seconds", "s",
                                  "A run's arrival (its trace's root span, or the spans re-opening a finalized "
                                  "trace: a later human-in-the-loop turn) to its first stored verdict", LATENCY_BUCKETS)
         histograms = (self.score, self.delta, self.latency)
@@ -363,7 +344,8 @@ class Metrics:
         self._exemplars: _CounterExemplars | None = None
         if prom.enabled:
             sdk_registry = CollectorRegistry()
-            readers.append(PrometheusMetricReader(registry=sdk_registry))
+            # no otel_scope_* labels: one scope, ours, on every series (docs/live-collector.md "Metrics")
+            readers.append(PrometheusMetricReader(registry=sdk_registry, scope_info_enabled=False))
             self._exemplars = _CounterExemplars(sdk_registry)
             self.registry.register(self._exemplars)
             self.registry.register(_PrometheusHistograms(histograms))
@@ -383,58 +365,60 @@ class Metrics:
         self._release = _BoundedLabel(MAX_RELEASES)
         # The run id rides on each verdict measurement for the exemplar only: never a label (a series per run).
         views = [View(instrument_name=name, attribute_keys=set(keys) | {"maf_release", "subject"})
-                 for name, keys in (("fidelity.runs", {"status"}), ("fidelity.executor.verdicts", {"verdict"}),
-                                    ("fidelity.unreported.tokens", ()), ("fidelity.unreported.cost_usd", ()))]
+                 for name, keys in (("agenteval.runs", {"status"}), ("agenteval.unit.verdicts", {"verdict"}),
+                                    ("agenteval.unreported.tokens", ()), ("agenteval.unreported.cost_usd", ()))]
         self.provider = MeterProvider(metric_readers=readers, resource=resource, views=views)
         meter = self.provider.get_meter(SCOPE.name)
-        self.runs = meter.create_counter("fidelity.runs", description="Run verdicts by status (revisions included)")
-        self.verdicts = meter.create_counter("fidelity.executor.verdicts", description="Executor verdicts by verdict")
-        self.no_truth = meter.create_counter("fidelity.no_truth.executors", description="NoTruth executors by reason")
+        self.runs = meter.create_counter("agenteval.runs", description="Run verdicts by status (revisions included)")
+        self.verdicts = meter.create_counter("agenteval.unit.verdicts", description="Executor verdicts by verdict")
+        self.no_truth = meter.create_counter("agenteval.notruth.units", description="NoTruth executors by reason")
         self.unreported_tokens = meter.create_counter(
-            "fidelity.unreported.tokens", description="Tokens the framework did not report (truth - framework where "
+            "agenteval.unreported.tokens", description="Tokens the framework did not report (truth - framework where "
                                                       "it under-reported), summed over checked units")
         self.unreported_cost = meter.create_counter(
-            "fidelity.unreported.cost_usd", description="USD of the tokens the framework did not report, over units "
+            "agenteval.unreported.cost_usd", description="USD of the tokens the framework did not report, over units "
                                                         "whose model could be priced (docs/outputs.md)")
-        self.received = meter.create_counter("collector.spans.received", description="Spans accepted, by transport")
-        self.refused = meter.create_counter("collector.spans.refused",
+        self.received = meter.create_counter("agenteval.spans.received", description="Spans accepted, by transport")
+        self.refused = meter.create_counter("agenteval.spans.refused",
                                             description="Spans refused with a retryable status (over capacity)")
-        self.rejected = meter.create_counter("collector.spans.rejected",
+        self.rejected = meter.create_counter("agenteval.spans.rejected",
                                              description="Spans rejected as unusable (partial_success), by reason")
         self.requests_rejected = meter.create_counter(
-            "collector.requests.rejected",
+            "agenteval.requests.rejected",
             description="Requests refused whole, by reason: not OTLP, not authenticated, body not received in time, "
                         "over the size limit, over the memory budget (memory_budget: retryable)")
-        self.duplicates = meter.create_counter("collector.spans.duplicate", description="Spans already seen")
+        self.duplicates = meter.create_counter("agenteval.spans.duplicate", description="Spans already seen")
         self.discarded = meter.create_counter(
-            "collector.signals.discarded",
+            "agenteval.signals.discarded",
             description="OTLP metrics and logs export requests accepted and discarded (an application's "
                         "OpenTelemetry setup sends them to the same endpoint as its traces), by signal")
-        self.ignored = meter.create_counter("collector.traces.ignored",
+        self.ignored = meter.create_counter("agenteval.traces.ignored",
                                             description="Finalized traces without executor, agent or chat spans")
-        self.own = meter.create_counter("collector.spans.own",
+        self.own = meter.create_counter("agenteval.spans.own",
                                         description="Our own verdict spans received back and ignored")
-        self.store_errors = meter.create_counter("collector.store.errors", description="Failed store writes")
-        self.runs_deleted = meter.create_counter("collector.store.runs.deleted",
+        self.store_errors = meter.create_counter("agenteval.store.errors", description="Failed store writes")
+        self.runs_deleted = meter.create_counter("agenteval.store.runs.deleted",
                                                  description="Runs the retention sweeper deleted (store.retention)")
-        self.shed = meter.create_counter("collector.http.connections.shed",
+        self.shed = meter.create_counter("agenteval.http.connections.shed",
                                          description="Idle HTTP connections closed to make room when the process "
                                                      "ran out of file descriptors")
-        self.failed = meter.create_counter("collector.runs.failed",
+        self.failed = meter.create_counter("agenteval.pipeline.failures",
                                            description="Traces or runs that could not be finalized, published or "
                                                        "stored, by stage (each also logged and shown on /runs)")
         self.parts = meter.create_counter(
-            "collector.trace.parts",
+            "agenteval.trace.parts",
             description="Parts of traces split across replicas by a scale event (docs/scale-out.md), by event: "
                         "handed_over (this replica held spans without the trace's root), merged (into a run "
                         "here), split (no replica with the root claimed them: reconciled apart, flagged)")
         self.kafka_skipped = meter.create_counter(
-            "collector.kafka.messages.skipped",
+            "agenteval.kafka.messages.skipped",
             description="Kafka messages skipped (the kafka receiver; each logged with its partition and offset), "
                         "by reason: undecodable (not an OTLP protobuf trace request), too_large, never_fits (more spans or traces "
                         "than the assembly can hold), failed (an error handling it)")
         # Present at 0 from the start, so alerts and dashboards see a series before the first event
-        # (a rate over nothing is no data, not 0): each counter an alert watches, with its usual labels.
+        # (a rate over nothing is no data, not 0): each counter an alert watches whose label values are
+        # known in advance. The verdict counters' are not (each run's subject and MAF release): their
+        # series start with the first run that has them, never with a placeholder value no run has.
         for transport in ("grpc", "http", *(("kafka",) if config.receivers.kafka.enabled else ())):
             self.received.add(0, {"transport": transport})
             for reason in ("capacity", "journal", "store_backlog"):
@@ -450,14 +434,6 @@ class Metrics:
         self.runs_deleted.add(0)
         for event in ("handed_over", "merged", "split"):
             self.parts.add(0, {"event": event})
-        for status in Status:
-            self.runs.add(0, {"status": status.value, "maf_release": UNKNOWN_RELEASE})
-        for verdict in Verdict:
-            self.verdicts.add(0, {"verdict": verdict.value, "maf_release": UNKNOWN_RELEASE})
-        for reason in NoTruthReason:
-            self.no_truth.add(0, {"reason": reason.value, "maf_release": UNKNOWN_RELEASE})
-        self.unreported_tokens.add(0, {"maf_release": UNKNOWN_RELEASE})
-        self.unreported_cost.add(0, {"maf_release": UNKNOWN_RELEASE})
         meter.create_observable_gauge("agenteval.build.info", [lambda _: [Observation(1, build_info())]],
                                       description="The collector's version and build (value 1)")
 
@@ -481,7 +457,11 @@ class Metrics:
                            ("store_oldest_run_timestamp_seconds",
                             "When the oldest stored run was last written (unix seconds; 0: none yet): how far back "
                             "the history goes")]:
-            meter.create_observable_gauge(f"collector.{name}", [observe(name)], description=desc)
+            meter.create_observable_gauge(f"agenteval.{name}", [observe(name)], description=desc)
+        meter.create_observable_counter(
+            "agenteval.verdict_spans.dropped", [observe("verdict_spans_dropped")],
+            description="Verdict spans dropped from the OTLP export backlog while exporters.otlp.endpoint was down "
+                        "(exporters.otlp.max_backlog_spans; each drop also logged as verdict_spans_dropped)")
 
     def record_runs(self, runs: Sequence[StoredRun]) -> None:
         """A sweep's verdicts: counted locally, then one ``add`` per attribute set (the SDK hashes a
@@ -499,7 +479,7 @@ class Metrics:
         for stored in runs:
             run = stored.verdict
             exemplar = RunExemplar.of(stored)
-            subject, release = self._subject(run.subject), self._release(run.maf_release or UNKNOWN_RELEASE)
+            subject, release = self._subject(run.subject), self._release(run.maf_release)
             statuses[run.status.value, subject, release] += 1
             latest["status", (run.status.value, subject, release)] = exemplar
             if run.score is not None:
@@ -513,20 +493,24 @@ class Metrics:
                     self.delta.record(abs(e.evidence.delta), e.evidence.direction or "equal", exemplar)
             if run.spend is not None and run.spend.unreported_tokens:
                 tokens["", subject, release] += run.spend.unreported_tokens
-                cost["", subject, release] += run.spend.unreported_usd
-                latest["tokens", ("", subject, release)] = latest["cost", ("", subject, release)] = exemplar
+                latest["tokens", ("", subject, release)] = exemplar
+                # over the units that under-reported at a known price: none adds nothing, not a 0
+                if any((c := e.evidence.cost) is not None and c.unreported_tokens and c.unreported_usd is not None
+                       for e in run.executors):
+                    cost["", subject, release] += run.spend.unreported_usd
+                    latest["cost", ("", subject, release)] = exemplar
         # (counter, counts, its kind in ``latest``, its label, its family where it carries exemplars)
         for counter, counts, kind, label, family in (
-                (self.runs, statuses, "status", "status", "fidelity_runs"),
-                (self.verdicts, verdicts, "verdict", "verdict", "fidelity_executor_verdicts"),
+                (self.runs, statuses, "status", "status", "agenteval_runs"),
+                (self.verdicts, verdicts, "verdict", "verdict", "agenteval_unit_verdicts"),
                 (self.no_truth, reasons, "reason", "reason", None),
-                (self.unreported_tokens, tokens, "tokens", None, "fidelity_unreported_tokens"),
-                (self.unreported_cost, cost, "cost", None, "fidelity_unreported_cost_usd")):
+                (self.unreported_tokens, tokens, "tokens", None, "agenteval_unreported_tokens"),
+                (self.unreported_cost, cost, "cost", None, "agenteval_unreported_cost_usd")):
             for labels_key, n in counts.items():
                 value, subject, release = labels_key
-                labels = {"maf_release": release, **({label: value} if label else {})}
-                if subject is not None:
-                    labels["subject"] = subject
+                # a label whose value is not known (no release announced, subjects off) is left out
+                labels = {name: v for name, v in ((label, value), ("maf_release", release), ("subject", subject))
+                          if name is not None and v is not None}
                 exemplar = latest.get((kind, labels_key)) if family else None
                 if exemplar is None:
                     counter.add(n, labels)

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from collector.core.model import Failure, Status, Usage, fmt_duration, fmt_maf_release, fmt_started, fmt_usd, ledger_package
 from collector.core.serialize import to_json
+from collector.core.spend import known_spend
 from collector.security import BearerAuth
 from collector.store import RETRY_READ_AFTER, UNREADABLE, RunStore, StoreError
 
@@ -40,6 +41,7 @@ _env.filters["usd"] = fmt_usd
 _env.filters["maf_release"] = fmt_maf_release
 _env.filters["ledger_package"] = lambda runtime: ledger_package(runtime == "dotnet")
 _env.globals["statuses"] = [s.value for s in Status]
+_env.globals["known_spend"] = known_spend
 
 
 class RunPage:

@@ -538,7 +538,7 @@ class RunStore(ABC):
 
     @abstractmethod
     def size_bytes(self) -> int:
-        """What the store takes on disk (the ``collector_store_bytes`` metric)."""
+        """What the store takes on disk (the ``agenteval_store_bytes`` metric)."""
 
     @abstractmethod
     def _usage(self) -> tuple[int, int]:

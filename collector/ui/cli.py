@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,7 +27,15 @@ from collector.core.model import EXIT_ERROR, STATUS_EXIT_CODES, Preset, Status
 from collector.core.reconcile import reconcile
 from collector.formats.loader import TRACE_WINDOW, NoSteps, TraceFileError, iter_runs
 from collector.live.journal import JournalError
-from collector.store import RunStore, StoredRun, StoreError, StoreUnavailable, instance_name, open_store
+from collector.store import (
+    STORE_ENV,
+    RunStore,
+    StoredRun,
+    StoreError,
+    StoreUnavailable,
+    instance_name,
+    open_store,
+)
 from collector.ui.render import demo_table, print_run, runs_table, shown
 from collector.ui.reports import JUnitReport, MarkdownReport, markdown_run
 
@@ -165,13 +174,14 @@ def bench_workflow_trace_fidelity(
     trace_window: Annotated[int, typer.Option("--trace-window", min=0, metavar="<spans>", help="JSON Lines: spans read after a trace's last span before it is reconciled (its root must have arrived).")] = TRACE_WINDOW,
     junit: Annotated[Optional[Path], typer.Option("--junit", metavar="<file>", help="Also write a JUnit XML report: each run a test suite, each agent unit a test case (a mismatch a failure with its evidence, NoTruth skipped with its reason and fix).")] = None,
     markdown: Annotated[Optional[Path], typer.Option("--markdown", metavar="<file>", help="Also write a Markdown report fit for a CI job summary (e.g. $GITHUB_STEP_SUMMARY): status, score, a table of units, the fixes.")] = None,
-    store: StoreOpt = None,
+    store: Annotated[Optional[str], typer.Option("--store", metavar="<path|url>", help="Keep the runs in this run store: a SQLite path or a postgresql:// URL (default: the --config's store.url, else $AGENTEVAL_STORE, else none: the runs are checked, not kept).")] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Reconcile a recorded workflow trace; exit 0 PASS, 10 WARN, 9 FAIL, 11 PENDING, 1 error.
 
-    Runs stream out (printed and stored in batches) as their traces complete, so memory stays flat
-    however large the file.
+    Runs stream out (printed, and stored in batches where a store is named) as their traces complete,
+    so memory stays flat however large the file. Without --store, a --config store.url or
+    $AGENTEVAL_STORE nothing is kept: an offline check never lands among a live collector's runs.
     """
     if not subject.strip():
         raise _Fatal("--subject: empty: name what is being evaluated (e.g. the workflow), so its runs can be found")
@@ -182,14 +192,20 @@ def bench_workflow_trace_fidelity(
         from collector.outputs.pricing import Pricing  # genai-prices' data: loaded by the commands that price
 
         pricer = Pricing(cfg.pricing)
+    keep = store or (cfg.store.url if config else None) or os.environ.get(STORE_ENV)
+    # Nothing named: the runs go through a store of their own, removed at the end (one document shape
+    # for the table, --json and the reports), never the live collector's default one.
+    scratch = None if keep else tempfile.TemporaryDirectory(prefix="agenteval-bench-")
     try:
-        db = _open_store(store, cfg)
+        db = _open_store(keep or str(Path(scratch.name) / "runs.db"), cfg)
         try:
             reports = _reports(junit, markdown, cfg.ui.trace_url)
         except _Fatal:
             db.close()
             raise
     except _Fatal as exc:
+        if scratch is not None:
+            scratch.cleanup()
         if as_json:  # the promised envelope, even when nothing could start
             print(json.dumps({"runs": [], "status": None, "exit_code": EXIT_ERROR, "error": str(exc)}))
         raise
@@ -239,11 +255,16 @@ def bench_workflow_trace_fidelity(
         raise _Fatal(f"{exc}{kept}") from exc
     finally:
         db.close()
+        if scratch is not None:
+            scratch.cleanup()
     worst = min(statuses, key=SEVERITY.index)
     code = STATUS_EXIT_CODES[worst]
     _close_reports(reports, worst.value, code)
     if as_json:
         print(f'\n], "status": "{worst.value}", "exit_code": {code}}}')
+    elif scratch is not None:
+        err.print(f"[dim]not stored: {stored} run(s) checked; to keep them for `agenteval runs`, give --store "
+                  f"<path|url> (or $AGENTEVAL_STORE)[/]")
     else:
         again = f" --store {shlex.quote(db.display)}" if store else f" --config {shlex.quote(str(config))}" if config else ""
         err.print(f"[dim]stored {stored} run(s) in {escape(db.display)} (`agenteval runs list{escape(again)}`)[/]")
@@ -371,6 +392,26 @@ def collector_serve(
         asyncio.run(serve(cfg))
     except (StoreError, ConfigError, JournalError, OSError) as exc:
         raise _Fatal(str(exc)) from exc
+
+
+@collector_app.command("validate")
+def collector_validate(
+    config: Annotated[Path, typer.Option("--config", metavar="<file>", help="The collector YAML config to check.")],
+) -> None:
+    """Check a config as `serve` does before it starts, starting nothing (as `otelcol validate`): exit 0, or 1 with the error `serve` would give.
+
+    Keys, values and ${env:...} references, secrets (token and password files or variables), TLS
+    files, the kafka receiver's client. Not checked: whether the ports are free and the store
+    reachable, which depend on the moment and the machine that runs it.
+    """
+    from collector.live.server import check
+
+    cfg = _config(config)
+    try:
+        check(cfg)
+    except ConfigError as exc:
+        raise _Fatal(str(exc)) from exc
+    out.print(f"{config}: valid", markup=False, highlight=False)
 
 
 @app.command("demo")

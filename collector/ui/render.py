@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from collector.core.model import fmt_duration, fmt_maf_release, fmt_score, fmt_started, fmt_usd, ledger_package
+from collector.core.spend import known_spend
 
 STATUS_STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "PENDING": "bold magenta"}
 VERDICT_STYLE = {
@@ -100,27 +101,26 @@ def unit_unreported(cost: dict[str, Any] | None) -> str:
 
 
 def run_unreported(run: dict[str, Any]) -> str:
-    """The run's unreported spend in a few characters: ``$0.02``, ``$0.02 +1 unknown``, or ``-``
-    for a run that was not priced."""
-    spend = run.get("spend")
+    """The run's unreported spend in a few characters: ``$0.02``, ``$0.02 +1 unknown``, ``unknown``,
+    or ``-`` for a run that was not priced."""
+    spend = known_spend(run)
     if spend is None:
         return "-"
-    if not spend["units_priced"]:
-        return "unknown"
-    unknown = f" +{spend['units_unknown']} unknown" if spend["units_unknown"] else ""
+    unknown = f" +{spend['units_unknown']} unknown" if spend["units_unknown"] and spend["unreported_usd"] is not None else ""
     return fmt_usd(spend["unreported_usd"]) + unknown
 
 
 def spend_line(run: dict[str, Any]) -> str | None:
-    """The run's spend in one line (plain text), or None for a run that was not priced."""
-    spend = run.get("spend")
+    """The run's spend in one line (plain text), or None for a run that was not priced. A figure no
+    unit has is ``unknown`` (a run without a ledger has no framework price), never $0.00."""
+    spend = known_spend(run)
     if spend is None:
         return None
+    tokens = "not compared" if spend["unreported_tokens"] is None else f"{spend['unreported_tokens']:,} tokens"
     if not spend["units_priced"]:
-        return (f"spend  unknown: no unit's model could be priced ({spend['units_unknown']} unit(s); "
-                f"{spend['unreported_tokens']:,} tokens unreported)")
+        return f"spend  unknown: no unit's model could be priced ({spend['units_unknown']} unit(s); {tokens} unreported)"
     line = (f"spend  framework {fmt_usd(spend['framework_usd'])}, truth {fmt_usd(spend['truth_usd'])}, "
-            f"unreported spend {fmt_usd(spend['unreported_usd'])} ({spend['unreported_tokens']:,} tokens)")
+            f"unreported spend {fmt_usd(spend['unreported_usd'])} ({tokens})")
     if spend["units_unknown"]:
         n = spend["units_unknown"]
         whose = "unit's" if n == 1 else "units'"

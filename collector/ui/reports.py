@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 from typing import Any, TextIO
 
 from collector.core.model import fmt_score, fmt_usd
+from collector.core.spend import known_spend
 from collector.ui.render import finish_text, spend_line, unit_unreported
 
 #: A run status as a job summary shows it, at a glance.
@@ -74,8 +75,10 @@ def _suite(doc: dict[str, Any]) -> ET.Element:
     for name in ("run_id", "trace_id", "status", "score", "exit_code", "source", "preset", "maf_release"):
         if doc.get(name) is not None:
             ET.SubElement(properties, "property", {"name": name, "value": str(doc[name])})
-    if doc.get("spend") is not None:
-        ET.SubElement(properties, "property", {"name": "unreported_usd", "value": str(doc["spend"]["unreported_usd"])})
+    if (spend := known_spend(doc)) is not None:  # a figure no unit has is "unknown", never 0.0
+        for name in ("unreported_usd", "unreported_tokens"):
+            value = "unknown" if spend[name] is None else str(spend[name])
+            ET.SubElement(properties, "property", {"name": name, "value": value})
     for unit in units:
         case = ET.SubElement(suite, "testcase", {"name": unit["executor_id"], "classname": CLASSNAME, "time": "0"})
         if not unit["checked"]:

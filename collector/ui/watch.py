@@ -27,6 +27,7 @@ from rich.text import Text
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
 from collector.core.model import Verdict, fmt_score
+from collector.core.spend import known_spend
 from collector.outputs.wire import status_number, to_doc
 from collector.ui.render import STATUS_STYLE, VERDICT_STYLE, distinct_prefixes, run_unreported, shown
 
@@ -87,10 +88,10 @@ def run_line(doc: dict[str, Any]) -> str:
              f"subject={shown(doc['subject'] or '-')}"]
     if doc.get("maf_release"):
         parts.append(f"maf={shown(doc['maf_release'])}")  # dotnet-1.28.0 for MAF .NET: says which runtime
-    if (spend := doc.get("spend")) is not None:
-        # a run none of whose units could be priced has an unknown spend, never 0
-        parts.append(f"unreported_usd={spend['unreported_usd']:.6f}" if spend["units_priced"] else "unreported_usd=unknown")
-        parts.append(f"unreported_tokens={spend['unreported_tokens']}")
+    if (spend := known_spend(doc)) is not None:  # a figure no unit has is unknown, never 0
+        usd, tokens = spend["unreported_usd"], spend["unreported_tokens"]
+        parts.append("unreported_usd=unknown" if usd is None else f"unreported_usd={usd:.6f}")
+        parts.append(f"unreported_tokens={'unknown' if tokens is None else tokens}")
         if spend["units_unknown"]:
             parts.append(f"cost_unknown_units={spend['units_unknown']}")
     if diverged := diverged_units(doc):

@@ -524,3 +524,36 @@ def test_run_ids_and_reasons_stay_on_one_line_on_a_desktop_screen(site, page):
     reasons = page.locator("#executors td code")
     assert reasons.count() == 2 and all(_lines(code) == 1 for code in reasons.all())
     assert _lines(page.locator("dl.facts .id").first) == 1  # the run id beside "run id"
+
+
+def test_the_runs_page_counts_runs_by_status_over_a_chosen_range_and_shows_each_runs_service(tmp_path):
+    """A run written two hours ago is out of the last hour's list and counts, in "all"'s; a run's
+    service.name stands beside its subject where they differ."""
+    proc = CollectorProcess(tmp_path)
+    try:
+        fresh_spans, (pass_id, fail_id) = record([SCENARIOS["pass"][0], SCENARIOS["fail_under_report"][0]],
+                                                 service="billing-svc")
+        old_spans, (old_id,) = record([SCENARIOS["finish_mismatch"][0]], service="billing-svc")
+        export_spans(proc, fresh_spans + old_spans)
+        runs = {name: proc.run(trace) for name, trace in (("pass", pass_id), ("fail", fail_id), ("old", old_id))}
+        with sqlite3.connect(proc.store_path) as db:
+            db.execute("UPDATE runs SET updated_at = updated_at - 7200 WHERE run_id = ?", (runs["old"]["run_id"],))
+
+        status, recent, _ = _get(f"{proc.http}/runs?range=1h")
+        assert status == 200
+        counts = re.search(r'<p id="counts">(.*?)</p>', recent, re.S).group(1)
+        assert re.sub(r"<[^>]+>|\s+", " ", counts).split() == [
+            "Runs", "written", "in", "the", "last", "1h:", "PASS", "1", "·", "WARN", "0", "·", "FAIL", "1", "·",
+            "PENDING", "0"]
+        assert runs["old"]["run_id"] not in recent and runs["pass"]["run_id"] in recent and runs["fail"]["run_id"] in recent
+        assert recent.count('<span class="muted service">billing-svc</span>') == 2  # subject: the workflow's name
+
+        _, everything, _ = _get(f"{proc.http}/runs?range=all")
+        assert runs["old"]["run_id"] in everything
+        assert re.sub(r"<[^>]+>|\s+", " ", re.search(r'<p id="counts">(.*?)</p>', everything, re.S).group(1)).split()[
+            2:] == ["PASS", "1", "·", "WARN", "1", "·", "FAIL", "1", "·", "PENDING", "0"]
+        # a count links to that status over the same range
+        assert f'href="/runs?status=FAIL&amp;subject=&amp;range=1h&amp;limit=50"' in recent
+        assert _get(f"{proc.http}/runs?range=3w")[0] == 400
+    finally:
+        proc.stop()

@@ -44,6 +44,12 @@ _env.globals["statuses"] = [s.value for s in Status]
 _env.globals["known_spend"] = known_spend
 
 
+#: The runs page's time ranges: how far back it lists and counts runs (by when each was last written).
+RANGES: dict[str, float | None] = {"15m": 900.0, "1h": 3600.0, "6h": 21600.0, "24h": 86400.0, "7d": 604800.0,
+                                   "all": None}
+DEFAULT_RANGE = "all"
+
+
 class RunPage:
     def __init__(self, store: RunStore, auth: BearerAuth, trace_url: str | None,
                  failures: Callable[[], Iterable[Failure]] = tuple, max_age: float | None = None) -> None:
@@ -96,12 +102,18 @@ class RunPage:
             limit = min(max(int(request.query.get("limit", 50)), 1), MAX_ROWS)
         except ValueError:
             return self._page("error.html", 400, title="bad request", message="limit must be a number")
+        span = request.query.get("range") or DEFAULT_RANGE
+        if span not in RANGES:
+            return self._page("error.html", 400, title="bad request",
+                              message=f"unknown range {span!r}: use {', '.join(RANGES)}")
+        since = time.time() - RANGES[span] if RANGES[span] is not None else None
         rows = await self._read(self.store.list_runs, [status] if status else (), subject, limit,
-                                True, None, prefix)  # with each run's units and reasons
+                                True, None, prefix, since)  # with each run's units and reasons
+        counts = await self._read(self.store.count_by_status, subject, since)
         history = await self._read(self.store.history, self.max_age)
         return self._page("runs.html", rows=rows, status=status, subject=subject or "", run_id=prefix or "",
                           limit=limit, failures=list(self.failures())[::-1], history=history,
-                          trace_url=self.trace_url)
+                          trace_url=self.trace_url, range=span, ranges=list(RANGES), counts=counts)
 
     async def run_json(self, request: web.Request) -> web.Response:
         """The stored run document, as ``agenteval runs show --json`` prints it."""

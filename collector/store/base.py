@@ -37,7 +37,7 @@ import platformdirs
 import structlog
 import zstandard
 
-from collector.core.model import RunVerdict
+from collector.core.model import RunVerdict, Status
 from collector.core.serialize import BOUNDED_EVIDENCE, BOUNDED_RUN, MAX_ITEMS, from_json, run_to_json, to_json
 
 log = structlog.get_logger("agenteval.collector")
@@ -850,23 +850,25 @@ class RunStore(ABC):
 
     def list_runs(self, statuses: Iterable[str] = (), subject: str | None = None, limit: int = 50,
                   with_docs: bool = False, maf_release: str | None = None,
-                  run_id_prefix: str | None = None) -> list[dict[str, Any]]:
+                  run_id_prefix: str | None = None, since: float | None = None) -> list[dict[str, Any]]:
         """Newest first; summary rows, or whole run documents with ``with_docs``. Several statuses
         are read as one index walk each, merged (``status IN`` read every run of those statuses and
-        sorted them all, for the newest few). ``run_id_prefix`` (e.g. a trace id) scans the runs."""
+        sorted them all, for the newest few). ``run_id_prefix`` (e.g. a trace id) scans the runs.
+        ``since``: only runs written at or after it (Unix seconds)."""
         wanted = sorted({s.upper() for s in statuses})
         # a release is matched whole or as a prefix of dotted parts: 1.26 matches 1.26.0 and 1.26.1
         params: dict[str, Any] = {"limit": limit, "subject": subject, "release": maf_release,
                                   "releases": _like_prefix(f"{maf_release}.") if maf_release else None,
                                   "prefix": _like_prefix(run_id_prefix) if run_id_prefix else None,
-                                  **{f"s{i}": s for i, s in enumerate(wanted)}}
+                                  "since": since, **{f"s{i}": s for i, s in enumerate(wanted)}}
         columns = f"{_DOC}, run_id" if with_docs else _SUMMARY
         newest = "ORDER BY updated_at DESC, run_id DESC LIMIT :limit"
 
         def walk(status: str | None) -> str:
             clauses = [c for c in (status and f"status = :{status}", subject and "subject = :subject",
                                    maf_release and "(maf_release = :release OR maf_release LIKE :releases ESCAPE '\\')",
-                                   run_id_prefix and "run_id LIKE :prefix ESCAPE '\\'")
+                                   run_id_prefix and "run_id LIKE :prefix ESCAPE '\\'",
+                                   since is not None and "updated_at >= :since")
                        if c]
             return f"SELECT {columns} FROM runs {'WHERE ' + ' AND '.join(clauses) if clauses else ''} {newest}"
 
@@ -876,6 +878,16 @@ class RunStore(ABC):
             sql = walk("s0" if wanted else None)
         rows = self._query(sql, params)
         return [_doc(r) for r in rows] if with_docs else rows
+
+    def count_by_status(self, subject: str | None = None, since: float | None = None) -> dict[str, int]:
+        """How many runs of each status (every status, 0 where none), of one subject or all, written
+        at or after ``since`` (Unix seconds) or ever."""
+        clauses = [c for c in (subject and "subject = :subject", since is not None and "updated_at >= :since") if c]
+        rows = self._query(f"SELECT status, COUNT(*) AS n FROM runs {'WHERE ' + ' AND '.join(clauses) if clauses else ''} "
+                           "GROUP BY status", {"subject": subject, "since": since})
+        counts = dict.fromkeys((s.value for s in Status), 0)
+        counts.update({r["status"]: int(r["n"]) for r in rows})
+        return counts
 
     def _rows_in(self, sql: str, values: list[str]) -> Iterator[dict[str, Any]]:
         """The rows of ``sql`` whose ``{ids}`` stands for ``values``, a statement per chunk of them."""

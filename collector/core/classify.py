@@ -45,6 +45,7 @@ from collector.core.profiles import (
     EXECUTOR,
     LEDGER_SOURCE_ATTRIBUTE,
     LEDGER_SOURCE_BRIDGE,
+    OTHER,
     RUN,
     Matcher,
 )
@@ -326,8 +327,8 @@ class TraceState:
         #: workflow's AgentResponseEvents under its own span): (parent id, executor key, entry),
         #: until they join the run under the same parent that has that executor.
         self._callers: list[tuple[bytes, str, LedgerEntry, Announcement | None]] = []
-        #: Parent ids of the spans outside every workflow run (a caller's, .NET's ``workflow.session``):
-        #: how far up a run a caller's ledger span may sit and still join it.
+        #: Parent ids of the plain spans outside every workflow run (a caller's, .NET's
+        #: ``workflow.session``): how far up a run a caller's ledger span may sit and still join it.
         self._outside: dict[bytes, bytes] = {}
         #: The revision last published of every run, including runs that only a provisional
         #: finalization made (spans classified as if parentless): the next numbers on from it.
@@ -416,7 +417,7 @@ class TraceState:
         if bridge:
             self._ledger_span(s, parent)
             return parent
-        if run_key is None and kind != RUN:
+        if run_key is None and kind == OTHER and not chat:  # a caller's span, .NET's workflow.session
             self._outside[s.span_id] = s.parent_id
         if kind == RUN:
             if run_key is None:  # an outermost workflow run; a nested one (sub-workflow) is its outer run's

@@ -505,7 +505,9 @@ def test_serve_prints_its_banner_before_any_log_line(tmp_path):
 
 def test_make_run_says_what_it_installs_before_the_quiet_minute():
     """`make run` on a fresh clone was a minute of silence (pip runs with --quiet)."""
-    dry = subprocess.run(["make", "-n", "-B", "install"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    # --no-print-directory: under `make test` this make is a sub-make, which says where it enters
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "-B", "install"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
     first = dry.stdout.splitlines()[0]
     assert first.startswith("echo \"installing agenteval") and "the first time only" in first, dry.stdout
     assert "tools/maf-venv" in dry.stdout.splitlines()[1]

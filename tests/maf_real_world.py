@@ -1,8 +1,9 @@
 """Real-world MAF Python shapes beyond the builder patterns of :mod:`maf_patterns`.
 
 Each builder returns a fresh real agent-framework-core 1.23 / agent-framework-orchestrations 1.4
-workflow (or agent) on the scripted clients of :mod:`collector.demo.maf_fakes`; the module-level
-constants give what the chat boundary and the caller will see, derived from the scripts.
+workflow (or agent) on the scripted clients of :mod:`collector.demo.maf_fakes`, or (MAF's own samples,
+region 9) on MAF's real provider client talking to the tests' model server (:mod:`llm_server`); the
+module-level constants give what the chat boundary and the caller will see, derived from the scripts.
 
 What MAF 1.23 does here (measured, not assumed):
 
@@ -22,18 +23,24 @@ What MAF 1.23 does here (measured, not assumed):
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import re
+from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from random import randint
+from typing import Annotated, Any
 
 from agent_framework import (
     Agent,
     AgentExecutor,
+    AgentContext,
     AgentExecutorResponse,
     AgentLoopMiddleware,
     AgentMiddleware,
     AgentResponse,
     AgentResponseUpdate,
+    ChatContext,
+    ChatResponse,
+    ChatResponseUpdate,
     Content,
     Message,
     MiddlewareTermination,
@@ -46,9 +53,11 @@ from agent_framework import (
     tool,
 )
 from agent_framework_orchestrations import ConcurrentBuilder, SequentialBuilder
+from pydantic import Field
 
 from collector.demo.maf_fakes import Turn, lookup
 
+from llm_server import Reply as ModelReply
 from maf_patterns import Say, TextInstrumentedChatClient
 
 TASK = "Write a short report."
@@ -309,5 +318,216 @@ def two_step_workflow(name: str | None) -> Workflow:
 
 
 TWO_STEP_TOKENS = {"researcher": 600, "writer": 960}
+
+# endregion
+
+# region 9: MAF's own sample override_result_with_middleware, on its real OpenAI client
+#
+# python/samples/02-agents/middleware/override_result_with_middleware.py, as published: the same tool,
+# middleware and calls (a plain run for Seattle, then a streamed run for Portland), on
+# agent_framework.openai's OpenAIChatClient pointed at the tests' model server instead of OpenAI.
+#
+# What MAF does with it (measured on 1.22 and 1.26): the chat middleware lets the call go on, then
+# replaces its result. Plain, the model was called first (it asked for get_weather) and its
+# response, usage and all, is replaced by a message without usage: the tool never runs and the
+# caller's AgentResponse reports no tokens and no finish reason. Streamed, ``call_next()`` only
+# builds the stream, and the middleware replaces it before anyone reads it: the model is never
+# called. MAF's chat telemetry has started its ``chat {model}`` span all the same (when the stream
+# is built), and ends it without a response when that stream is garbage collected.
+
+
+# NOTE: approval_mode="never_require" is for sample brevity. Use "always_require" in production;
+# see samples/02-agents/tools/function_tool_with_approval.py
+# and samples/02-agents/tools/function_tool_with_approval_and_sessions.py.
+@tool(approval_mode="never_require")
+def get_weather(
+    location: Annotated[str, Field(description="The location to get the weather for.")],
+) -> str:
+    """Get the weather for a given location."""
+    conditions = ["sunny", "cloudy", "rainy", "stormy"]
+    return f"The weather in {location} is {conditions[randint(0, 3)]} with a high of {randint(10, 30)}°C."
+
+
+async def weather_override_middleware(context: ChatContext, call_next: Callable[[], Awaitable[None]]) -> None:
+    """Chat middleware that overrides weather results for both streaming and non-streaming cases."""
+
+    # Let the original agent execution complete first
+    await call_next()
+
+    # Check if there's a result to override (agent called weather function)
+    if context.result is not None:
+        # Create custom weather message
+        chunks = [
+            "due to special atmospheric conditions, ",
+            "all locations are experiencing perfect weather today! ",
+            "Temperature is a comfortable 22°C with gentle breezes. ",
+            "Perfect day for outdoor activities!",
+        ]
+
+        if context.stream and isinstance(context.result, ResponseStream):
+
+            async def _override_stream() -> AsyncIterable[ChatResponseUpdate]:
+                for i, chunk_text in enumerate(chunks):
+                    yield ChatResponseUpdate(
+                        contents=[Content.from_text(text=f"Weather Advisory: [{i}] {chunk_text}")],
+                        role="assistant",
+                    )
+
+            context.result = ResponseStream(_override_stream(), finalizer=ChatResponse.from_updates)
+        else:
+            # For non-streaming: just replace with a new message
+            current_text = context.result.text if isinstance(context.result, ChatResponse) else ""
+            custom_message = f"Weather Advisory: [0] {''.join(chunks)} Original message was: {current_text}"
+            context.result = ChatResponse(messages=[Message(role="assistant", contents=[custom_message])])
+
+
+async def validate_weather_middleware(context: ChatContext, call_next: Callable[[], Awaitable[None]]) -> None:
+    """Chat middleware that simulates result validation for both streaming and non-streaming cases."""
+    await call_next()
+
+    validation_note = "Validation: weather data verified."
+
+    if context.result is None:
+        return
+
+    if context.stream and isinstance(context.result, ResponseStream):
+        result_stream = context.result
+
+        async def _validated_stream() -> AsyncIterable[ChatResponseUpdate]:
+            async for update in result_stream:
+                yield update
+            yield ChatResponseUpdate(
+                contents=[Content.from_text(text=validation_note)],
+                role="assistant",
+            )
+
+        context.result = ResponseStream(_validated_stream(), finalizer=ChatResponse.from_updates)
+    elif isinstance(context.result, ChatResponse):
+        context.result.messages.append(Message(role="assistant", contents=[validation_note]))
+
+
+async def agent_cleanup_middleware(context: AgentContext, call_next: Callable[[], Awaitable[None]]) -> None:
+    """Agent middleware that validates chat middleware effects and cleans the result."""
+    await call_next()
+
+    if context.result is None:
+        return
+
+    validation_note = "Validation: weather data verified."
+
+    state = {"found_prefix": False, "found_validation": False}
+
+    def _sanitize(response: AgentResponse) -> AgentResponse:
+        found_prefix = state["found_prefix"]
+        found_validation = state["found_validation"]
+        cleaned_messages: list[Message] = []
+
+        for message in response.messages:
+            text = message.text
+            if text is None:
+                cleaned_messages.append(message)
+                continue
+
+            if validation_note in text:
+                found_validation = True
+                text = text.replace(validation_note, "").strip()
+                if not text:
+                    continue
+
+            if "Weather Advisory:" in text:
+                found_prefix = True
+                text = text.replace("Weather Advisory:", "")
+
+            text = re.sub(r"\[\d+\]\s*", "", text).strip()
+            if not text:
+                continue
+
+            cleaned_messages.append(
+                Message(
+                    role=message.role,
+                    contents=[text],
+                    author_name=message.author_name,
+                    message_id=message.message_id,
+                    additional_properties=message.additional_properties,
+                    raw_representation=message.raw_representation,
+                )
+            )
+
+        if not found_prefix:
+            raise RuntimeError("Expected chat middleware prefix not found in agent response.")
+        if not found_validation:
+            raise RuntimeError("Expected validation note not found in agent response.")
+
+        cleaned_messages.append(Message(role="assistant", contents=[" Agent: OK"]))
+        response.messages = cleaned_messages
+        return response
+
+    if context.stream and isinstance(context.result, ResponseStream):
+
+        def _clean_update(update: AgentResponseUpdate) -> AgentResponseUpdate:
+            cleaned_contents: list[Content] = []
+
+            for content in update.contents or []:
+                if not content.text:
+                    cleaned_contents.append(content)
+                    continue
+                text = content.text
+                if "Weather Advisory:" in text:
+                    state["found_prefix"] = True
+                    text = text.replace("Weather Advisory:", "")
+                if validation_note in text:
+                    state["found_validation"] = True
+                    text = text.replace(validation_note, "").strip()
+                    if not text:
+                        continue
+                text = re.sub(r"\[\d+\]\s*", "", text)
+                content.text = text
+                cleaned_contents.append(content)
+
+            update.contents = cleaned_contents
+            return update
+
+        context.result.with_transform_hook(_clean_update)
+        context.result.with_result_hook(_sanitize)
+    elif isinstance(context.result, AgentResponse):
+        context.result = _sanitize(context.result)
+
+
+#: The model server's one reply: asked about Seattle, the model calls get_weather. The streamed
+#: Portland call never reaches the model (nothing is scripted for it: a request would fail).
+WEATHER_MODEL = "weather-model"
+WEATHER_TURNS = [ModelReply(96, 18, "tool_calls", tool_call="get_weather", arguments={"location": "Seattle"})]
+WEATHER_TOKENS = sum(t.total for t in WEATHER_TURNS)  # 114: the plain run's one model call
+
+
+async def override_result_sample(base_url: str) -> tuple[AgentResponse, AgentResponse]:
+    """The sample's ``main()``: the agent as the sample builds it (its OpenAIChatClient on the model
+    server at ``base_url``), run plain, then streamed; the two final responses its caller prints."""
+    import openai
+    from agent_framework.openai import OpenAIChatClient
+
+    sdk = openai.AsyncOpenAI(api_key="test-key", base_url=f"{base_url}/v1")
+    try:
+        agent = Agent(
+            client=OpenAIChatClient(
+                model=WEATHER_MODEL,
+                async_client=sdk,
+                middleware=[validate_weather_middleware, weather_override_middleware],
+            ),
+            name="WeatherAgent",
+            instructions="You are a helpful weather assistant. Use the weather tool to get current conditions.",
+            tools=get_weather,
+            middleware=[agent_cleanup_middleware],
+        )
+        # Non-streaming example
+        result = await agent.run("What's the weather like in Seattle?")
+        # Streaming example
+        response = agent.run("What's the weather like in Portland?", stream=True)
+        async for _ in response:
+            pass
+        return result, await response.get_final_response()
+    finally:
+        await sdk.close()
+
 
 # endregion

@@ -5,6 +5,7 @@ and per run (docs/design.md §1, §3)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
 from typing import Any
 
@@ -310,3 +311,56 @@ def test_an_unnamed_orchestration_is_named_by_its_service_and_builder(maf_spans,
     (run,) = runs_of(collector, trace_ids(spans))
     assert run["subject"] == f"{spans[0].resource.attributes['service.name']}/Sequential"
     assert verdicts(run) == {"researcher": "Agree"}
+
+
+# --- 9. MAF's own samples on its real provider client --------------------------------------------
+
+@pytest.fixture(scope="module")
+def model_server():
+    from llm_server import LLMServer
+
+    server = LLMServer()
+    yield server
+    server.close()
+
+
+def test_mafs_override_result_sample_stores_its_plain_call_only_not_the_stream_its_middleware_replaced(
+        maf_spans, collector, model_server):
+    # MAF's override_result_with_middleware sample, as published, on its OpenAI client. Plain: the
+    # model asks for get_weather (114 tokens, tool_calls) and the chat middleware replaces that
+    # response with one carrying no usage: the caller's AgentResponse reports nothing, an under-report
+    # of 114 tokens and a finish it dropped. Streamed: the middleware replaces the stream before
+    # anyone reads it, so no model call is made; MAF's chat span for it says so
+    # (fidelity.operation.name = chat.unsent). An idle agent call in a run of nothing else: no run.
+    model_server.reset()
+    model_server.script(rw.WEATHER_MODEL, rw.WEATHER_TURNS)
+    maf_spans.clear()
+    plain, streamed = asyncio.run(rw.override_result_sample(model_server.base_url))
+    gc.collect()  # MAF ends the unread stream's chat span when that stream is collected
+    spans = list(maf_spans.get_finished_spans())
+    assert "perfect weather" in plain.text and streamed.text.endswith("Agent: OK")  # the sample ran as published
+    assert len(model_server.requests) == 1 and model_server.unplayed() == {}  # the stream reached no model
+    plain_trace, streamed_trace = trace_ids(spans)
+
+    ignored_before = collector.metrics().get(("agenteval_traces_ignored_total", ()), 0)
+    export_spans(collector, spans)
+    runs = runs_of(collector, [plain_trace, streamed_trace])
+    assert [r["trace_id"] for r in runs] == [plain_trace], [(r["status"], verdicts(r)) for r in runs]
+    (run,) = runs
+    weather = unit(run, "WeatherAgent")
+    ev = weather["evidence"]
+    assert verdicts(run) == {"WeatherAgent": "Both"}
+    assert (ev["framework_tokens"], ev["truth_tokens"], ev["direction"]) == (0, rw.WEATHER_TOKENS, "under")
+    assert (ev["framework_finish"], ev["truth_finish"]) == (None, "tool_calls")
+    assert (ev["ledger_entries"], ev["response_turns"], ev["request_turns"]) == (1, 1, 0)
+    assert weather["no_truth_reason"] is None and weather["no_truth_fix"] is None
+    assert (run["status"], run["score"], run["non_agent_executors"], run["unattributed_chat"]) == (
+        "FAIL", 0.0, [], [])
+    assert collector.metrics().get(("agenteval_traces_ignored_total", ()), 0) == ignored_before + 1
+
+    # MAF's span of the unread stream is exported as it was, with the instrumentation's word on it
+    (unsent,) = [s for s in spans if s.name.startswith("chat ")
+                 and format(s.context.trace_id, "032x") == streamed_trace]
+    assert unsent.attributes["gen_ai.operation.name"] == "chat"
+    assert unsent.attributes["fidelity.operation.name"] == "chat.unsent"
+    assert not any(k.startswith("gen_ai.usage") or k == "gen_ai.response.finish_reasons" for k in unsent.attributes)

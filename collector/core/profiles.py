@@ -117,6 +117,11 @@ MAF_RELEASE_ATTRIBUTE = "fidelity.maf.version"
 INSTRUMENTATION_VERSION_ATTRIBUTE = "fidelity.instrumentation.version"
 INSTRUMENTATION_STATUS_ATTRIBUTE = "fidelity.instrumentation.status"
 ANNOUNCEMENT_ATTRIBUTES = (MAF_RELEASE_ATTRIBUTE, INSTRUMENTATION_VERSION_ATTRIBUTE, INSTRUMENTATION_STATUS_ATTRIBUTE)
+#: The MAF instrumentation's word on what a chat span recorded (docs/design.md §3b), read before the
+#: span's own operation: ``chat.unsent`` on MAF's span of a streamed call whose stream was dropped
+#: unread (a chat middleware replaced it before any model call), so no request was sent and the span
+#: is no model call; the span's own operation once the stream was read.
+FIDELITY_OPERATION_ATTRIBUTE = "fidelity.operation.name"
 
 
 #: Span kinds by name (:meth:`Matcher.kind`).
@@ -137,7 +142,8 @@ class Matcher:
         self.chat_operations = frozenset(union("chat_operation_names"))
         self.chat_prefixes = union("chat_span_prefixes")
         self.chat_names = frozenset(union("chat_span_names"))
-        self.operation_keys = tuple(dict.fromkeys(p.operation_attribute for p in profiles))
+        self.operation_keys = tuple(dict.fromkeys([FIDELITY_OPERATION_ATTRIBUTE,
+                                                   *(p.operation_attribute for p in profiles)]))
         self.input_keys = union("input_tokens_attributes")
         self.output_keys = union("output_tokens_attributes")
         self.total_keys = union("total_tokens_attributes")

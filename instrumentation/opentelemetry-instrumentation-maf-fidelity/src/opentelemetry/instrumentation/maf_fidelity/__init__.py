@@ -24,6 +24,13 @@ span. Plain runs record on return; streams when fully consumed, or, when the con
 what it had received (``fidelity.stream.closed_early``). A run that raises records nothing.
 ``WorkflowAgent`` (``workflow.as_agent()``) is not recorded itself: its inner agents are.
 
+A streamed chat call is sent when its stream is first read, but MAF's chat telemetry starts its
+``chat {model}`` span when the stream is built. A chat middleware may replace that stream before
+anyone reads it (MAF's ``override_result_with_middleware`` sample): no request is sent, and MAF ends
+the span without a response when the stream is garbage collected. Such a span says so:
+``fidelity.operation.name = "chat.unsent"`` (set when the stream is built, replaced by the span's own
+operation when it is first read), so a collector never counts it as a model call.
+
 One agent call may invoke the agent several times (a loop or approval middleware calling
 ``call_next()`` again): the one response covers them all. Where such a re-run starts with no span
 current (a direct ``agent.run`` has none around it), MAF would start a new trace for it; it is
@@ -72,6 +79,13 @@ EXECUTOR_TYPE_ATTRIBUTE = "fidelity.executor.type"
 AGENT_EXECUTOR = "AgentExecutor"
 MAF_DISTRIBUTION = "agent-framework-core"
 ANNOUNCEMENT_KEYS = ("fidelity.maf.version", "fidelity.instrumentation.version", "fidelity.instrumentation.status")
+#: On MAF's chat span of a streamed call: what it turned out to record. ``chat.unsent`` from when its
+#: stream is built until it is first read (then the span's own ``gen_ai.operation.name``): a stream
+#: dropped unread sent no request, so its span is no model call.
+OPERATION_ATTRIBUTE = "fidelity.operation.name"
+UNSENT_CHAT = "chat.unsent"
+#: MAF's module whose chat telemetry starts a streamed call's span (``_start_streaming_span``).
+_OBSERVABILITY = "agent_framework.observability"
 #: MAF spans stamped with the announcement while inactive (agent and workflow-run spans).
 _ANNOUNCED_SPANS = ("invoke_agent", "workflow.run", "invoke_workflow")
 
@@ -96,6 +110,8 @@ class _Invocation:
 
 
 _CURRENT: ContextVar[_Invocation | None] = ContextVar("maf_fidelity_invocation", default=None)
+#: While MAF's chat telemetry builds a stream: the chat span it starts, once started (with its operation).
+_BUILDING: ContextVar[list[tuple[Any, Any]] | None] = ContextVar("maf_fidelity_chat_stream", default=None)
 
 
 def response_attributes(response: Any) -> dict[str, Any]:
@@ -155,6 +171,10 @@ class Hooks:
     response_stream: type | None
     agent_response: type | None
     agent_executor: type | None
+    #: MAF's chat telemetry layer and the function with which it starts a streamed call's span: where
+    #: either is missing, an unread stream's span is not marked (the ledger does not need them).
+    chat_telemetry: type | None = None
+    start_streaming_span: Callable[..., Any] | None = None
 
     @classmethod
     def find(cls) -> Hooks:
@@ -164,9 +184,10 @@ class Hooks:
             except ImportError:
                 return None
 
-        return cls(get("agent_framework", "BaseAgent"), get("agent_framework.observability", "AgentTelemetryLayer"),
+        return cls(get("agent_framework", "BaseAgent"), get(_OBSERVABILITY, "AgentTelemetryLayer"),
                    get("agent_framework", "ResponseStream"), get("agent_framework", "AgentResponse"),
-                   get("agent_framework", "AgentExecutor"))
+                   get("agent_framework", "AgentExecutor"), get(_OBSERVABILITY, "ChatTelemetryLayer"),
+                   get(_OBSERVABILITY, "_start_streaming_span"))
 
     def missing(self) -> list[str]:
         """The hooks a ledger needs that this release lacks, by name."""
@@ -254,6 +275,13 @@ class MafFidelityInstrumentor(BaseInstrumentor):
         if hooks.agent_executor is not None:
             self._original_executor_init = hooks.agent_executor.__init__
             hooks.agent_executor.__init__ = _register_own_agent(self._original_executor_init)
+        self._original_chat = None
+        if (hooks.chat_telemetry is not None and hooks.start_streaming_span is not None
+                and "get_response" in vars(hooks.chat_telemetry)):
+            self._original_chat = hooks.chat_telemetry.get_response
+            hooks.chat_telemetry.get_response = _mark_unsent_streams(self._original_chat, hooks.response_stream)
+            __import__(_OBSERVABILITY, fromlist=["_"])._start_streaming_span = _capture_chat_span(
+                hooks.start_streaming_span)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         if not self._active:
@@ -270,6 +298,9 @@ class MafFidelityInstrumentor(BaseInstrumentor):
         hooks.telemetry._trace_agent_invocation = self._original_trace
         if self._original_executor_init is not None:
             hooks.agent_executor.__init__ = self._original_executor_init
+        if self._original_chat is not None:
+            hooks.chat_telemetry.get_response = self._original_chat
+            __import__(_OBSERVABILITY, fromlist=["_"])._start_streaming_span = hooks.start_streaming_span
 
     def _wrap_class(self, cls: type) -> None:
         original = vars(cls).get("run")
@@ -407,6 +438,74 @@ def _capture_agent_span(original: Callable[..., Any], announcement: dict[str, st
         return in_call()
 
     return trace_agent_invocation
+
+
+def _capture_chat_span(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap MAF's ``_start_streaming_span`` so that, while its chat telemetry builds a stream, the chat
+    span it starts is handed to :func:`_mark_unsent_streams` (with the span's operation)."""
+
+    @functools.wraps(original)
+    def start_streaming_span(attributes: Any, *args: Any, **kwargs: Any) -> Any:
+        span = original(attributes, *args, **kwargs)
+        building = _BUILDING.get()
+        if building is not None and not building:
+            operation = attributes.get("gen_ai.operation.name") if isinstance(attributes, dict) else None
+            building.append((span, operation if isinstance(operation, str) else "chat"))
+        return span
+
+    return start_streaming_span
+
+
+def _mark_unsent_streams(original: Callable[..., Any], response_stream: type) -> Callable[..., Any]:
+    """Wrap MAF's chat telemetry so that the span of a streamed call says ``chat.unsent`` from when its
+    stream is built until it is first read (its own operation then): a stream dropped unread (a chat
+    middleware replaced it) sent no request. A build that raises marks nothing (its span records the
+    error: a failed call).
+
+    Read means: the stream was iterated, or resolving it ran code (an awaitable source, which may send
+    the request), or either raised. Only resolving a lazy source (an async generator, as MAF's provider
+    clients return) runs nothing: MAF's chat middleware resolves the stream it passes on, read or not.
+    Where the stream does not show which it is (a MAF release that renamed its internals), any
+    resolution counts as a read: the span stays a chat call, as without this mark."""
+
+    @functools.wraps(original)
+    def get_response(client: Any, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("stream"):
+            return original(client, *args, **kwargs)
+        building: list[tuple[Any, Any]] = []
+        token = _BUILDING.set(building)
+        try:
+            result = original(client, *args, **kwargs)
+        finally:
+            _BUILDING.reset(token)
+        if not building or not isinstance(result, response_stream):
+            return result
+        span, operation = building[0]
+        if not span.is_recording():
+            return result
+        span.set_attribute(OPERATION_ATTRIBUTE, UNSENT_CHAT)
+        stream = weakref.ref(result)  # the stream holds this hook: no reference cycle through it
+        sent = False
+
+        @contextlib.contextmanager
+        def read() -> Iterator[None]:
+            nonlocal sent
+            if sent:
+                yield
+                return
+            lazy = hasattr(getattr(stream(), "_stream_source", None), "__aiter__")
+            raised = True
+            try:
+                yield
+                raised = False
+            finally:
+                if raised or not lazy or getattr(stream(), "_iterator", True) is not None:
+                    sent = True
+                    span.set_attribute(OPERATION_ATTRIBUTE, operation)
+
+        return result.with_pull_context_manager(read)
+
+    return get_response
 
 
 #: Agents hosted by an ``AgentExecutor`` (any subclass), to the executor's id.

@@ -198,6 +198,11 @@ def _said(s: SpanRecord) -> Announcement | None:
     return None
 
 
+def _within(times: list[int] | None, ns: int) -> bool:
+    """Whether ``ns`` falls in a run's [earliest start, latest end] (None: no span of it timed)."""
+    return times is not None and times[0] <= ns <= times[1]
+
+
 def stable_executor(name: str) -> str:
     """An executor id as a unit may carry it: never with a per-process id."""
     found = _DOTNET_AGENT_EXECUTOR.fullmatch(name)
@@ -528,8 +533,7 @@ class TraceState:
             runs = [r for r in self._runs.values()
                     if r.span_id is not None and executor in r.executors and parent_id in self._above(r)]
             if len(runs) > 1:
-                runs = [r for r in runs if self._times.get(r.span_id, (_NO_START, 0))[0] <= entry.seq
-                        <= self._times.get(r.span_id, (_NO_START, 0))[1]]
+                runs = [r for r in runs if _within(self._times.get(r.span_id), entry.seq)]
             if len(runs) == 1 or everything:
                 run = runs[0] if len(runs) == 1 else self._run(None)
                 run.units[(executor, None)].ledger.append(entry)

@@ -153,6 +153,9 @@ def units(run: dict) -> dict[str, dict]:
         "truth_finish": e["evidence"]["truth_finish"],
         "framework_finish": e["evidence"]["framework_finish"],
         "no_truth_reason": e.get("no_truth_reason"),
+        "direction": e["evidence"]["direction"],
+        "truth_cache_read_tokens": e["evidence"].get("truth_cache_read_tokens"),
+        "truth_reasoning_tokens": e["evidence"].get("truth_reasoning_tokens"),
     } for e in run["executors"]}
 
 
@@ -162,7 +165,7 @@ def assert_runs(stored: list[dict], trace_ids: list[str], expected: list[list[di
     assert len(stored) == len(flat), [(r["run_id"], r["status"]) for r in stored]
     ordered = sorted(stored, key=lambda r: (trace_ids.index(r["trace_id"]), r["started_at"]))
     for run, want in zip(ordered, flat):
-        assert units(run) == want["units"], run["run_id"]
+        assert units(run) == want["units"], (run["run_id"], units(run), want["units"])
         assert run["status"] == want["status"], run["run_id"]
         assert run["non_agent_executors"] == want["non_agent_executors"], run["run_id"]
         assert run["maf_release"] == (f"dotnet-{release}" if want["ledger"] else None), run["run_id"]

@@ -178,3 +178,37 @@ def test_a_failed_dotnet_call_is_a_failed_turn_never_the_path2_gap(tmp_path):
     assert "Path-2" not in writer["no_truth_explanation"]
     # .NET records an agent failure as an event, never as span status: no workflow error to show.
     assert run["workflow_errors"] == []
+
+
+def test_a_response_recorded_twice_is_counted_once_and_a_ledger_without_its_run_is_never_guessed(tmp_path):
+    """Real MAF .NET traces, offline: agents recorded both ways count each response once and say so
+    (runs show); one workflow run three times under one caller span, read without the run, compares
+    nothing (ledger_unjoined, fixed by WithFidelityLedger(run)) where given the run it catches the middle
+    run's lie."""
+    shown = {}
+    for name in ("recorded-twice-under-reported", "runs-one-after-another-without-the-run", "runs-one-after-another"):
+        folder, _ = fixture("1.28.0", name)
+        trace = otlp_json_file(folder, tmp_path / f"{name}.jsonl")
+        store = tmp_path / f"{name}.db"
+        proc = subprocess.run([AGENTEVAL, "bench", "workflow-trace-fidelity", "--workflow-trace", str(trace), "--subject",
+                               name, "--json", "--store", str(store)], capture_output=True, text=True, timeout=120)
+        out = json.loads(proc.stdout)
+        runs = sorted(out["runs"] if "runs" in out else [out], key=lambda r: r["started_at"])
+        shown[name] = (runs, subprocess.run([AGENTEVAL, "runs", "show", runs[0]["run_id"], "--store", str(store)],
+                                            capture_output=True, text=True, timeout=60).stdout)
+
+    (twice,), text = shown["recorded-twice-under-reported"]
+    writer = next(e for e in twice["executors"] if e["executor_id"] == "writer")
+    assert (writer["verdict"], writer["evidence"]["ledger_entries"], writer["evidence"]["ledger_duplicates"]) == (
+        "TokenMismatch", 1, 1)
+    assert "each response counted once" in text
+
+    blind, text = shown["runs-one-after-another-without-the-run"]
+    assert [r["status"] for r in blind] == ["PENDING"] * 3
+    writer = next(e for e in blind[1]["executors"] if e["executor_id"] == "writer")
+    assert writer["no_truth_reason"] == "ledger_unjoined" and writer["evidence"]["ledger_unjoined"] == 3
+    assert "WithFidelityLedger(run)" in writer["no_truth_fix"] and "pip" not in writer["no_truth_fix"]
+    assert "no single run could own them" in text
+
+    exact, _ = shown["runs-one-after-another"]
+    assert [r["status"] for r in exact] == ["PASS", "FAIL", "PASS"]

@@ -24,6 +24,7 @@ import copy
 import json
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -147,6 +148,11 @@ class _Unit:
 class _Executor:
     spans: list[tuple[int, str]] = field(default_factory=list)  # (start, span id) per invocation
     hosts_agent: bool = False  # its type hosts one agent of its own (AgentExecutor)
+    #: A workflow ran inside it (a workflow used as its agent): judged by that workflow's agents.
+    composite: bool = False
+    #: Its ids that carried a per-process id (MAF .NET's ``{Name}_{Id}``), case-folded: the agent
+    #: instance's identity, which a caller's ledger span naming the same id joins by.
+    instances: set[str] | None = None
 
 
 @dataclass(slots=True)
@@ -163,8 +169,6 @@ class _Run:
     announcement: Announcement | None = None
     #: The parent of its workflow-run span (callers' ledger spans join the run under the same parent).
     parent_id: bytes = b""
-    #: Callers' ledger spans that joined no workflow run (this is the trace's run apart from them).
-    caller_ledgers_apart: int = 0
     #: Its workflow-run span's start (Unix ns; None: none arrived, or it had none).
     start_ns: int | None = None
     dirty: bool = False
@@ -196,11 +200,6 @@ def _said(s: SpanRecord) -> Announcement | None:
     if s.facts[INSTRUMENTATION_VERSION] or s.facts[MAF_RELEASE]:
         return Announcement(*s.facts[MAF_RELEASE:INSTRUMENTATION_STATUS + 1])
     return None
-
-
-def _within(times: list[int] | None, ns: int) -> bool:
-    """Whether ``ns`` falls in a run's [earliest start, latest end] (None: no span of it timed)."""
-    return times is not None and times[0] <= ns <= times[1]
 
 
 def stable_executor(name: str) -> str:
@@ -306,7 +305,8 @@ class TraceState:
 
     __slots__ = ("matcher", "trace_id", "root_span_id", "subject", "_context", "_pending", "_pending_ids",
                  "_runs", "_names", "_fallback_subject", "run_spans_seen", "unusable", "orphaned", "_callers",
-                 "_published", "_provisional", "_shared", "_times", "_outside", "_runtime")
+                 "_published", "_provisional", "_shared", "_times", "_outside", "_runtime", "_joins",
+                 "_withheld")
 
     def __init__(self, matcher: Matcher, trace_id: bytes) -> None:
         self.matcher = matcher
@@ -329,9 +329,12 @@ class TraceState:
         #: span's parent aside, which may never be exported): spans of the trace are missing.
         self.orphaned = 0
         #: Ledger spans outside any workflow run that name their executor (a caller recording the
-        #: workflow's AgentResponseEvents under its own span): (parent id, executor key, entry),
-        #: until they join the run under the same parent that has that executor.
-        self._callers: list[tuple[bytes, str, LedgerEntry, Announcement | None]] = []
+        #: workflow's AgentResponseEvents under its own span): (parent id, executor key, its id as
+        #: named case-folded, entry, what it announced). Kept: which run each joins is worked out anew
+        #: at every publication.
+        self._callers: list[tuple[bytes, str, str, LedgerEntry, Announcement | None]] = []
+        #: What each run was last published with of the callers' ledger spans (:meth:`_caller_joins`).
+        self._joins: dict[str | None, tuple[Any, ...]] = {}
         #: Parent ids of the plain spans outside every workflow run (a caller's, .NET's
         #: ``workflow.session``): how far up a run a caller's ledger span may sit and still join it.
         self._outside: dict[bytes, bytes] = {}
@@ -340,6 +343,8 @@ class TraceState:
         self._published: dict[str | None, int] = {}
         #: Runs were last published provisionally: orphans were resolved on a copy and still wait.
         self._provisional = False
+        #: What the orphans alone made of the trace's run of no workflow was withheld from that publication.
+        self._withheld = False
         #: One object per distinct model or provider name of the trace, shared by its chat calls.
         self._shared: dict[str, str] = {}
         #: Per run key, the earliest known start and the latest known end of its spans (Unix ns;
@@ -435,16 +440,24 @@ class TraceState:
                 if error := self._error(s):
                     run.errors.append(f"workflow: {error}")
                 return (run.span_id, None, None, None, None)
+            run = self._run(run_key)
+            if executor is not None:  # a workflow run as an executor's agent (workflow.AsAIAgent())
+                run.executors[executor].composite = True
             if error := self._error(s):
-                self._run(run_key).errors.append(f"sub-workflow: {error}")
+                run.errors.append(f"sub-workflow: {error}")
             return parent
         if kind == EXECUTOR:
             name = executor_id or _suffix(s.name, self.matcher.executor_prefixes)
             if not name:
                 return parent
-            key = self._key(stable_executor(name))
+            stable = stable_executor(name)
+            key = self._key(stable)
             run = self._run(run_key)
             seen = run.executors[key]
+            if stable is not name:
+                if seen.instances is None:
+                    seen.instances = set()
+                seen.instances.add(name.casefold())
             seen.spans.append((s.start_ns, s.span_id.hex()))
             seen.hosts_agent = seen.hosts_agent or hosts_agent
             if error := self._error(s):
@@ -506,8 +519,9 @@ class TraceState:
         if name is None:  # written by the caller (the seed's bridge): names its executor instead
             if bridge_executor is None:
                 return
-            if run_key is None:  # beside the workflow run, not in it: joins it once the run is known
-                self._callers.append((s.parent_id, self._key(stable_executor(bridge_executor)), entry, _said(s)))
+            if run_key is None:  # beside the workflow run, not in it: joins it at publication, if it can
+                self._callers.append((s.parent_id, self._key(stable_executor(bridge_executor)),
+                                      bridge_executor.casefold(), entry, _said(s)))
                 return
             executor, key = self._key(stable_executor(bridge_executor)), None
         else:
@@ -523,26 +537,41 @@ class TraceState:
         if run.announcement is None:
             run.announcement = _said(s)
 
-    def _join_callers(self, everything: bool) -> None:
-        """Callers' ledger spans join the run beneath their parent (directly, or through spans outside
-        every run such as .NET's ``workflow.session``) that has their executor, when exactly one does;
-        of several (a caller's span around several runs), the one whose time holds the entry. Once
-        the trace is complete, the others stay apart, noted (docs/design.md §3)."""
-        waiting = []
-        for parent_id, executor, entry, said in self._callers:
-            runs = [r for r in self._runs.values()
-                    if r.span_id is not None and executor in r.executors and parent_id in self._above(r)]
-            if len(runs) > 1:
-                runs = [r for r in runs if _within(self._times.get(r.span_id), entry.seq)]
-            if len(runs) == 1 or everything:
-                run = runs[0] if len(runs) == 1 else self._run(None)
-                run.units[(executor, None)].ledger.append(entry)
-                run.dirty = True
-                run.announcement = run.announcement or said
-                run.caller_ledgers_apart += len(runs) != 1
+    def _caller_joins(self) -> _Joins:
+        """Callers' ledger spans (outside every run, naming only their executor: MAF .NET's workflow
+        events read without their run, the seed's hand-built traces) by the run each joins
+        (docs/verdicts.md "Which run a ledger belongs to"): the one run beneath its parent (directly,
+        or through spans outside every run, .NET's ``workflow.session``) that has its executor, the
+        same agent instance where the executor id names one (MAF .NET's ``{Name}_{Id}``). Where
+        several runs could own it, or none, or its own parent has not arrived, it joins none and its
+        executor's units are NoTruth ``ledger_unjoined``: never a guess, never by time. Worked out
+        anew from every span known at each publication, so arrival order changes nothing; a run whose
+        share changed is published again."""
+        joined: dict[str | None, list[tuple[str, LedgerEntry]]] = defaultdict(list)
+        unjoined: dict[str, int] = defaultdict(int)
+        announced: dict[str, Announcement] = {}
+        for parent_id, executor, named, entry, said in self._callers:
+            if said is not None:
+                announced.setdefault(executor, said)
+            owners = [key for key, r in self._runs.items()
+                      if r.span_id is not None and executor in r.executors and parent_id in self._above(r)
+                      and named in (r.executors[executor].instances or (named,))]
+            if len(owners) == 1:
+                joined[owners[0]].append((executor, entry))
             else:
-                waiting.append((parent_id, executor, entry, said))
-        self._callers = waiting
+                unjoined[executor] += 1
+        for waiting in self._pending.values():  # not yet classified: which run's is not known yet
+            for w in waiting:
+                if w.facts[BRIDGE] and w.facts[AGENT_ID] is None and w.facts[BRIDGE_EXECUTOR] is not None:
+                    unjoined[self._key(stable_executor(w.facts[BRIDGE_EXECUTOR]))] += 1
+        stray = tuple(sorted(e for e in unjoined if not any(e in r.executors for r in self._runs.values())))
+        for key, run in self._runs.items():
+            share = (tuple(sorted(entry.span_id or "" for _, entry in joined.get(key, ()))),
+                     tuple(sorted((e, n) for e, n in unjoined.items() if e in run.executors)), stray)
+            if self._joins.get(key) != share:
+                self._joins[key] = share
+                run.dirty = True
+        return _Joins(joined, unjoined, stray, announced)
 
     def _above(self, run: _Run) -> set[bytes]:
         """The run's parent and, above it, every ancestor outside all runs (cycles cut)."""
@@ -622,8 +651,8 @@ class TraceState:
     @property
     def provisional(self) -> bool:
         """Runs were last published with the waiting spans resolved as if parentless: nothing new
-        would come of resolving them for good."""
-        return self._provisional
+        would come of resolving them for good (unless some were withheld)."""
+        return self._provisional and not self._withheld
 
     def run_inputs(self, cut: str | None = None, everything: bool = True,
                    final: bool = True) -> list[tuple[RunInput, int]]:
@@ -645,8 +674,7 @@ class TraceState:
             return self._provisional_inputs(cut)
         orphaned = self.orphaned
         self.resolve_orphans(everything)
-        if self._callers:
-            self._join_callers(everything)
+        joins = self._caller_joins() if self._callers or self._joins or self._pending else _NO_JOINS
         if self.orphaned > orphaned:  # spans are missing: runs already published cannot pass either
             for run in self._runs.values():
                 run.dirty = True
@@ -662,7 +690,7 @@ class TraceState:
                 cut_short = f"{self.orphaned} span(s) of it never got their parent span"
             else:
                 cut_short = cut
-            built = self._run_input(run, cut_short, rootless or self.orphaned > 0)
+            built = self._run_input(run, cut_short, rootless or self.orphaned > 0, joins)
             if built.is_workflow and (built.executors or run.span_id is not None or run.executors):
                 run.revision += 1
                 self._published[key] = run.revision
@@ -678,6 +706,14 @@ class TraceState:
     def _provisional_inputs(self, cut: str | None) -> list[tuple[RunInput, int]]:
         trial = copy.deepcopy(self, {id(self.matcher): self.matcher})
         out = trial.run_inputs(cut, everything=True)
+        # The trace's run of no workflow made only of spans still waiting for their parent is not
+        # published while that parent may come: those spans would then join their real run and leave
+        # it behind, a run of its own that is not one. It is published if the parent never comes.
+        self._withheld = self.root_span_id is not None and None not in self._runs and None in trial._runs
+        if self._withheld:
+            direct = trial._run_id(trial._runs[None])
+            out = [(run, revision) for run, revision in out if run.run_id != direct]
+            trial._published[None] = self._published.get(None, 0)
         self._published = trial._published
         for key, run in self._runs.items():
             run.revision, run.dirty = trial._runs[key].revision, trial._runs[key].dirty
@@ -701,24 +737,34 @@ class TraceState:
                 run.revision = max(run.revision, revision)
                 self._published[run.span_id] = run.revision
 
-    def _run_input(self, run: _Run, cut: str | None, partial: bool) -> RunInput:
-        self._give_caller_ledgers_to_agents(run)
+    def _run_input(self, run: _Run, cut: str | None, partial: bool, joins: _Joins) -> RunInput:
         names = self._display_names(run)
+        joined = joins.joined.get(run.span_id, ())
+        events, unjoined = _event_ledgers(run, joined, joins.unjoined)
         records = []
         units_by_executor: dict[str | None, list[str | None]] = defaultdict(list)
         for executor, agent in run.units:
             units_by_executor[executor].append(agent)
         idle: set[str] = set()
+        composite: set[str] = set()
         scored: set[str | None] = set()
         unattributed: list[UnattributedChat] = []
-        for (executor, agent), unit in run.units.items():
+        for key, unit in run.units.items():
+            executor, agent = key
             hosts_agent = executor in run.executors and run.executors[executor].hosts_agent
-            if unit.ledger:
-                ledger, source, derived = tuple(unit.ledger), LEDGER_SOURCE_BRIDGE, False
+            # an executor's workflow events go to its own agent's unit; the agent's own ledger spans (the
+            # decorator) record the same responses a second way: counted once (docs/verdicts.md)
+            named = unit.ledger if agent is not None else []
+            own = events.get(key, [])
+            duplicates = len(named) if own and named else 0
+            if own or named:
+                ledger, source, derived = tuple(own or named), LEDGER_SOURCE_BRIDGE, False
             elif unit.agent_spans:
                 ledger, source, derived = tuple(unit.agent_spans), LEDGER_SOURCE_AGENT_SPAN, False
             else:
                 ledger, source, derived = (), "none", unit.derived_agent_spans > 0
+            if agent is None and not ledger and not unit.turns and not unit.agent_spans:
+                continue  # its executor's workflow events went to the executor's own agent's unit
             calls, stacked, disagree = (_calls(unit.turns) if unit.stacked or unit.direct_name is _NAMES
                                         else (unit.turns, 0, ()))
             if agent is None and not ledger and not hosts_agent:
@@ -727,6 +773,9 @@ class TraceState:
                 unattributed.append(_unattributed(names[executor] if executor is not None else None, calls))
                 continue
             name = self._unit_name(names, run, executor, agent, unit, units_by_executor[executor])
+            if not unit.turns and executor in run.executors and run.executors[executor].composite:
+                composite.add(name)  # a workflow as its agent: that workflow's agents are the units
+                continue
             if not unit.turns and not unit.derived_reported and not any(_reports(e) for e in ledger):
                 idle.add(name)  # an agent call that made no model call and reported nothing: not scored
                 continue
@@ -737,12 +786,16 @@ class TraceState:
                            for i, o, t, finish, start, invocation, sid, error, model, provider, _, parts, _, _ in calls])
             # positional, in field order (per unit of every run: keywords cost 2.5x the call)
             records.append(ExecutorRecord(name, ledger, turns, source, tuple([sid for _, sid in sorted(spans)]),
-                                          derived, stacked, disagree))
-        non_agent = tuple(sorted(idle | {names[k] for k in run.executors if k not in scored}, key=str.casefold))
+                                          derived, stacked, disagree, unjoined.get(key, 0), duplicates))
+        non_agent = tuple(sorted(idle | composite | {names[k] for k in run.executors if k not in scored},
+                                 key=str.casefold))
         notes = [f"Trace incomplete: {cut}; spans that had not arrived are not in this verdict."] if cut else []
-        if run.caller_ledgers_apart:
-            notes.append(f"{run.caller_ledgers_apart} ledger span(s) recorded beside a workflow run named an "
-                         "executor that no single workflow run under the same parent ran: reconciled apart.")
+        notes += [f"{name} ran a workflow as its agent: it is judged by that workflow's own agents, each a unit."
+                  for name in sorted(composite, key=str.casefold)]
+        if joins.stray:
+            stray = ", ".join(self._names.get(e, e) for e in joins.stray)
+            notes.append(f"Ledger span(s) recorded beside the workflow runs named executor(s) {stray}, which no run "
+                         "of this trace ran: not compared with anything.")
         trace_id = self.trace_id.hex()
         earliest, latest = self._times.get(run.span_id, (_NO_START, 0))
         return RunInput(
@@ -757,29 +810,12 @@ class TraceState:
             workflow_errors=tuple(run.errors),
             run_id=self._run_id(run),
             notes=tuple(notes),
-            announcement=run.announcement,
+            announcement=run.announcement or next((s for e, s in joins.said.items() if e in run.executors), None),
             service_name=self._fallback_subject,
             runtime=self._runtime,
             start_ns=run.start_ns or (earliest if earliest < _NO_START else None),
             end_ns=latest or None,
         )
-
-    @staticmethod
-    def _give_caller_ledgers_to_agents(run: _Run) -> None:
-        """A caller's ledger entry names only its executor: it is that executor's own agent's (the agent
-        named as the executor, else the one agent that ran there), so one unit holds both the entry and
-        the agent's spans, and the entry, the framework's own ledger, is what is compared."""
-        for (executor, agent), caller in list(run.units.items()):
-            if agent is not None or not caller.ledger:
-                continue
-            agents = [a for e, a in run.units if e == executor and a is not None]
-            own = [a for a in agents if a == executor] or agents
-            if len(own) != 1:
-                continue
-            run.units[(executor, own[0])].ledger.extend(caller.ledger)
-            caller.ledger.clear()
-            if not caller.turns and not caller.agent_spans and not caller.derived_agent_spans:
-                del run.units[(executor, None)]
 
     def _subject(self, run: _Run) -> str | None:
         """The workflow's name, else the root's, else the service's; a builder's default name (every
@@ -815,6 +851,48 @@ class TraceState:
         if hosts_agent and unit.top_level and len(own_candidates) == 1 and None not in siblings:
             return names[executor]
         return f"{names[executor]}/{names[agent]}"
+
+
+@dataclass(slots=True)
+class _Joins:
+    """Callers' ledger spans as one publication shares them out (:meth:`TraceState._caller_joins`)."""
+
+    #: Run key -> (executor key, entry) of the spans that joined it.
+    joined: dict[str | None, list[tuple[str, LedgerEntry]]]
+    #: Executor key -> how many ledger spans naming it joined no run.
+    unjoined: dict[str, int]
+    #: Executors named by unjoined spans that no run of the trace ran.
+    stray: tuple[str, ...]
+    #: Executor key -> what the first ledger span naming it announced (the package, its MAF release),
+    #: joined or not: a run whose ledger could not be joined still says which package recorded it.
+    said: dict[str, Announcement]
+
+
+_NO_JOINS = _Joins({}, {}, (), {})
+
+
+def _own_unit(run: _Run, executor: str) -> tuple[str | None, str | None]:
+    """The unit of an executor's own agent: the agent named as the executor, else the one agent that
+    ran there; (executor, None) where that cannot be told."""
+    agents = [a for e, a in run.units if e == executor and a is not None]
+    own = [a for a in agents if a == executor] or agents
+    return (executor, own[0]) if len(own) == 1 else (executor, None)
+
+
+def _event_ledgers(run: _Run, joined: Iterable[tuple[str, LedgerEntry]], unjoined: dict[str, int]
+                   ) -> tuple[dict[tuple[str | None, str | None], list[LedgerEntry]], dict[tuple[str | None, str | None], int]]:
+    """Per unit, the workflow-event ledger entries it holds: a ledger span that names only its executor
+    (recorded in the run under the executor's span, or joined from beside the run) is that executor's
+    own agent's, so one unit holds the entry and the agent's spans and the entry, the framework's own
+    ledger, is what is compared. And per unit, the ledger spans of its executor that joined no run."""
+    by_executor: dict[str, list[LedgerEntry]] = defaultdict(list)
+    for (executor, agent), unit in run.units.items():
+        if agent is None and executor is not None and unit.ledger:
+            by_executor[executor] += unit.ledger
+    for executor, entry in joined:
+        by_executor[executor].append(entry)
+    events = {_own_unit(run, executor): entries for executor, entries in by_executor.items()}
+    return events, {_own_unit(run, e): n for e, n in unjoined.items() if e in run.executors}
 
 
 def _reports(entry: LedgerEntry) -> bool:

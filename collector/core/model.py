@@ -38,6 +38,7 @@ class NoTruthReason(str, enum.Enum):
     USAGE_MISSING = "usage_missing"
     LEDGER_MISSING = "ledger_missing"
     LEDGER_DERIVED = "ledger_derived"
+    LEDGER_UNJOINED = "ledger_unjoined"
 
 
 #: Plain-words explanation of each NoTruth reason, for people debugging the upstream-hook gap.
@@ -68,6 +69,11 @@ NO_TRUTH_EXPLANATIONS: dict[NoTruthReason, str] = {
     NoTruthReason.LEDGER_DERIVED: (
         "the only framework ledger is the invoke_agent span, whose usage MAF Python re-sums from the same "
         "chat spans, so comparing the two could never disagree"
+    ),
+    NoTruthReason.LEDGER_UNJOINED: (
+        "a ledger span recorded beside the workflow runs (by the caller, not in the run that produced it) "
+        "names this agent's executor, but carries no identity of its run, and more than one run, or none, "
+        "could own it: which run's response it is cannot be told, so nothing is compared (never a guess by time)"
     ),
 }
 
@@ -113,6 +119,10 @@ NO_TRUTH_FIXES: dict[NoTruthReason, str] = {
         "record the AgentResponse the caller receives: call MafFidelityInstrumentor().instrument() or "
         f"run under opentelemetry-instrument (nothing announced it: {PYTHON_INSTALL}), no call-site change needed"
     ),
+    NoTruthReason.LEDGER_UNJOINED: (
+        "record each response where its agent ran: MafFidelityInstrumentor().instrument() parents every "
+        "ledger span under its agent's span; a hand-built trace gives each ledger span its run's span as parent"
+    ),
 }
 
 #: The same for runs of MAF .NET (docs/dotnet.md): the ledger package, its two ways in, MAF's switches.
@@ -135,12 +145,19 @@ DOTNET_FIXES: dict[NoTruthReason, str] = {
         "if the agent failed, see the failed chat calls and the run's workflow errors; otherwise record "
         f"its responses with the ledger package ({DOTNET_INSTALL}): bind the agent with "
         "AIAgentHostOptions { EmitAgentResponseEvents = true } and read the run's events through "
-        "WithFidelityLedger(), or add .UseFidelityLedger() first in the agent's builder; its spans need "
+        "WithFidelityLedger(run), or add .UseFidelityLedger() first in the agent's builder; its spans need "
         "AddMafFidelityInstrumentation() on the tracer provider"
     ),
     NoTruthReason.LEDGER_DERIVED: (
         f"record the AgentResponse the caller receives with the ledger package ({DOTNET_INSTALL}): "
-        "WithFidelityLedger() over the workflow's events, or .UseFidelityLedger() on the agent"
+        "WithFidelityLedger(run) over the workflow's events, or .UseFidelityLedger() on the agent"
+    ),
+    NoTruthReason.LEDGER_UNJOINED: (
+        "give the ledger its run: read the events through WithFidelityLedger(run) (run.WatchStreamAsync()"
+        ".WithFidelityLedger(run), run.NewEvents.WithFidelityLedger(run)), which records each response under "
+        f"the executor span that produced it (a release of the package that takes the run: {DOTNET_INSTALL}), "
+        "with WithOpenTelemetry() on the "
+        "workflow; WithFidelityLedger() without the run cannot tell runs under one caller span apart"
     ),
 }
 
@@ -272,6 +289,12 @@ class ExecutorRecord:
     #: instrumentations): folded into that call, never counted twice.
     stacked_chat_spans: int = 0
     chat_layers_disagree: tuple[LayerDisagreement, ...] = ()
+    #: Ledger spans naming this unit's executor that no single run could own (no identity of their
+    #: run, and several runs or none under their parent): the unit is NoTruth ``ledger_unjoined``.
+    ledger_unjoined: int = 0
+    #: Ledger spans of responses the unit's ledger holds already, recorded a second way (the agent
+    #: decorator beside the workflow's events): counted once, the workflow's event kept.
+    ledger_duplicates: int = 0
 
 
 @dataclass(frozen=True)
@@ -459,6 +482,10 @@ class Evidence:
     stacked_chat_spans: int = 0
     #: Records of one call that report different token totals: a finding about the instrumentation.
     chat_layers_disagree: tuple[LayerDisagreement, ...] = ()
+    #: Ledger spans naming this unit's executor that could not be joined to one run (ExecutorRecord).
+    ledger_unjoined: int = 0
+    #: Ledger spans not counted: the same response recorded a second way (ExecutorRecord).
+    ledger_duplicates: int = 0
     #: What the unit's tokens cost (None: not priced, e.g. a run stored before pricing existed).
     cost: UnitCost | None = None
 

@@ -137,6 +137,8 @@ def merge_units(records: Iterable[ExecutorRecord]) -> list[ExecutorRecord]:
             ledger_derived=not ledger and (seen.ledger_derived or r.ledger_derived),
             stacked_chat_spans=seen.stacked_chat_spans + r.stacked_chat_spans,
             chat_layers_disagree=seen.chat_layers_disagree + r.chat_layers_disagree,
+            ledger_unjoined=seen.ledger_unjoined + r.ledger_unjoined,
+            ledger_duplicates=seen.ledger_duplicates + r.ledger_duplicates,
         )
     return list(merged.values())
 
@@ -208,7 +210,8 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
     framework_tokens = sum([e.usage.total or 0 for e in ledger]) if ledger else None
     # Failed calls add 0: a unit whose every answered call failed has a truth of 0 tokens.
     truth_tokens = summed if summed is not None else 0 if failed and not responses else None
-    no_truth = _no_truth_reason(len(turns), bare, countless, len(responses), ledger, record.ledger_derived)
+    no_truth = _no_truth_reason(len(turns), bare, countless, len(responses), ledger, record.ledger_derived,
+                                record.ledger_unjoined)
 
     # A unit with nothing honest to compare shows what each side said, never a difference
     delta = direction = None
@@ -250,7 +253,7 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
         tuple([t.span_id for t in turns if t.span_id]),  # chat_span_ids
         tuple(turns), tuple(ledger), record.span_ids,  # chat_calls, ledger, executor_span_ids
         framework_in, framework_out, truth_in, truth_out, cache_read, cache_write, reasoning,
-        record.stacked_chat_spans, record.chat_layers_disagree,
+        record.stacked_chat_spans, record.chat_layers_disagree, record.ledger_unjoined, record.ledger_duplicates,
     )
     return ExecutorVerdict(record.executor_id, verdict, VERDICT_SCORES.get(verdict), token_diverged, finish_diverged,
                            no_truth, evidence)
@@ -288,12 +291,14 @@ def _aliases(pairs: tuple[tuple[str, str], ...]) -> dict[str, str]:
 
 
 def _no_truth_reason(turns: int, bare: int, countless: int, responses: int, ledger: Sequence[LedgerEntry],
-                     derived: bool) -> NoTruthReason | None:
+                     derived: bool, unjoined: int = 0) -> NoTruthReason | None:
     """Why there is nothing honest to compare, first what the chat boundary lacks, then the ledger.
 
     ``bare``: turns with neither a response nor a failure. A failed call is accounted for (it adds 0
     tokens), never a missing response: a failure is never explained as the Path-2 gap.
     ``countless``: responses with a finish reason and no token count: the truth total is unknown.
+    ``unjoined``: ledger spans of the unit's executor that no single run could own: whichever ledger
+    the unit has (MAF's agent span, say) may not be the framework's last word on it.
     """
     if not turns:
         return NoTruthReason.NO_CHAT_TRACE
@@ -303,6 +308,8 @@ def _no_truth_reason(turns: int, bare: int, countless: int, responses: int, ledg
         return NoTruthReason.PARTIAL_RESPONSE
     if countless:
         return NoTruthReason.USAGE_MISSING
+    if unjoined:
+        return NoTruthReason.LEDGER_UNJOINED
     if not ledger:
         return NoTruthReason.LEDGER_DERIVED if derived else NoTruthReason.LEDGER_MISSING
     return None

@@ -65,7 +65,7 @@ def no_truth_fix(verdict: ExecutorVerdict, run: RunVerdict) -> str | None:
         if not run.instrumentation_status.startswith("active"):
             return (f"{found} but records nothing: {run.instrumentation_status.removeprefix('inactive: ')}; "
                     "upgrade it to a release that supports this MAF, or run a MAF release it supports")
-        runs_through = ("the agent's AgentResponseEvents are read through WithFidelityLedger() or the agent "
+        runs_through = ("the agent's AgentResponseEvents are read through WithFidelityLedger(run) or the agent "
                         "has .UseFidelityLedger()" if dotnet else "the agent runs through a MAF agent class's run()")
         recorded = (f"{found} and active, but no agent_response span of this agent reached the collector: "
                     f"check that {runs_through} and that every span of the process is exported to this collector")

@@ -432,7 +432,8 @@ _ADDED_EVIDENCE: dict[str, Callable[[], Any]] = {
     "chat_calls": list, "ledger": list, "framework_input_tokens": _none, "framework_output_tokens": _none,
     "truth_input_tokens": _none, "truth_output_tokens": _none, "truth_cache_read_tokens": _none,
     "truth_cache_write_tokens": _none, "truth_reasoning_tokens": _none, "stacked_chat_spans": int,
-    "chat_layers_disagree": list, **{f"{name}_more": int for name in BOUNDED_EVIDENCE}}
+    "chat_layers_disagree": list, "ledger_unjoined": int, "ledger_duplicates": int,
+    **{f"{name}_more": int for name in BOUNDED_EVIDENCE}}
 
 
 def _doc(row: dict[str, Any]) -> dict[str, Any]:
@@ -441,7 +442,7 @@ def _doc(row: dict[str, Any]) -> dict[str, Any]:
         doc.setdefault(key, empty())
     for unit in doc["executors"]:
         evidence = unit["evidence"]
-        if "chat_layers_disagree" not in evidence or "chat_calls_more" not in evidence:  # an earlier version's
+        if "ledger_unjoined" not in evidence or "chat_calls_more" not in evidence:  # an earlier version's
             for key, empty in _ADDED_EVIDENCE.items():
                 evidence.setdefault(key, empty())
         evidence.setdefault("cost", None)  # written before pricing: unknown

@@ -76,11 +76,18 @@ def executor_table(run: dict[str, Any]) -> Table:
 
 def unit_findings(ev: dict[str, Any]) -> list[str]:
     """What a unit's evidence says besides its verdict: stacked chat layers (each call counted once),
-    layers that disagree, and the parts of the truth's counts (docs/instrumentation-stacks.md)."""
+    responses recorded twice, ledger spans no run could own, layers that disagree, and the parts of
+    the truth's counts (docs/instrumentation-stacks.md, docs/verdicts.md)."""
     lines = []
     if ev.get("stacked_chat_spans"):
         lines.append(f"{ev['stacked_chat_spans']} chat span(s) recorded calls another chat span already records "
                      "(stacked instrumentations): each call counted once")
+    if ev.get("ledger_duplicates"):
+        lines.append(f"{ev['ledger_duplicates']} ledger span(s) recorded a response another ledger span records "
+                     "(the agent decorator beside the workflow's event): each response counted once")
+    if ev.get("ledger_unjoined"):
+        lines.append(f"{ev['ledger_unjoined']} ledger span(s) named this executor beside the workflow runs without "
+                     "their run, and no single run could own them: not compared")
     for d in ev.get("chat_layers_disagree") or ():
         lines.append(f"chat layers disagree (not a verdict): span {d['span_id']} reports {d['tokens']:,} tokens, "
                      f"the span(s) beneath it {', '.join(d['inner_span_ids'])} {d['inner_tokens']:,}")

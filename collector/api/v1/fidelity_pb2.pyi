@@ -36,6 +36,7 @@ class NoTruthReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NO_TRUTH_REASON_LEDGER_MISSING: _ClassVar[NoTruthReason]
     NO_TRUTH_REASON_LEDGER_DERIVED: _ClassVar[NoTruthReason]
     NO_TRUTH_REASON_USAGE_MISSING: _ClassVar[NoTruthReason]
+    NO_TRUTH_REASON_LEDGER_UNJOINED: _ClassVar[NoTruthReason]
 STATUS_UNSPECIFIED: Status
 STATUS_PASS: Status
 STATUS_WARN: Status
@@ -54,6 +55,7 @@ NO_TRUTH_REASON_PARTIAL_RESPONSE: NoTruthReason
 NO_TRUTH_REASON_LEDGER_MISSING: NoTruthReason
 NO_TRUTH_REASON_LEDGER_DERIVED: NoTruthReason
 NO_TRUTH_REASON_USAGE_MISSING: NoTruthReason
+NO_TRUTH_REASON_LEDGER_UNJOINED: NoTruthReason
 
 class UnattributedChat(_message.Message):
     __slots__ = ("executor", "calls", "tokens")
@@ -78,7 +80,7 @@ class FinishComparison(_message.Message):
     def __init__(self, invocation: _Optional[str] = ..., framework: _Optional[str] = ..., truth: _Optional[str] = ..., diverged: _Optional[bool] = ...) -> None: ...
 
 class Evidence(_message.Message):
-    __slots__ = ("framework_tokens", "truth_tokens", "delta", "direction", "tolerance", "framework_finish", "truth_finish", "finish_comparisons", "aligned", "ledger_source", "ledger_missing", "ledger_entries", "response_turns", "request_turns", "ledger_span_ids", "chat_span_ids", "executor_span_ids", "failed_turns", "finish_comparisons_more", "ledger_span_ids_more", "chat_span_ids_more", "executor_span_ids_more", "chat_calls", "chat_calls_more", "ledger", "ledger_more", "framework_input_tokens", "framework_output_tokens", "truth_input_tokens", "truth_output_tokens", "truth_cache_read_tokens", "truth_cache_write_tokens", "truth_reasoning_tokens", "stacked_chat_spans", "chat_layers_disagree", "cost")
+    __slots__ = ("framework_tokens", "truth_tokens", "delta", "direction", "tolerance", "framework_finish", "truth_finish", "finish_comparisons", "aligned", "ledger_source", "ledger_missing", "ledger_entries", "response_turns", "request_turns", "ledger_span_ids", "chat_span_ids", "executor_span_ids", "failed_turns", "finish_comparisons_more", "ledger_span_ids_more", "chat_span_ids_more", "executor_span_ids_more", "chat_calls", "chat_calls_more", "ledger", "ledger_more", "framework_input_tokens", "framework_output_tokens", "truth_input_tokens", "truth_output_tokens", "truth_cache_read_tokens", "truth_cache_write_tokens", "truth_reasoning_tokens", "stacked_chat_spans", "chat_layers_disagree", "cost", "ledger_unjoined", "ledger_duplicates")
     FRAMEWORK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRUTH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +117,8 @@ class Evidence(_message.Message):
     STACKED_CHAT_SPANS_FIELD_NUMBER: _ClassVar[int]
     CHAT_LAYERS_DISAGREE_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_UNJOINED_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_DUPLICATES_FIELD_NUMBER: _ClassVar[int]
     framework_tokens: int
     truth_tokens: int
     delta: int
@@ -151,7 +155,9 @@ class Evidence(_message.Message):
     stacked_chat_spans: int
     chat_layers_disagree: _containers.RepeatedCompositeFieldContainer[LayerDisagreement]
     cost: UnitCost
-    def __init__(self, framework_tokens: _Optional[int] = ..., truth_tokens: _Optional[int] = ..., delta: _Optional[int] = ..., direction: _Optional[str] = ..., tolerance: _Optional[float] = ..., framework_finish: _Optional[str] = ..., truth_finish: _Optional[str] = ..., finish_comparisons: _Optional[_Iterable[_Union[FinishComparison, _Mapping]]] = ..., aligned: _Optional[bool] = ..., ledger_source: _Optional[str] = ..., ledger_missing: _Optional[bool] = ..., ledger_entries: _Optional[int] = ..., response_turns: _Optional[int] = ..., request_turns: _Optional[int] = ..., ledger_span_ids: _Optional[_Iterable[str]] = ..., chat_span_ids: _Optional[_Iterable[str]] = ..., executor_span_ids: _Optional[_Iterable[str]] = ..., failed_turns: _Optional[int] = ..., finish_comparisons_more: _Optional[int] = ..., ledger_span_ids_more: _Optional[int] = ..., chat_span_ids_more: _Optional[int] = ..., executor_span_ids_more: _Optional[int] = ..., chat_calls: _Optional[_Iterable[_Union[ChatCall, _Mapping]]] = ..., chat_calls_more: _Optional[int] = ..., ledger: _Optional[_Iterable[_Union[LedgerEntry, _Mapping]]] = ..., ledger_more: _Optional[int] = ..., framework_input_tokens: _Optional[int] = ..., framework_output_tokens: _Optional[int] = ..., truth_input_tokens: _Optional[int] = ..., truth_output_tokens: _Optional[int] = ..., truth_cache_read_tokens: _Optional[int] = ..., truth_cache_write_tokens: _Optional[int] = ..., truth_reasoning_tokens: _Optional[int] = ..., stacked_chat_spans: _Optional[int] = ..., chat_layers_disagree: _Optional[_Iterable[_Union[LayerDisagreement, _Mapping]]] = ..., cost: _Optional[_Union[UnitCost, _Mapping]] = ...) -> None: ...
+    ledger_unjoined: int
+    ledger_duplicates: int
+    def __init__(self, framework_tokens: _Optional[int] = ..., truth_tokens: _Optional[int] = ..., delta: _Optional[int] = ..., direction: _Optional[str] = ..., tolerance: _Optional[float] = ..., framework_finish: _Optional[str] = ..., truth_finish: _Optional[str] = ..., finish_comparisons: _Optional[_Iterable[_Union[FinishComparison, _Mapping]]] = ..., aligned: _Optional[bool] = ..., ledger_source: _Optional[str] = ..., ledger_missing: _Optional[bool] = ..., ledger_entries: _Optional[int] = ..., response_turns: _Optional[int] = ..., request_turns: _Optional[int] = ..., ledger_span_ids: _Optional[_Iterable[str]] = ..., chat_span_ids: _Optional[_Iterable[str]] = ..., executor_span_ids: _Optional[_Iterable[str]] = ..., failed_turns: _Optional[int] = ..., finish_comparisons_more: _Optional[int] = ..., ledger_span_ids_more: _Optional[int] = ..., chat_span_ids_more: _Optional[int] = ..., executor_span_ids_more: _Optional[int] = ..., chat_calls: _Optional[_Iterable[_Union[ChatCall, _Mapping]]] = ..., chat_calls_more: _Optional[int] = ..., ledger: _Optional[_Iterable[_Union[LedgerEntry, _Mapping]]] = ..., ledger_more: _Optional[int] = ..., framework_input_tokens: _Optional[int] = ..., framework_output_tokens: _Optional[int] = ..., truth_input_tokens: _Optional[int] = ..., truth_output_tokens: _Optional[int] = ..., truth_cache_read_tokens: _Optional[int] = ..., truth_cache_write_tokens: _Optional[int] = ..., truth_reasoning_tokens: _Optional[int] = ..., stacked_chat_spans: _Optional[int] = ..., chat_layers_disagree: _Optional[_Iterable[_Union[LayerDisagreement, _Mapping]]] = ..., cost: _Optional[_Union[UnitCost, _Mapping]] = ..., ledger_unjoined: _Optional[int] = ..., ledger_duplicates: _Optional[int] = ...) -> None: ...
 
 class LayerDisagreement(_message.Message):
     __slots__ = ("span_id", "tokens", "inner_span_ids", "inner_tokens")

@@ -7,8 +7,12 @@ using OpenAI;
 
 namespace FidelityScenarios;
 
-/// <summary>What the collector must say of one workflow run, from how it was built.</summary>
-public sealed record Expectation(IReadOnlyList<AgentPlan> Plans, IReadOnlyList<string>? NonAgentExecutors = null)
+/// <summary>
+/// What the collector must say of one workflow run, from how it was built. <paramref name="Unjoined"/>:
+/// its ledger spans carry no identity of their run and other runs beside it share its executors.
+/// </summary>
+public sealed record Expectation(IReadOnlyList<AgentPlan> Plans, IReadOnlyList<string>? NonAgentExecutors = null,
+    bool Unjoined = false)
 {
     /// <summary>
     /// Per agent: its verdict and numbers (tolerance 2%, finish reasons compared); the run's status.
@@ -18,7 +22,7 @@ public sealed record Expectation(IReadOnlyList<AgentPlan> Plans, IReadOnlyList<s
     /// </summary>
     public object Said(bool ledger)
     {
-        var units = this.Plans.ToDictionary(p => p.Name, p => p.Expected(ledger));
+        var units = this.Plans.ToDictionary(p => p.Name, p => p.Expected(ledger, this.Unjoined));
         double[] scores = units.Values.Where(u => u.Verdict != "NoTruth").Select(u => Score(u.Verdict)).ToArray();
         bool someUnchecked = units.Values.Any(u => u.Verdict == "NoTruth");
         double? score = scores.Length > 0 ? scores.Average() : null;
@@ -100,6 +104,19 @@ public static class Scenarios
         Named("handoff", Handoff()),
         Named("human-in-the-loop", HumanInTheLoop()),
         Named("workflow-as-agent", WorkflowAsAgent()),
+        // Several runs under one caller span: each judged on the ledger recorded in it (WithFidelityLedger(run)).
+        Named("runs-one-after-another", RunsOneAfterAnother(withRun: true)),
+        Named("runs-one-after-another-without-the-run", RunsOneAfterAnother(withRun: false)),
+        Named("runs-at-once", RunsAtOnce()),
+        Named("session-three-turns", SessionThreeTurns()),
+        // The agent decorator and the workflow's events both record each response: counted once.
+        Named("recorded-twice-honest", RecordedTwice(Report.Honest)),
+        Named("recorded-twice-under-reported", RecordedTwice(Report.HalveUsage)),
+        Named("nested-workflow-agent-honest", NestedWorkflowAgent(Report.Honest)),
+        Named("nested-workflow-agent-under-reported", NestedWorkflowAgent(Report.HalveUsage)),
+        Named("over-reported", Graph(streaming: true, writer: Report.DoubleUsage)),
+        Named("cached-and-reasoning-honest", CachedAndReasoning(Report.Honest)),
+        Named("cached-dropped", CachedAndReasoning(Report.DropCached)),
         // MAF's real OpenAI client (Microsoft.Extensions.AI.OpenAI) against the model server of --openai.
         Named("openai-honest", OpenAIGraph(Report.Honest)),
         Named("openai-under-reported", OpenAIGraph(Report.HalveUsage)),
@@ -113,18 +130,24 @@ public static class Scenarios
     /// misreports sits outside UseOpenTelemetry, so MAF's own agent span still sees the truth.
     /// </summary>
     public static AIAgent Agent(AgentPlan plan, bool agentTelemetry = true, bool decorate = false,
+        IChatClient? chatClient = null, ChatClientAgentOptions? options = null) =>
+        Agent([plan], agentTelemetry, decorate, chatClient, options);
+
+    /// <summary>One agent that runs once per plan (its turns, one run each), the n-th call following the n-th plan.</summary>
+    private static AIAgent Agent(AgentPlan[] turns, bool agentTelemetry = true, bool decorate = false,
         IChatClient? chatClient = null, ChatClientAgentOptions? options = null)
     {
-        IChatClient chat = chatClient ?? new ScriptedChatClient(Model, plan.Calls).AsBuilder().UseOpenTelemetry().Build();
-        AIAgent agent = new ChatClientAgent(chat, options ?? new ChatClientAgentOptions { Name = plan.Name });
+        IChatClient chat = chatClient
+            ?? new ScriptedChatClient(Model, [.. turns.SelectMany(t => t.Calls)]).AsBuilder().UseOpenTelemetry().Build();
+        AIAgent agent = new ChatClientAgent(chat, options ?? new ChatClientAgentOptions { Name = turns[0].Name });
         AIAgentBuilder builder = agent.AsBuilder();
         if (decorate)
         {
             builder = builder.UseFidelityLedger();
         }
-        if (plan.Report != Report.Honest)
+        if (turns.Any(t => t.Report != Report.Honest))
         {
-            builder = builder.Use(inner => new MisreportingAgent(inner, plan));
+            builder = builder.Use(inner => new MisreportingAgent(inner, turns));
         }
         return (agentTelemetry ? builder.UseOpenTelemetry() : builder).Build();
     }
@@ -274,16 +297,7 @@ public static class Scenarios
             Workflow workflow = new WorkflowBuilder(draft)
                 .AddEdge(draft, ask).AddEdge(ask, approval).AddEdge(approval, toChat).AddEdge(toChat, revise)
                 .WithOutputFrom(revise).WithOpenTelemetry().Build();
-            await using StreamingRun run = await InProcessExecution.RunStreamingAsync(workflow,
-                new ChatMessage(ChatRole.User, "Draft a release note."));
-            await run.TrySendMessageAsync(new TurnToken(emitEvents: true));
-            await foreach (WorkflowEvent e in run.WatchStreamAsync().WithFidelityLedger())
-            {
-                if (e is RequestInfoEvent request)
-                {
-                    await run.SendResponseAsync(request.Request.CreateResponse("approved, tighten it"));
-                }
-            }
+            await RunTurns(workflow, new ChatMessage(ChatRole.User, "Draft a release note."), "approved, tighten it", turns: 2);
         }, [new Expectation([writer], ["Approval", "AskForApproval"]), new Expectation([reviser], ["Approval", "ApprovalToChat"])]);
     }
 
@@ -299,13 +313,165 @@ public static class Scenarios
         }, plans);
     }
 
+    /// <summary>
+    /// One workflow run three times under the caller's span, its writer under-reporting in the second run
+    /// only. Given the run, each ledger span sits in the run that produced it; without it (the
+    /// package's older call) the three runs' ledgers cannot be told apart, and none is compared.
+    /// </summary>
+    private static ScenarioRun RunsOneAfterAnother(bool withRun)
+    {
+        AgentPlan[] researcher = [.. Enumerable.Range(0, 3).Select(_ => new AgentPlan("researcher", [new(120, 40)]))];
+        AgentPlan[] writer = [.. new[] { Report.Honest, Report.HalveUsage, Report.Honest }
+            .Select(r => new AgentPlan("writer", [new(300, 200)], r))];
+        return new ScenarioRun(async () =>
+        {
+            Workflow workflow = Chain(Agent(researcher).BindAsExecutor(EmitResponses), Agent(writer).BindAsExecutor(EmitResponses));
+            for (int i = 0; i < 3; i++)
+            {
+                await RunWorkflow(workflow, new ChatMessage(ChatRole.User, "Write a short note on tides."), streaming: i != 1,
+                    ledger: true, withRun);
+            }
+        }, [.. Enumerable.Range(0, 3).Select(i => new Expectation([researcher[i], writer[i]], Unjoined: !withRun))]);
+    }
+
+    /// <summary>
+    /// Two workflows of one definition (each its own agents) running at once under the caller's span, the
+    /// second's writer under-reporting: the lie is pinned on its own run. The second starts once the
+    /// first has, so their runs start in that order.
+    /// </summary>
+    private static ScenarioRun RunsAtOnce()
+    {
+        AgentPlan[][] plans = [.. new[] { Report.Honest, Report.HalveUsage }.Select(r => new AgentPlan[]
+            { new("researcher", [new(120, 40)]), new("writer", [new(300, 200)], r) })];
+        return new ScenarioRun(async () =>
+        {
+            Workflow[] workflows = [.. plans.Select(p => Chain([.. p.Select(a => Agent(a).BindAsExecutor(EmitResponses))]))];
+            await using StreamingRun first = await InProcessExecution.RunStreamingAsync(workflows[0],
+                new ChatMessage(ChatRole.User, "Write a short note on tides."));
+            await first.TrySendMessageAsync(new TurnToken(emitEvents: true));
+            IAsyncEnumerator<WorkflowEvent> firstEvents = first.WatchStreamAsync().WithFidelityLedger(first).GetAsyncEnumerator();
+            try
+            {
+                await firstEvents.MoveNextAsync();  // the first run has started
+                Task second = RunWorkflow(workflows[1], new ChatMessage(ChatRole.User, "Write a short note on tides."),
+                    streaming: true, ledger: true);
+                while (await firstEvents.MoveNextAsync())
+                {
+                }
+                await second;
+            }
+            finally
+            {
+                await firstEvents.DisposeAsync();
+            }
+        }, [.. plans.Select(p => new Expectation(p))]);
+    }
+
+    /// <summary>
+    /// One session of three turns (a StreamingRun): a writer drafts, a person is asked, their answer goes
+    /// back to the writer. Its middleware under-reports in the second turn only; each turn is a run of
+    /// its own, judged on its own ledger.
+    /// </summary>
+    private static ScenarioRun SessionThreeTurns()
+    {
+        AgentPlan[] writer = [.. new[] { Report.Honest, Report.HalveUsage, Report.Honest }
+            .Select((r, i) => new AgentPlan("writer", [new(140 + 100 * i, 60)], r))];
+        return new ScenarioRun(async () =>
+        {
+            ExecutorBinding draft = Agent(writer).BindAsExecutor(
+                new AIAgentHostOptions { EmitAgentResponseEvents = true, ForwardIncomingMessages = false });
+            var ask = new AskForApprovalExecutor("AskForApproval");
+            RequestPort approval = RequestPort.Create<string, string>("Approval");
+            var toChat = new StringToChatExecutor("ApprovalToChat");
+            Workflow workflow = new WorkflowBuilder(draft)
+                .AddEdge(draft, ask).AddEdge(ask, approval).AddEdge(approval, toChat).AddEdge(toChat, draft)
+                .WithOutputFrom(draft).WithOpenTelemetry().Build();
+            // the person walks away after the third draft
+            await RunTurns(workflow, new ChatMessage(ChatRole.User, "Draft a release note."), "tighten it", turns: 3);
+        },
+        [
+            new Expectation([writer[0]], ["Approval", "AskForApproval"]),
+            new Expectation([writer[1]], ["Approval", "ApprovalToChat", "AskForApproval"]),
+            new Expectation([writer[2]], ["Approval", "ApprovalToChat", "AskForApproval"]),
+        ]);
+    }
+
+    /// <summary>
+    /// A session of turns: each read until the workflow halts for a person's answer
+    /// (<c>WatchStreamAsync(blockOnPendingRequest: false)</c>), which starts the next. Answered while the
+    /// stream goes on (MAF's samples' <c>WatchStreamAsync()</c>), a turn is a run of its own only if the
+    /// workflow halted before the answer came: MAF may run both in one <c>invoke_workflow</c>, by timing.
+    /// </summary>
+    private static async Task RunTurns(Workflow workflow, ChatMessage input, string answer, int turns)
+    {
+        await using StreamingRun run = await InProcessExecution.RunStreamingAsync(workflow, input);
+        await run.TrySendMessageAsync(new TurnToken(emitEvents: true));
+        for (int turn = 1; turn <= turns; turn++)
+        {
+            RequestInfoEvent? asked = null;
+            await foreach (WorkflowEvent e in run.WatchStreamAsync(blockOnPendingRequest: false).WithFidelityLedger(run))
+            {
+                asked = e as RequestInfoEvent ?? asked;
+            }
+            if (asked is null || turn == turns)
+            {
+                break;
+            }
+            await run.SendResponseAsync(asked.Request.CreateResponse(answer));
+        }
+    }
+
+    /// <summary>researcher -> writer, each agent with the ledger's decorator and bound to emit its events.</summary>
+    private static ScenarioRun RecordedTwice(Report writer)
+    {
+        AgentPlan[] plans = [new("researcher", [new(120, 40)]), new("writer", [new(300, 200)], writer)];
+        return new ScenarioRun(() => RunWorkflow(Chain([.. plans.Select(p => Agent(p, decorate: true).BindAsExecutor(EmitResponses))]),
+            new ChatMessage(ChatRole.User, "Write a short note on tides."), streaming: true, ledger: true), plans);
+    }
+
+    /// <summary>
+    /// A two-agent workflow as an agent (<c>workflow.AsAIAgent()</c>), bound as an executor of an outer
+    /// workflow that emits its AgentResponseEvents, after an outer agent: the inner agents (with the
+    /// ledger's decorator) are the units, the workflow-agent's executor is listed beside them.
+    /// </summary>
+    private static ScenarioRun NestedWorkflowAgent(Report writer)
+    {
+        AgentPlan intake = new("intake", [new(60, 20)]);
+        AgentPlan[] inner = [new("researcher", [new(120, 40)]), new("writer", [new(300, 200)], writer)];
+        return new ScenarioRun(() =>
+        {
+            AIAgent pipeline = Chain([.. inner.Select(p => Agent(p, decorate: true).BindAsExecutor())]).AsAIAgent(name: "pipeline");
+            Workflow outer = Chain(Agent(intake).BindAsExecutor(EmitResponses), pipeline.BindAsExecutor(EmitResponses));
+            return RunWorkflow(outer, new ChatMessage(ChatRole.User, "Write a short note on tides."), streaming: true, ledger: true);
+        }, [new Expectation([intake, .. inner], ["pipeline"])]);
+    }
+
+    /// <summary>Agents whose calls read cached input and reason (parts of their counts); the writer's middleware may drop the cached part.</summary>
+    private static ScenarioRun CachedAndReasoning(Report writer)
+    {
+        AgentPlan[] plans =
+        [
+            new("researcher", [new(400, 100, CachedInputTokens: 300)]),
+            new("writer", [new(900, 300, CachedInputTokens: 600, ReasoningTokens: 120)], writer),
+        ];
+        return new ScenarioRun(() => RunWorkflow(Chain([.. plans.Select(p => Agent(p).BindAsExecutor(EmitResponses))]),
+            new ChatMessage(ChatRole.User, "Write a short note on tides."), streaming: true, ledger: true), plans);
+    }
+
     /// <summary>The OpenAI-compatible server the OpenAI scenarios call (--openai), and what it must answer them.</summary>
     public static Uri? OpenAIEndpoint { get; set; }
 
-    /// <summary>researcher -> writer on MAF's OpenAI chat client, each agent its own model on the server.</summary>
+    /// <summary>
+    /// researcher -> writer on MAF's OpenAI chat client, each agent its own model on the server (whose
+    /// usage, as that client reads it, reports no cached or reasoning tokens: 0 of each).
+    /// </summary>
     private static ScenarioRun OpenAIGraph(Report writer)
     {
-        AgentPlan[] plans = [new("researcher", [new(120, 40)]), new("writer", [new(300, 200)], writer)];
+        AgentPlan[] plans =
+        [
+            new("researcher", [new(120, 40, CachedInputTokens: 0, ReasoningTokens: 0)]),
+            new("writer", [new(300, 200, CachedInputTokens: 0, ReasoningTokens: 0)], writer),
+        ];
         return new ScenarioRun(() =>
         {
             Uri endpoint = OpenAIEndpoint ?? throw new InvalidOperationException("this scenario needs --openai URL");
@@ -331,9 +497,11 @@ public static class Scenarios
 
     /// <summary>
     /// Runs a workflow as MAF's samples do: streamed with a TurnToken (or with RunAsync and its
-    /// NewEvents), its AgentResponseEvents recorded by the ledger where <paramref name="ledger"/>.
+    /// NewEvents), its AgentResponseEvents recorded by the ledger where <paramref name="ledger"/>, given
+    /// the run (docs/dotnet.md) unless <paramref name="withRun"/> is false (the package's older call).
     /// </summary>
-    private static async Task RunWorkflow<TInput>(Workflow workflow, TInput input, bool streaming, bool ledger)
+    private static async Task RunWorkflow<TInput>(Workflow workflow, TInput input, bool streaming, bool ledger,
+        bool withRun = true)
         where TInput : notnull
     {
         if (streaming)
@@ -341,14 +509,15 @@ public static class Scenarios
             await using StreamingRun run = await InProcessExecution.RunStreamingAsync(workflow, input);
             await run.TrySendMessageAsync(new TurnToken(emitEvents: true));
             IAsyncEnumerable<WorkflowEvent> events = run.WatchStreamAsync();
-            await foreach (WorkflowEvent _ in ledger ? events.WithFidelityLedger() : events)
+            await foreach (WorkflowEvent _ in !ledger ? events : withRun ? events.WithFidelityLedger(run) : events.WithFidelityLedger())
             {
             }
         }
         else
         {
             await using Run run = await InProcessExecution.RunAsync(workflow, input);
-            foreach (WorkflowEvent _ in ledger ? run.NewEvents.WithFidelityLedger() : run.NewEvents)
+            IEnumerable<WorkflowEvent> events = run.NewEvents;
+            foreach (WorkflowEvent _ in !ledger ? events : withRun ? events.WithFidelityLedger(run) : events.WithFidelityLedger())
             {
             }
         }

@@ -6,10 +6,11 @@ namespace FidelityScenarios;
 /// <summary>
 /// One model call as the script answers it: its usage and finish reason, a tool call, or a failure.
 /// A <paramref name="CallTool"/> ending in <c>*</c> calls the first tool offered whose name starts so
-/// (a handoff tool, named by the builder).
+/// (a handoff tool, named by the builder). The cached and reasoning tokens are parts of the input and
+/// output tokens, as Microsoft.Extensions.AI counts them (null: not reported).
 /// </summary>
 public sealed record ScriptedCall(int InputTokens, int OutputTokens, string Finish = "stop", string? CallTool = null,
-    bool Fails = false)
+    bool Fails = false, int? CachedInputTokens = null, int? ReasoningTokens = null)
 {
     public int Total => this.InputTokens + this.OutputTokens;
 }
@@ -50,6 +51,8 @@ public sealed class ScriptedChatClient(string model, params ScriptedCall[] scrip
                 InputTokenCount = call.InputTokens,
                 OutputTokenCount = call.OutputTokens,
                 TotalTokenCount = call.Total,
+                CachedInputTokenCount = call.CachedInputTokens,
+                ReasoningTokenCount = call.ReasoningTokens,
             },
         });
     }

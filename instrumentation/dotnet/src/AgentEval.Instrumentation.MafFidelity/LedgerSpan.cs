@@ -16,7 +16,7 @@ internal static class LedgerSpan
 
     /// <summary>What one ledger span says beside the response: who answered, and where.</summary>
     internal readonly record struct Origin(string? AgentName, string? AgentId, string? ExecutorId, bool? Stream,
-        bool ClosedEarly = false);
+        bool ClosedEarly = false, string? SessionId = null);
 
     /// <summary>Records <paramref name="response"/> under <paramref name="parent"/> (the current span when default).</summary>
     internal static void Record(AgentResponse response, Origin origin, ActivityContext parent = default,
@@ -49,6 +49,11 @@ internal static class LedgerSpan
         if (origin.ExecutorId is not null)
         {
             tags["executor.id"] = origin.ExecutorId;
+        }
+        if (origin.SessionId is not null)
+        {
+            // The run's session, as MAF's workflow spans carry it (shown beside the run; the parent joins it).
+            tags["session.id"] = origin.SessionId;
         }
         if (origin.Stream is bool stream)
         {

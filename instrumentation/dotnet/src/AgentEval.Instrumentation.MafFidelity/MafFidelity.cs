@@ -41,6 +41,9 @@ public static class MafFidelity
 
     internal static readonly ActivitySource Source = new(ActivitySourceName, Version);
 
+    /// <summary>The package's first use follows MAF's workflow spans from then on (see <see cref="RunSpans"/>).</summary>
+    static MafFidelity() => RunSpans.EnsureListening();
+
     /// <summary>
     /// Adds this package's ledger spans and MAF's workflow, agent and chat sources to the tracer
     /// provider: the one switch for the ledger's side. MAF's own spans still need their switches

@@ -82,6 +82,92 @@ public sealed class LedgerTests : IDisposable
     }
 
     [Fact]
+    public async Task Given_the_run_each_response_is_recorded_under_the_executor_span_that_produced_it()
+    {
+        // One workflow run three times under one caller span (streamed, RunAsync, streamed): its
+        // AgentResponseEvents reach the caller after each run's spans ended, as they do in an app.
+        ExecutorBinding writer = Agent("writer", new ScriptedCall(300, 200), new ScriptedCall(310, 200), new ScriptedCall(320, 200))
+            .BindAsExecutor(new AIAgentHostOptions { EmitAgentResponseEvents = true });
+        Workflow workflow = new WorkflowBuilder(writer).WithOutputFrom(writer).WithOpenTelemetry().Build();
+        var sessions = new List<string>();
+
+        using (Caller.StartActivity("caller"))
+        {
+            for (int i = 0; i < 3; i++)
+            {
+                if (i == 1)
+                {
+                    await using Run run = await InProcessExecution.RunAsync(workflow, new ChatMessage(ChatRole.User, "go"));
+                    sessions.Add(run.SessionId);
+                    foreach (WorkflowEvent _ in run.NewEvents.WithFidelityLedger(run))
+                    {
+                    }
+                    continue;
+                }
+                await using StreamingRun streaming = await InProcessExecution.RunStreamingAsync(workflow, new ChatMessage(ChatRole.User, "go"));
+                sessions.Add(streaming.SessionId);
+                await streaming.TrySendMessageAsync(new TurnToken(emitEvents: true));
+                await foreach (WorkflowEvent _ in streaming.WatchStreamAsync().WithFidelityLedger(streaming))
+                {
+                }
+            }
+        }
+
+        Activity[] ledger = Ledger();
+        Assert.Equal(3, ledger.Length);
+        Assert.Equal(3, sessions.Distinct().Count());
+        for (int i = 0; i < 3; i++)
+        {
+            Activity span = Assert.Single(ledger, s => (long)s.GetTagItem("gen_ai.usage.input_tokens")! == 300 + 10 * i);
+            // Under the executor span of its own run: its executor's, in the run of its session.
+            Activity host = Assert.Single(_spans, s => s.SpanId == span.ParentSpanId);
+            Assert.StartsWith("executor.process writer_", host.OperationName, StringComparison.Ordinal);
+            Assert.Equal(sessions[i], span.GetTagItem("session.id"));
+            Activity run = Assert.Single(_spans, s => s.SpanId == host.ParentSpanId);
+            Assert.Equal(sessions[i], run.GetTagItem("session.id"));
+        }
+    }
+
+    [Theory]
+    [InlineData(true, 400L)]
+    [InlineData(false, 200L)]
+    public async Task UseFidelityTruth_keeps_the_chat_span_true_to_what_the_provider_sent(bool truthLayer, long recorded)
+    {
+        // A chat middleware outside the chat telemetry that halves the usage in the very updates it
+        // receives: without the truth-keeping layer the chat span records its edit (the known limit).
+        ChatClientBuilder builder = new ScriptedChatClient("gpt-4o-mini", new ScriptedCall(400, 100)).AsBuilder()
+            .Use(inner => new HalvingInPlace(inner));
+        IChatClient chat = (truthLayer ? builder.UseFidelityTruth() : builder).UseOpenTelemetry().Build();
+
+        long? seen = null;
+        await foreach (ChatResponseUpdate update in chat.GetStreamingResponseAsync("hello"))
+        {
+            seen = update.Contents.OfType<UsageContent>().FirstOrDefault()?.Details.InputTokenCount ?? seen;
+        }
+
+        Activity span = Assert.Single(_spans, s => s.Source.Name == MafFidelity.ChatSourceName);
+        Assert.Equal(recorded, Convert.ToInt64(span.GetTagItem("gen_ai.usage.input_tokens"), System.Globalization.CultureInfo.InvariantCulture));
+        Assert.Equal(200L, seen);  // the caller got the edit either way
+    }
+
+    /// <summary>A chat middleware that halves the input tokens of the updates it passes on, in place.</summary>
+    private sealed class HalvingInPlace(IChatClient inner) : DelegatingChatClient(inner)
+    {
+        public override async IAsyncEnumerable<ChatResponseUpdate> GetStreamingResponseAsync(IEnumerable<ChatMessage> messages,
+            ChatOptions? options = null, [System.Runtime.CompilerServices.EnumeratorCancellation] CancellationToken cancellationToken = default)
+        {
+            await foreach (ChatResponseUpdate update in base.GetStreamingResponseAsync(messages, options, cancellationToken))
+            {
+                foreach (UsageContent usage in update.Contents.OfType<UsageContent>())
+                {
+                    usage.Details.InputTokenCount /= 2;
+                }
+                yield return update;
+            }
+        }
+    }
+
+    [Fact]
     public async Task The_decorator_records_what_the_caller_got_under_the_agents_own_span()
     {
         AIAgent agent = Agent("solo", new ScriptedCall(50, 10, "stop")).AsBuilder()

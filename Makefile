@@ -24,7 +24,7 @@ MAF_DEFAULT := 1.26.0:1.4.0
 MAF_MATRIX  := 1.22.0:1.3.2 1.23.0:1.4.0
 # The tests that run real agent-framework code. test_maf_real_world.py is optional (run when present).
 MAF_TESTS := tests/test_maf_patterns.py tests/test_maf.py tests/test_instrumentation.py tests/test_demo.py \
-  tests/test_instrumentation_stacks.py $(wildcard tests/test_maf_real_world.py)
+  tests/test_instrumentation_stacks.py tests/test_maf_unnamed.py $(wildcard tests/test_maf_real_world.py)
 
 # pip runs quietly: one line first says what the silent minute is.
 $(BIN)/.installed: $(INSTALL_INPUTS)

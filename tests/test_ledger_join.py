@@ -278,3 +278,36 @@ def test_a_ledger_without_identity_joins_the_run_of_its_own_agent_instance():
         run_id(runs[0]): {"drafter": ("Agree", 500, 500, None)},
         run_id(runs[1]): {"drafter": ("TokenMismatch", 275, 550, None)},
     }
+
+
+def _unnamed_agents(app: DotnetApp, reported: list[tuple[int, int]], ledger_name: str | None) -> None:
+    """Three agents without a name run one after another with no workflow spans (a .NET builder's
+    workflow): MAF's agent span knows each by its per-process id only; the ledger's decorator records
+    each response under it, named ``ledger_name`` (an older package: the class) or by the id."""
+    for n, (i, o) in enumerate(reported, 1):
+        agent_id = f"{n:02d}" * 16
+        with app.tracer.start_as_current_span(f"invoke_agent {agent_id}", attributes={
+                "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.id": agent_id, **_usage(100 * n, 10 * n)}):
+            with app.tracer.start_as_current_span("chat gpt-4o-mini", attributes={
+                    "gen_ai.operation.name": "chat", **_usage(100 * n, 10 * n)}):
+                pass
+            with app.tracer.start_as_current_span(f"agent_response {ledger_name or agent_id}", attributes={
+                    **LEDGER, **({"fidelity.agent.name": ledger_name} if ledger_name else {}),
+                    "gen_ai.agent.id": agent_id, **_usage(i, o)}):
+                pass
+
+
+def test_agents_without_a_name_are_one_unit_each_their_ledger_beside_their_truth():
+    """Each unnamed agent is its own unit, unnamed-agent-1, -2, -3 in the order the run ran them, its
+    ledger (under its own agent span, whatever it is called) compared with its own chat calls: the
+    second agent's under-report is caught, never diluted into a shared total nor left on a NoTruth unit."""
+    for ledger_name in ("ChatClientAgent", None):
+        app = DotnetApp()
+        with app.tracer.start_as_current_span("sequential"):
+            _unnamed_agents(app, [(100, 10), (100, 10), (300, 30)], ledger_name)
+        (item,) = deliver(app.rec.take(), 1, 0)
+        assert units([item]) == {item.run.run_id: {
+            "unnamed-agent-1": ("Agree", 110, 110, None),
+            "unnamed-agent-2": ("TokenMismatch", 110, 220, None),
+            "unnamed-agent-3": ("Agree", 330, 330, None),
+        }}, ledger_name

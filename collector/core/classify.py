@@ -125,6 +125,8 @@ _NO_CONTEXT: Context = (None, None, None, None, None)
 @dataclass(slots=True)
 class _Unit:
     ledger: list[LedgerEntry] = field(default_factory=list)
+    #: Its agent's first invocation's start (Unix ns): unnamed agents are numbered in this order.
+    started: int = _NO_START
     #: Agent spans of a runtime whose agent span is an independent ledger (.NET).
     agent_spans: list[LedgerEntry] = field(default_factory=list)
     #: Agent spans that only re-sum the chat spans (MAF Python): never a ledger, only counted.
@@ -178,12 +180,6 @@ class _Run:
 #: MAF's id of an agent without a name (``str(uuid4())``, also as 32 hex digits): a per-process id
 #: that never names a unit (docs/design.md §1).
 _PER_PROCESS_ID = re.compile(r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}", re.IGNORECASE)
-UNNAMED_AGENT = "unnamed-agent"
-
-
-def stable_name(name: str) -> str:
-    """An agent name as a unit may carry it: a per-process id becomes :data:`UNNAMED_AGENT`."""
-    return UNNAMED_AGENT if is_per_process_id(name) else name
 
 
 def is_per_process_id(name: str) -> bool:
@@ -467,11 +463,13 @@ class TraceState:
             name = agent_id or _suffix(s.name, self.matcher.agent_prefixes)
             if not name:
                 return parent
-            key = self._key(stable_name(name))
+            key = self._key(name)  # an unnamed agent's per-process id: told apart, named at publication
             run = self._run(run_key)
             self._announce(run, s)
             unit = run.units[(executor, key)]
             unit.top_level = unit.top_level or agent is None
+            if 0 < s.start_ns < unit.started:
+                unit.started = s.start_ns
             if self._error(s) is None:  # an agent that raised reported nothing
                 if self.matcher.agent_span_is_ledger(s.sdk_language):
                     sid = s.span_id.hex()
@@ -524,9 +522,14 @@ class TraceState:
                                       bridge_executor.casefold(), entry, _said(s)))
                 return
             executor, key = self._key(stable_executor(bridge_executor)), None
+        elif invocation is not None and s.parent_id.hex() == invocation:
+            # under its agent's own span: that agent's, whatever either side calls it (an older .NET
+            # package named an unnamed agent by its class), aligned to that invocation
+            key = agent
+            entry.invocation = invocation
         else:
-            key = self._key(stable_name(name))
-            if key == agent:  # under the agent span: aligned to that invocation
+            key = self._key(name)
+            if key == agent:  # deeper under the agent span: aligned to that invocation
                 entry.invocation = invocation
         run = self._run(run_key)
         self._announce(run, s)
@@ -738,17 +741,18 @@ class TraceState:
                 self._published[run.span_id] = run.revision
 
     def _run_input(self, run: _Run, cut: str | None, partial: bool, joins: _Joins) -> RunInput:
-        names = self._display_names(run)
         joined = joins.joined.get(run.span_id, ())
         events, unjoined = _event_ledgers(run, joined, joins.unjoined)
-        records = []
+        # units by the keys they are named by (named once the names shown are known: unnamed agents are
+        # numbered among those shown), with the rest of their record
+        records: list[tuple[tuple[str, ...], tuple[Any, ...]]] = []
         units_by_executor: dict[str | None, list[str | None]] = defaultdict(list)
         for executor, agent in run.units:
             units_by_executor[executor].append(agent)
-        idle: set[str] = set()
-        composite: set[str] = set()
+        idle: list[tuple[str, ...]] = []
+        composite: list[tuple[str, ...]] = []
         scored: set[str | None] = set()
-        unattributed: list[UnattributedChat] = []
+        unattributed: list[tuple[str | None, list[_Turn]]] = []
         for key, unit in run.units.items():
             executor, agent = key
             hosts_agent = executor in run.executors and run.executors[executor].hosts_agent
@@ -770,28 +774,34 @@ class TraceState:
             if agent is None and not ledger and not hosts_agent:
                 # chat calls with no agent above them, by an executor that hosts none (a function
                 # executor calling a chat client itself) or by none: a run note, not a unit (docs/design.md §1)
-                unattributed.append(_unattributed(names[executor] if executor is not None else None, calls))
+                unattributed.append((executor, calls))
                 continue
-            name = self._unit_name(names, run, executor, agent, unit, units_by_executor[executor])
+            keys = self._unit_keys(run, executor, agent, unit, units_by_executor[executor])
             if not unit.turns and executor in run.executors and run.executors[executor].composite:
-                composite.add(name)  # a workflow as its agent: that workflow's agents are the units
+                composite.append(keys)  # a workflow as its agent: that workflow's agents are the units
                 continue
             if not unit.turns and not unit.derived_reported and not any(_reports(e) for e in ledger):
-                idle.add(name)  # an agent call that made no model call and reported nothing: not scored
+                idle.append(keys)  # an agent call that made no model call and reported nothing: not scored
                 continue
             scored.add(executor)
             spans = run.executors[executor].spans if executor in run.executors else []
             turns = tuple([ChatTurn(Usage(i, o, t, *parts) if parts else Usage(i, o, t), finish, start, invocation,
                                     sid.hex(), error, model, provider)
                            for i, o, t, finish, start, invocation, sid, error, model, provider, _, parts, _, _ in calls])
-            # positional, in field order (per unit of every run: keywords cost 2.5x the call)
-            records.append(ExecutorRecord(name, ledger, turns, source, tuple([sid for _, sid in sorted(spans)]),
-                                          derived, stacked, disagree, unjoined.get(key, 0), duplicates))
-        non_agent = tuple(sorted(idle | composite | {names[k] for k in run.executors if k not in scored},
-                                 key=str.casefold))
+            records.append((keys, (ledger, turns, source, tuple([sid for _, sid in sorted(spans)]), derived, stacked,
+                                   disagree, unjoined.get(key, 0), duplicates)))
+        apart = [(k,) for k in run.executors if k not in scored]
+        names = self._display_names(run, [keys for keys, _ in records] + idle + composite + apart)
+
+        def name(keys: tuple[str, ...]) -> str:
+            return names[keys[0]] if len(keys) == 1 else "/".join(names[k] for k in keys) or "(no executor)"
+
+        # positional, in field order (per unit of every run: keywords cost 2.5x the call)
+        units = tuple([ExecutorRecord(name(keys), *rest) for keys, rest in records])
+        non_agent = tuple(sorted({name(keys) for keys in idle + composite + apart}, key=str.casefold))
         notes = [f"Trace incomplete: {cut}; spans that had not arrived are not in this verdict."] if cut else []
-        notes += [f"{name} ran a workflow as its agent: it is judged by that workflow's own agents, each a unit."
-                  for name in sorted(composite, key=str.casefold)]
+        notes += [f"{shown} ran a workflow as its agent: it is judged by that workflow's own agents, each a unit."
+                  for shown in sorted({name(keys) for keys in composite}, key=str.casefold)]
         if joins.stray:
             stray = ", ".join(self._names.get(e, e) for e in joins.stray)
             notes.append(f"Ledger span(s) recorded beside the workflow runs named executor(s) {stray}, which no run "
@@ -799,13 +809,14 @@ class TraceState:
         trace_id = self.trace_id.hex()
         earliest, latest = self._times.get(run.span_id, (_NO_START, 0))
         return RunInput(
-            executors=tuple(records),
+            executors=units,
             trace_id=trace_id,
             root_span_id=run.span_id or (self.root_span_id.hex() if self.root_span_id else None),
             subject=self._subject(run),
             incomplete=cut is not None,
             partial=partial,
-            unattributed_chat=tuple(unattributed),
+            unattributed_chat=tuple([_unattributed(names[e] if e is not None else None, calls)
+                                     for e, calls in unattributed]),
             non_agent_executors=non_agent,
             workflow_errors=tuple(run.errors),
             run_id=self._run_id(run),
@@ -825,32 +836,46 @@ class TraceState:
             return f"{self._fallback_subject}/{named}"
         return named or self._fallback_subject
 
-    def _display_names(self, run: _Run) -> dict[str, str]:
-        """First spellings, but an executor whose id is a per-process id (MAF names the executor of
-        an unnamed agent by the agent's uuid) is ``unnamed-agent-{n}`` (``unnamed-executor-{n}``
-        where it hosts no agent), numbered in the order the run first ran them: the same in every
-        process for the same workflow."""
-        renamed = [key for key in run.executors if is_per_process_id(key)]
-        if not renamed:
+    def _display_names(self, run: _Run, shown: list[tuple[str, ...]]) -> dict[str, str]:
+        """First spellings, but an agent known only by its per-process id (an agent without a name)
+        and an executor named by one (MAF names the executor of an unnamed agent by the agent's id)
+        are ``unnamed-agent-{n}`` (``unnamed-executor-{n}`` for an executor that hosts no agent),
+        numbered together, of those ``shown`` (the keys units and listed executors are named by), in the
+        order the run first ran them: distinct agents stay apart, and the names are the same in every
+        process for the same workflow (docs/verdicts.md)."""
+        first: dict[str, int] = {}
+        for key, ran in run.executors.items():
+            if is_per_process_id(key):
+                first[key] = min(ran.spans, default=(0, ""))[0]
+        agents = set()
+        for (_, agent), unit in run.units.items():
+            if agent is not None and is_per_process_id(agent):
+                agents.add(agent)
+                started = min((unit.started, *(e.seq for e in unit.ledger), *(t[_T_START] for t in unit.turns)))
+                first[agent] = min(first.get(agent, started), started)
+        if not first:
             return self._names
         names = dict(self._names)
-        renamed.sort(key=lambda key: min(run.executors[key].spans, default=(0, ""))[0])
-        for n, key in enumerate(renamed, 1):
-            names[key] = f"unnamed-{'agent' if run.executors[key].hosts_agent else 'executor'}-{n}"
+        used = {key for keys in shown for key in keys}
+        for n, key in enumerate(sorted((k for k in first if k in used), key=lambda key: (first[key], key)), 1):
+            hosts = key in agents or run.executors[key].hosts_agent
+            names[key] = f"unnamed-{'agent' if hosts else 'executor'}-{n}"
         return names
 
-    def _unit_name(self, names: dict[str, str], run: _Run, executor: str | None, agent: str | None, unit: _Unit,
-                   siblings: list[str | None]) -> str:
-        """The executor id for the executor's own agent, ``executor/agent`` for any other agent."""
+    @staticmethod
+    def _unit_keys(run: _Run, executor: str | None, agent: str | None, unit: _Unit,
+                   siblings: list[str | None]) -> tuple[str, ...]:
+        """What a unit is named by: the executor id for the executor's own agent, ``executor/agent`` for
+        any other agent (none: no executor and no agent)."""
         if executor is None:
-            return names[agent] if agent else "(no executor)"
+            return (agent,) if agent else ()
         if agent is None or agent == executor:
-            return names[executor]
+            return (executor,)
         hosts_agent = executor in run.executors and run.executors[executor].hosts_agent
         own_candidates = [a for a in siblings if a is not None and run.units[(executor, a)].top_level]
         if hosts_agent and unit.top_level and len(own_candidates) == 1 and None not in siblings:
-            return names[executor]
-        return f"{names[executor]}/{names[agent]}"
+            return (executor,)
+        return (executor, agent)
 
 
 @dataclass(slots=True)

@@ -37,9 +37,9 @@ class ProfileConfig(BaseModel):
     executor_span_prefixes: list[str] = Field(default_factory=list)
     executor_id_attributes: list[str] = Field(default_factory=lambda: ["executor.id"])
     agent_span_prefixes: list[str] = Field(default_factory=lambda: ["invoke_agent"])
-    #: The agent's name, first present wins: the MAF instrumentation's stable ``fidelity.agent.name``
-    #: (the agent's name, else its class), then GenAI's (MAF Python names an unnamed agent by its
-    #: per-process id: such a name becomes ``unnamed-agent``).
+    #: The agent's name, first present wins: the MAF instrumentation's ``fidelity.agent.name`` (a named
+    #: agent's name), then GenAI's; an agent without a name is known by MAF's per-process id, which keeps
+    #: it apart within its run and never names a unit (it is shown as ``unnamed-agent-{n}``).
     agent_id_attributes: list[str] = Field(
         default_factory=lambda: ["fidelity.agent.name", "gen_ai.agent.name", "gen_ai.agent.id"]
     )

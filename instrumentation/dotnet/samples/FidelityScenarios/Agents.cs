@@ -24,6 +24,12 @@ public enum Report
 /// <summary>One agent of a scenario: its name, the model calls its script answers, and its middleware.</summary>
 public sealed record AgentPlan(string Name, ScriptedCall[] Calls, Report Report = Report.Honest)
 {
+    /// <summary>
+    /// The agent is created without a name, as most of MAF's samples create theirs; <see cref="Name"/>
+    /// is then the unit name the collector must give it (<c>unnamed-agent-2</c>, <c>Drafter/unnamed-agent-1</c>).
+    /// </summary>
+    public bool Unnamed { get; init; }
+
     /// <summary>What the chat boundary saw: every answered call's tokens.</summary>
     public int TruthTokens => this.Calls.Where(c => !c.Fails).Sum(c => c.Total);
 

@@ -11,8 +11,10 @@ namespace FidelityScenarios;
 /// What the collector must say of one workflow run, from how it was built. <paramref name="Unjoined"/>:
 /// its ledger spans carry no identity of their run and other runs beside it share its executors.
 /// </summary>
+/// <paramref name="Unordered"/>: its unnamed agents start at once (a concurrent builder), so which is
+/// <c>unnamed-agent-2</c> is the run's to say: the units are compared as a set of verdicts and numbers.
 public sealed record Expectation(IReadOnlyList<AgentPlan> Plans, IReadOnlyList<string>? NonAgentExecutors = null,
-    bool Unjoined = false)
+    bool Unjoined = false, bool Unordered = false)
 {
     /// <summary>
     /// Per agent: its verdict and numbers (tolerance 2%, finish reasons compared); the run's status.
@@ -37,6 +39,7 @@ public sealed record Expectation(IReadOnlyList<AgentPlan> Plans, IReadOnlyList<s
             },
             ledger,
             non_agent_executors = this.NonAgentExecutors ?? [],
+            unordered = this.Unordered,
             units,
         };
     }
@@ -117,6 +120,19 @@ public static class Scenarios
         Named("over-reported", Graph(streaming: true, writer: Report.DoubleUsage)),
         Named("cached-and-reasoning-honest", CachedAndReasoning(Report.Honest)),
         Named("cached-dropped", CachedAndReasoning(Report.DropCached)),
+        // Agents without a name, as most of MAF's samples create them: each its own unit, unnamed-agent-1, -2, ...
+        Named("unnamed-graph-honest", UnnamedGraph(Report.Honest)),
+        Named("unnamed-graph-under-reported", UnnamedGraph(Report.HalveUsage)),
+        Named("unnamed-sequential-honest", UnnamedOrchestration(AgentWorkflowBuilder.BuildSequential, Report.Honest)),
+        Named("unnamed-sequential-under-reported", UnnamedOrchestration(AgentWorkflowBuilder.BuildSequential, Report.HalveUsage)),
+        Named("unnamed-concurrent-honest", UnnamedOrchestration(agents => AgentWorkflowBuilder.BuildConcurrent(agents), Report.Honest,
+            unordered: true)),
+        Named("unnamed-concurrent-under-reported", UnnamedOrchestration(agents => AgentWorkflowBuilder.BuildConcurrent(agents),
+            Report.HalveUsage, unordered: true)),
+        Named("unnamed-group-chat-honest", UnnamedGroupChat(Report.Honest)),
+        Named("unnamed-group-chat-under-reported", UnnamedGroupChat(Report.HalveUsage)),
+        Named("unnamed-in-custom-executor-honest", UnnamedInCustomExecutor(Report.Honest)),
+        Named("unnamed-in-custom-executor-under-reported", UnnamedInCustomExecutor(Report.HalveUsage)),
         // MAF's real OpenAI client (Microsoft.Extensions.AI.OpenAI) against the model server of --openai.
         Named("openai-honest", OpenAIGraph(Report.Honest)),
         Named("openai-under-reported", OpenAIGraph(Report.HalveUsage)),
@@ -139,7 +155,7 @@ public static class Scenarios
     {
         IChatClient chat = chatClient
             ?? new ScriptedChatClient(Model, [.. turns.SelectMany(t => t.Calls)]).AsBuilder().UseOpenTelemetry().Build();
-        AIAgent agent = new ChatClientAgent(chat, options ?? new ChatClientAgentOptions { Name = turns[0].Name });
+        AIAgent agent = new ChatClientAgent(chat, options ?? new ChatClientAgentOptions { Name = turns[0].Unnamed ? null : turns[0].Name });
         AIAgentBuilder builder = agent.AsBuilder();
         if (decorate)
         {
@@ -458,6 +474,64 @@ public static class Scenarios
             new ChatMessage(ChatRole.User, "Write a short note on tides."), streaming: true, ledger: true), plans);
     }
 
+    /// <summary>Three agents without a name, in a graph, bound to emit their events; the second may misreport.</summary>
+    private static ScenarioRun UnnamedGraph(Report second)
+    {
+        AgentPlan[] plans = Unnamed(second, n => $"unnamed-agent-{n}");
+        return new ScenarioRun(() => RunWorkflow(Chain([.. plans.Select(p => Agent(p).BindAsExecutor(EmitResponses))]),
+            new ChatMessage(ChatRole.User, "Write a short note on tides."), streaming: true, ledger: true), plans);
+    }
+
+    /// <summary>Three agents without a name in an AgentWorkflowBuilder workflow, with the ledger's decorator; the second may misreport.</summary>
+    private static ScenarioRun UnnamedOrchestration(Func<AIAgent[], Workflow> build, Report second, bool unordered = false)
+    {
+        AgentPlan[] plans = Unnamed(second, n => $"unnamed-agent-{n}");
+        return new ScenarioRun(() => RunWorkflow(build([.. plans.Select(p => Agent(p, decorate: true))]),
+            new List<ChatMessage> { new(ChatRole.User, "Hello, world!") }, streaming: true, ledger: true),
+            [new Expectation(plans, Unordered: unordered)]);
+    }
+
+    /// <summary>Round-robin group chat of two agents without a name, two turns each; the second may misreport each turn.</summary>
+    private static ScenarioRun UnnamedGroupChat(Report second)
+    {
+        AgentPlan[] plans =
+        [
+            new("unnamed-agent-1", [new(100, 50), new(180, 60)]) { Unnamed = true },
+            new("unnamed-agent-2", [new(120, 30), new(200, 40)], second) { Unnamed = true },
+        ];
+        return new ScenarioRun(() => RunWorkflow(
+            AgentWorkflowBuilder.CreateGroupChatBuilderWith(agents => new RoundRobinGroupChatManager(agents) { MaximumIterationCount = 4 })
+                .AddParticipants(plans.Select(p => Agent(p, decorate: true)))
+                .Build(),
+            new List<ChatMessage> { new(ChatRole.User, "Draft a slogan.") }, streaming: true, ledger: true), plans);
+    }
+
+    /// <summary>
+    /// A custom executor whose handler runs an agent without a name (with the ledger's decorator), as
+    /// MAF's custom agent executor samples do, ahead of a named reviewer; the unnamed agent may misreport.
+    /// </summary>
+    private static ScenarioRun UnnamedInCustomExecutor(Report drafter)
+    {
+        AgentPlan draft = new("Drafter/unnamed-agent-1", [new(150, 70)], drafter) { Unnamed = true };
+        AgentPlan reviewer = new("reviewer", [new(90, 30)]);
+        return new ScenarioRun(() =>
+        {
+            var drafting = new AgentRunningExecutor("Drafter", Agent(draft, decorate: true));
+            ExecutorBinding reviewing = Agent(reviewer).BindAsExecutor(EmitResponses);
+            Workflow workflow = new WorkflowBuilder(drafting).AddEdge(drafting, reviewing).WithOutputFrom(reviewing)
+                .WithOpenTelemetry().Build();
+            return RunWorkflow(workflow, "tides", streaming: true, ledger: true);
+        }, [draft, reviewer]);
+    }
+
+    /// <summary>Three plans for agents without a name, the second misreporting as <paramref name="second"/>.</summary>
+    private static AgentPlan[] Unnamed(Report second, Func<int, string> name) =>
+    [
+        new(name(1), [new(120, 40)]) { Unnamed = true },
+        new(name(2), [new(300, 200, Finish(second))], second) { Unnamed = true },
+        new(name(3), [new(80, 20)]) { Unnamed = true },
+    ];
+
     /// <summary>The OpenAI-compatible server the OpenAI scenarios call (--openai), and what it must answer them.</summary>
     public static Uri? OpenAIEndpoint { get; set; }
 
@@ -531,6 +605,22 @@ internal sealed class AskForApprovalExecutor(string id) : Executor<List<ChatMess
     public override async ValueTask HandleAsync(List<ChatMessage> message, IWorkflowContext context,
         CancellationToken cancellationToken = default) =>
         await context.SendMessageAsync($"Approve this draft? ({message.Count} message(s))", cancellationToken: cancellationToken);
+}
+
+/// <summary>
+/// A custom executor that runs its agent inside its handler (MAF's custom agent executor samples): a
+/// topic in, the agent's answer on to the next executor as a chat message and a turn token.
+/// </summary>
+[SendsMessage(typeof(ChatMessage))]
+[SendsMessage(typeof(TurnToken))]
+internal sealed class AgentRunningExecutor(string id, AIAgent agent) : Executor<string>(id)
+{
+    public override async ValueTask HandleAsync(string message, IWorkflowContext context, CancellationToken cancellationToken = default)
+    {
+        AgentResponse response = await agent.RunAsync($"Write a short note on {message}.", cancellationToken: cancellationToken);
+        await context.SendMessageAsync(new ChatMessage(ChatRole.User, response.Text), cancellationToken: cancellationToken);
+        await context.SendMessageAsync(new TurnToken(emitEvents: true), cancellationToken: cancellationToken);
+    }
 }
 
 /// <summary>A function executor, as MAF's mixed-workflow sample has: a string in, a chat message and a turn token out.</summary>

@@ -99,7 +99,9 @@ public sealed class FidelityLedgerAgent : DelegatingAIAgent
         string? executorId = invocation.Caller?.GetTagItem("executor.id") as string;
         ActivityContext parent = (invocation.AgentSpan ?? invocation.Caller)?.Context ?? default;
         LedgerSpan.Record(response,
-            new LedgerSpan.Origin(this.Name ?? this.InnerAgent.Name ?? nameof(ChatClientAgent), this.Id, executorId, stream, closedEarly),
+            // An agent without a name is known by its id (as MAF's own agent span knows it), never by its class:
+            // the collector tells agents apart by it, and the span under the agent's own span is that agent's.
+            new LedgerSpan.Origin(this.Name ?? this.InnerAgent.Name, this.Id, executorId, stream, closedEarly),
             parent, invocation.Started);
     }
 

@@ -27,7 +27,7 @@ internal static class LedgerSpan
             return;
         }
 
-        string name = origin.AgentName ?? origin.ExecutorId ?? "agent";
+        string name = origin.AgentName ?? origin.AgentId ?? origin.ExecutorId ?? "agent";
         var tags = new ActivityTagsCollection
         {
             [LedgerSourceAttribute] = LedgerSource,
@@ -37,8 +37,9 @@ internal static class LedgerSpan
         };
         if (origin.AgentName is not null)
         {
-            // Recorded where the agent ran: the collector attributes it to this agent. Without a name
-            // (a workflow event) it names its executor instead and joins that executor's run.
+            // Recorded where the agent ran: the collector attributes it to this agent. An unnamed agent
+            // is known by its id (below); a workflow event names its executor instead and joins that
+            // executor's run.
             tags["fidelity.agent.name"] = origin.AgentName;
             tags["gen_ai.agent.name"] = origin.AgentName;
         }

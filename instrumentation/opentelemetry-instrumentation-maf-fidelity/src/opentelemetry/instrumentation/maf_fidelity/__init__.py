@@ -41,10 +41,11 @@ records nothing and says which; on a release outside those tested it instruments
 It announces itself (``fidelity.instrumentation.version``, ``fidelity.maf.version``,
 ``fidelity.instrumentation.status``) on the spans it writes and on MAF's agent spans, so a collector
 tells "not installed" from "installed, inactive on MAF X"; when inactive, on MAF's agent and workflow
-spans through a span processor where the tracer provider takes one. Agents are named stably
-(``fidelity.agent.name``: the agent's name, else its class, never MAF's per-process id), and the
-executor span of an ``AgentExecutor`` (or subclass) running its own agent says so
-(``fidelity.executor.type``).
+spans through a span processor where the tracer provider takes one. A named agent says its name
+(``fidelity.agent.name``); an agent without a name is known by MAF's per-process id, as MAF's own
+agent span knows it (never by its class: two unnamed agents of one class would be one unit), and the
+collector numbers such agents ``unnamed-agent-1``, ``-2``, ... in run order. The executor span of an
+``AgentExecutor`` (or subclass) running its own agent says so (``fidelity.executor.type``).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ LEDGER_SOURCE = "AgentResponseEvent"
 SPAN_PREFIX = "agent_response"
 #: Agent classes that only wrap other agents (their inner agents are recorded instead).
 COMPOSITE_AGENTS = frozenset({"WorkflowAgent"})
-#: The agent's stable name (its name, else its class), on MAF's agent span and ours.
+#: A named agent's name, on MAF's agent span and ours (absent for an agent without a name).
 AGENT_NAME_ATTRIBUTE = "fidelity.agent.name"
 #: On the executor span of an ``AgentExecutor`` (any subclass) whose own agent runs in it.
 EXECUTOR_TYPE_ATTRIBUTE = "fidelity.executor.type"
@@ -102,7 +103,7 @@ class _Invocation:
 
     agent: Any
     parent: otel_context.Context
-    #: The agent's stable name (:func:`stable_agent_name`, numbered where nested in a namesake).
+    #: What the agent is known by (:func:`agent_key`).
     name: str
     start_ns: int = field(default_factory=time.time_ns)
     agent_span: trace.Span | None = None
@@ -128,29 +129,16 @@ def response_attributes(response: Any) -> dict[str, Any]:
     return attrs
 
 
-def stable_agent_name(agent: Any) -> str:
-    """The agent's name, else its class: never MAF's per-process id (a uuid), which would name a
-    different unit in every process."""
-    return str(getattr(agent, "name", None) or type(agent).__name__)
+def stable_agent_name(agent: Any) -> str | None:
+    """The agent's name (``fidelity.agent.name``), or None for an agent without one."""
+    name = getattr(agent, "name", None)
+    return str(name) if name else None
 
 
-def _invocation_name(agent: Any, outer: _Invocation | None) -> str:
-    """The stable name, but an unnamed agent called inside another agent's call of the same name (an
-    unnamed agent used as a tool by an unnamed agent of its class) is numbered (``Agent-2``): one
-    agent re-run inside its own call keeps its name, so the collector can tell the two apart."""
-    name = stable_agent_name(agent)
-    if outer is None or outer.agent is agent or getattr(agent, "name", None):
-        return name
-    base, _, n = outer.name.rpartition("-")
-    if outer.name == name:
-        return f"{name}-2"
-    if base == name and n.isdigit():
-        return f"{name}-{int(n) + 1}"
-    return name
-
-
-def _maf_agent_name(agent: Any) -> str:
-    """The name MAF's own telemetry gives the agent (``gen_ai.agent.name``)."""
+def agent_key(agent: Any) -> str:
+    """What the agent is known by, as MAF's own telemetry knows it (``gen_ai.agent.name``): its name,
+    else MAF's per-process id (so two unnamed agents, of one class or not, stay apart; the collector
+    names them ``unnamed-agent-{n}``, never by the id), else its class."""
     return str(getattr(agent, "name", None) or getattr(agent, "id", None) or type(agent).__name__)
 
 
@@ -317,7 +305,7 @@ class MafFidelityInstrumentor(BaseInstrumentor):
             if _outermost_run_owner(type(agent)) is not owner or type(agent).__name__ in COMPOSITE_AGENTS:
                 return original(agent, *args, **kwargs)  # a layer's super().run: the outer call records
             _mark_agent_executor(agent)
-            invocation = _Invocation(agent, otel_context.get_current(), _invocation_name(agent, _CURRENT.get()))
+            invocation = _Invocation(agent, otel_context.get_current(), agent_key(agent))
             token = _CURRENT.set(invocation)
             try:
                 result = original(agent, *args, **kwargs)
@@ -379,12 +367,13 @@ class MafFidelityInstrumentor(BaseInstrumentor):
         name = invocation.name
         attrs: dict[str, Any] = {
             LEDGER_SOURCE_ATTRIBUTE: LEDGER_SOURCE,
-            "gen_ai.agent.name": _maf_agent_name(agent),
-            AGENT_NAME_ATTRIBUTE: name,
+            "gen_ai.agent.name": name,
             "fidelity.stream": stream,
             **self.announcement,
             **response_attributes(response),
         }
+        if (stable := stable_agent_name(agent)) is not None:
+            attrs[AGENT_NAME_ATTRIBUTE] = stable
         if (agent_id := getattr(agent, "id", None)) is not None:
             attrs["gen_ai.agent.id"] = str(agent_id)
         if closed_early:
@@ -398,9 +387,9 @@ class MafFidelityInstrumentor(BaseInstrumentor):
 
 def _capture_agent_span(original: Callable[..., Any], announcement: dict[str, str]) -> Callable[..., Any]:
     """Wrap MAF's agent telemetry so the invocation learns its ``invoke_agent`` span (MAF calls
-    ``execute`` with that span current), names that span stably and announces the instrumentation on
-    it; and so a re-run of the agent inside one call that starts where no span is current joins the
-    call's first ``invoke_agent`` span instead of starting a trace of its own."""
+    ``execute`` with that span current), says a named agent's name on that span and announces the
+    instrumentation on it; and so a re-run of the agent inside one call that starts where no span is
+    current joins the call's first ``invoke_agent`` span instead of starting a trace of its own."""
 
     @functools.wraps(original)
     def trace_agent_invocation(agent: Any, *args: Any, execute: Callable[[], Any], **kwargs: Any) -> Any:
@@ -412,8 +401,8 @@ def _capture_agent_span(original: Callable[..., Any], announcement: dict[str, st
             if ours and invocation.agent_span is None and span.get_span_context().is_valid:
                 invocation.agent_span = span
             if span.is_recording():
-                name = invocation.name if ours else stable_agent_name(agent)
-                span.set_attributes({AGENT_NAME_ATTRIBUTE: name, **announcement})
+                stable = stable_agent_name(agent)
+                span.set_attributes({AGENT_NAME_ATTRIBUTE: stable, **announcement} if stable else announcement)
             return execute()
 
         rerun = ours and invocation.agent_span is not None and not trace.get_current_span().get_span_context().is_valid

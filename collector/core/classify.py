@@ -717,7 +717,7 @@ class TraceState:
             direct = trial._run_id(trial._runs[None])
             out = [(run, revision) for run, revision in out if run.run_id != direct]
             trial._published[None] = self._published.get(None, 0)
-        self._published = trial._published
+        self._published, self._joins = trial._published, trial._joins
         for key, run in self._runs.items():
             run.revision, run.dirty = trial._runs[key].revision, trial._runs[key].dirty
         self._provisional = True

@@ -310,3 +310,24 @@ def test_offline_bench_keeps_nothing_unless_a_store_is_named(tmp_path):
                           timeout=60)
     assert kept.returncode == 9 and f"stored 1 run(s) in {tmp_path / 'mine.db'}" in " ".join(kept.stderr.split())
     assert not list(scratch.iterdir())  # the runs' scratch store is gone too
+
+
+def test_an_over_report_is_agree_and_runs_show_says_it_over_reported(tmp_path):
+    """MAF .NET's captured over-report (a middleware doubling the writer's usage: 1,000 reported for
+    500): Agree by the verdict table, the run a PASS, and `runs show` names the over-report in the
+    writer's verdict cell and in a line under the table; the honest units say nothing of the kind."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_dotnet_replay import otlp_json_file
+
+    trace = otlp_json_file(ROOT / "tests/fixtures/dotnet/1.28.0/over-reported", tmp_path / "over.jsonl")
+    assert bench(trace, tmp_path / "runs.db").returncode == 0
+    (doc,) = json.loads(run("runs", "list", "--json", store=tmp_path / "runs.db").stdout)
+    shown = subprocess.run([AGENTEVAL, "runs", "show", doc["run_id"]], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "AGENTEVAL_STORE": str(tmp_path / "runs.db"), "COLUMNS": "200"}).stdout
+    cells = {c[0]: c for c in ([cell.strip() for cell in line.split("│")[1:-1]] for line in shown.splitlines()
+                               if line.startswith("│"))}
+    assert cells["writer"][1:6] == ["Agree (over-reported +100%)", "1.000", "1000", "500", "+500 over"], cells
+    assert cells["researcher"][1] == "Agree" and cells["reviewer"][1] == "Agree"
+    assert ("writer: over-reported +100%: the framework reported 1,000 tokens, 500 more than the chat boundary's "
+            "500 (an over-report is Agree unless scoring.flag_over_reporting)") in " ".join(shown.split())
+    assert "PASS  score 1.000" in shown

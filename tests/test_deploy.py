@@ -305,7 +305,8 @@ def fresh(tmp_path_factory) -> dict[str, list]:
 #: The verdict counters: their label values (each run's subject and MAF release) come from runs, so
 #: a series appears with the first run that has it, never at 0 with a placeholder value no run has.
 PER_RUN = {"agenteval_runs_total", "agenteval_unit_verdicts_total", "agenteval_notruth_units_total",
-           "agenteval_unreported_tokens_total", "agenteval_unreported_cost_usd_total"}
+           "agenteval_overreported_units_total", "agenteval_unreported_tokens_total",
+           "agenteval_unreported_cost_usd_total"}
 
 
 @pytest.mark.parametrize("rule", [r for g in ALERTS["groups"] for r in g["rules"]

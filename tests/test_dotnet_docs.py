@@ -10,6 +10,7 @@ import fcntl
 import os
 import re
 import shutil
+import socket
 import subprocess
 import time
 import urllib.request
@@ -30,12 +31,63 @@ def blocks(language: str) -> list[str]:
     return [body for lang, body in BLOCKS if lang == language]
 
 
-def test_the_page_shows_one_program_and_three_command_blocks():
+def test_the_page_shows_one_program_a_collector_config_and_four_command_blocks():
     assert len(blocks("csharp")) == 1
-    dist, add, run = blocks("sh")
+    dist, add, serve, run = blocks("sh")
     assert dist.strip() == "make dist"
-    assert "--source /path/to/agenteval/dist" in add
+    # a source that lasts: a nuget.config beside the app, keeping the machine's own sources
+    assert "dotnet nuget add source /path/to/agenteval/dist --name agenteval --configfile nuget.config" in add
+    assert "<clear" not in add
+    # every package at the version tested
+    for line in add.splitlines():
+        if line.startswith("dotnet add package"):
+            assert " --version " in line, line
+    assert serve.strip() == ".venv/bin/agenteval collector serve --config collector.yaml"
     assert "export OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317" in run and run.strip().endswith("dotnet run")
+    assert {"OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "OTEL_BSP_SCHEDULE_DELAY"} <= set(_bsp(run))
+
+
+def _bsp(run: str) -> dict[str, str]:
+    """The batch span processor's variables the page exports before `dotnet run`."""
+    return dict(re.findall(r"^export (OTEL_BSP_\w+)=(\d+)", run, re.MULTILINE))
+
+
+def test_the_pages_collector_config_is_valid_and_its_banner_is_what_serve_prints(tmp_path):
+    """The YAML loads (`collector validate`), and `collector serve --config` with it (on ports of this
+    test's choosing) prints the banner shown, line for line."""
+    (yaml,) = blocks("yaml")
+    (tmp_path / "collector.yaml").write_text(yaml)
+    checked = subprocess.run([AGENTEVAL, "collector", "validate", "--config", "collector.yaml"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "valid" in checked.stdout
+    banner = next(body for lang, body in BLOCKS if lang == "text" and "agenteval collector listening" in body)
+    ports = {"4317": _free_port(), "4318": _free_port(), "9464": _free_port()}
+    moved = yaml
+    for port, free in ports.items():
+        moved = moved.replace(f"127.0.0.1:{port}", f"127.0.0.1:{free}")
+    (tmp_path / "moved.yaml").write_text(moved)
+    proc = subprocess.Popen([AGENTEVAL, "collector", "serve", "--config", "moved.yaml"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        lines = []
+        while not lines or lines[-1] != "Press Ctrl-C to stop.":
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line.rstrip("\n"))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    expected = banner
+    for port, free in ports.items():
+        expected = expected.replace(f"127.0.0.1:{port}", f"127.0.0.1:{free}")
+    assert expected.strip().splitlines() == lines
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _sh(script: str, cwd: Path, env: dict[str, str] | None = None) -> None:
@@ -47,7 +99,7 @@ def _sh(script: str, cwd: Path, env: dict[str, str] | None = None) -> None:
 @pytest.mark.parametrize("release", RELEASES)
 def test_a_new_console_app_that_follows_the_page_gets_its_verdicts(release, tmp_path):
     dotnet = dotnet_sdk()
-    dist, add, run = blocks("sh")
+    dist, add, _, run = blocks("sh")
     # One build of dist/ and of the NuGet cache's copy of our package at a time (test workers share both).
     with open(ROOT / "instrumentation" / "dotnet" / ".build-docs.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -58,9 +110,16 @@ def test_a_new_console_app_that_follows_the_page_gets_its_verdicts(release, tmp_
         shutil.rmtree(cache / "agenteval.instrumentation.maffidelity", ignore_errors=True)
         _sh(f"{dotnet} new console -o app", tmp_path)
         app = tmp_path / "app"
-        pinned = re.sub(r"^(dotnet add package Microsoft\.Agents\.AI(?:\.Workflows)?)$", rf"\1 --version {release}",
-                        add.replace("/path/to/agenteval", str(ROOT)), flags=re.MULTILINE)
+        pinned = re.sub(r"^(dotnet add package Microsoft\.Agents\.AI(?:\.Workflows)?) --version 1\.28\.0$",
+                        rf"\1 --version {release}", add.replace("/path/to/agenteval", str(ROOT)), flags=re.MULTILINE)
+        assert pinned.count(f"--version {release}") >= 2
         _sh(pinned, app)
+        # The nuget.config lasts: a second restore on an empty package cache still finds our package.
+        sources = subprocess.run([dotnet, "nuget", "list", "source"], cwd=app, capture_output=True, text=True, timeout=120)
+        assert "agenteval [Enabled]" in sources.stdout and str(ROOT / "dist") in sources.stdout, sources.stdout
+        assert "nuget.org" in sources.stdout or "api.nuget.org" in sources.stdout, sources.stdout
+        _sh(f"{dotnet} restore --force", app, env={"NUGET_PACKAGES": str(tmp_path / "fresh-cache")})
+        assert (tmp_path / "fresh-cache" / "agenteval.instrumentation.maffidelity").is_dir()
     (app / "Program.cs").write_text(blocks("csharp")[0])
     _sh(f"{dotnet} build --nologo -v q", app)
 
@@ -69,7 +128,7 @@ def test_a_new_console_app_that_follows_the_page_gets_its_verdicts(release, tmp_
     try:
         server.script("gpt-4o-mini", [Reply(120, 40), Reply(90, 30)])  # the researcher, then the assistant
         server.script("gpt-4o", [Reply(300, 200, "length")])  # the writer
-        _sh(run.strip().splitlines()[-1] + " --no-build", app, env={
+        _sh(run.strip().splitlines()[-1] + " --no-build", app, env={**_bsp(run),
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.grpc}", "OPENAI_API_KEY": "test",
             "OPENAI_BASE_URL": f"{server.base_url}/v1"})
         assert not server.unplayed()

@@ -153,14 +153,17 @@ def test_the_scrape_follows_prometheus_naming_with_no_placeholder_series(tmp_pat
     and maf_release="unknown", values no run has. Now: one prefix, units as suffixes, no scope
     labels; self-metrics at 0 from the start; a verdict series appears with the run that has it."""
     from conftest import CollectorProcess, export_spans
-    from mafshape import SCENARIOS, record
+    from mafshape import SCENARIOS, Invocation, Scenario, ok, record
 
     proc = CollectorProcess(tmp_path)
     try:
         before = _scrape(proc)
-        spans, (trace_id,) = record([SCENARIOS["fail_under_report"][0]], service="billing")
+        # an under-report, and a ledger a third above its chat call (Agree: counted as over-reported)
+        over = Scenario({"writer": [Invocation([ok(300, 150)], reported=(400, 200, "stop"))]}, name="over-report")
+        spans, (trace_id, over_id) = record([SCENARIOS["fail_under_report"][0], over], service="billing")
         export_spans(proc, spans)
         proc.run(trace_id)
+        proc.run(over_id)
         time.sleep(0.2)
         after = _scrape(proc)
     finally:
@@ -178,10 +181,15 @@ def test_the_scrape_follows_prometheus_naming_with_no_placeholder_series(tmp_pat
     assert zero[("agenteval_spans_received_total", (("transport", "grpc"),))] == 0
     assert zero[("agenteval_verdict_spans_dropped_total", ())] == 0
     assert [v for (name, _), v in zero.items() if name == "agenteval_build_info"] == [1]
-    assert not [k for k in zero if k[0].startswith(("agenteval_runs", "agenteval_unit_verdicts", "agenteval_unreported"))]
+    assert not [k for k in zero if k[0].startswith(("agenteval_runs", "agenteval_unit_verdicts", "agenteval_unreported",
+                                                    "agenteval_overreported"))]
     got = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in after for s in f.samples}
     subject = dict(next(k[1] for k in got if k[0] == "agenteval_runs_total"))["subject"]
     assert got[("agenteval_runs_total", (("status", "FAIL"), ("subject", subject)))] == 1  # no release announced: no label
+    # the over-report is Agree, and counted as what it is; the under-report is not an over-report
+    assert got[("agenteval_runs_total", (("status", "PASS"), ("subject", "over-report")))] == 1
+    assert {k: v for k, v in got.items() if k[0] == "agenteval_overreported_units_total"} == {
+        ("agenteval_overreported_units_total", (("subject", "over-report"), ("verdict", "Agree"))): 1}
     assert any(name == "agenteval_token_delta_tokens_bucket" for name, _ in got)
     assert any(name == "agenteval_verdict_latency_seconds_count" for name, _ in got)
 

@@ -77,8 +77,10 @@ def site(tmp_path_factory, sent):
                                                 Call(error="RateLimitError", provider="openai"),
                                                 Call(320, 160, "stop", provider="openai")],
                                                reported=(300, 240, "stop"))]}, name="per-call")
-    more, (hostile_id, long_id, second_id, derived_id, per_call_id) = record(
-        [hostile, long_ids, second_pass, derived, per_call])
+    # a ledger a third above its chat calls: Agree (over-reporting is not flagged by default), shown as one
+    over = Scenario({"writer": [Invocation([ok(300, 150)], reported=(400, 200, "stop"))]}, name="over-report")
+    more, (hostile_id, long_id, second_id, derived_id, per_call_id, over_id) = record(
+        [hostile, long_ids, second_pass, derived, per_call, over])
     export_spans(proc, spans + more)
     runs = {n: proc.run(i) for n, i in zip(NAMES, ids)}
     runs["hostile"] = proc.run(hostile_id)
@@ -93,6 +95,7 @@ def site(tmp_path_factory, sent):
                    check=True, capture_output=True, timeout=60)
     runs["bench"] = proc.store().list_runs(subject="bench", with_docs=True)[0]
     runs["per_call"] = proc.run(per_call_id)
+    runs["over"] = proc.run(over_id)
     yield proc, runs
     proc.stop()
 
@@ -247,8 +250,10 @@ def test_run_page_needs_the_token_when_auth_is_on_and_can_be_turned_off(tmp_path
         off.stop()
 
 
-@pytest.mark.parametrize("width", [1366, 390])
+@pytest.mark.parametrize("width", [1366, 1100, 800, 390])
 def test_pages_fit_the_window_without_sideways_scrolling(site, browser, width, tmp_path):
+    """At 800 px /runs scrolled sideways (913 px: nine columns beside a run id broken only after its
+    trace id), and between 720 and 1200 px so did a run page's eleven-column units table."""
     proc, runs = site
     context = browser.new_context(viewport={"width": width, "height": 900})
     page = context.new_page()
@@ -267,6 +272,23 @@ def test_pages_fit_the_window_without_sideways_scrolling(site, browser, width, t
             _screenshot(page, "run-page-phone.png", tmp_path)
     finally:
         context.close()
+
+
+def test_an_over_report_is_agree_and_shown_for_what_it_is(site, page):
+    """The writer's ledger says 600 tokens, its chat call 450: Agree by the verdict table (an
+    over-report is flagged only with scoring.flag_over_reporting), and the units table says so."""
+    proc, runs = site
+    run = runs["over"]
+    assert run["status"] == "PASS" and [e["verdict"] for e in run["executors"]] == ["Agree"]
+    page.goto(f"{proc.http}/runs/{run['run_id']}")
+    row = page.locator('#executors tr[data-executor="writer"]')
+    assert row.get_attribute("class") == "over-reported"
+    assert " ".join(row.locator('td[data-label="verdict"]').inner_text().split()) == "Agree (over-reported +33%)"
+    assert " ".join(row.locator(".delta").inner_text().split()) == "+150 over"
+    assert page.locator("[data-diverged]").count() == 0  # nothing diverged: no card says it did
+    other = runs["pass"]
+    page.goto(f"{proc.http}/runs/{other['run_id']}")
+    assert page.locator("#executors tr.over-reported, .over-report").count() == 0
 
 
 def test_timestamps_say_their_time_zone(site, page):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+from fractions import Fraction
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Literal
@@ -577,6 +578,25 @@ def fmt_usd(usd: float | None) -> str:
         return f"${usd:,.2f}"
     decimals = 1 - math.floor(math.log10(abs(usd)))  # two significant digits, never in e-notation
     return f"${usd:.{decimals}f}"
+
+
+def over_reported(delta: int | None, direction: str | None, tolerance: float, truth_tokens: int | None) -> bool:
+    """Whether a checked unit's ledger is above its truth beyond the tolerance: an over-report, Agree
+    unless ``scoring.flag_over_reporting`` (docs/verdicts.md), and shown as one either way. The
+    boundary is the verdict's own (the tolerance as written, compared exactly)."""
+    if direction != "over" or delta is None or truth_tokens is None:
+        return False
+    numerator, denominator = Fraction(str(tolerance)).as_integer_ratio()
+    return delta * denominator > truth_tokens * numerator
+
+
+def fmt_over_report(evidence: dict) -> str | None:
+    """A unit's over-report in a few words (``over-reported +33%``; ``+40 tokens`` over a truth of 0),
+    or None where the ledger is not above the truth beyond the tolerance."""
+    delta, truth = evidence.get("delta"), evidence.get("truth_tokens")
+    if not over_reported(delta, evidence.get("direction"), evidence["tolerance"], truth):
+        return None
+    return f"over-reported +{round(100 * delta / truth)}%" if truth else f"over-reported +{delta:,} tokens"
 
 
 def fmt_maf_release(release: str | None) -> str:

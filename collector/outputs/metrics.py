@@ -49,6 +49,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.samples import Exemplar as PromExemplar
 
 from collector.config import CollectorConfig, split_endpoint
+from collector.core.model import over_reported
 from collector.security import BearerAuth
 from collector.store import StoredRun
 
@@ -372,6 +373,10 @@ class Metrics:
         self.runs = meter.create_counter("agenteval.runs", description="Run verdicts by status (revisions included)")
         self.verdicts = meter.create_counter("agenteval.unit.verdicts", description="Executor verdicts by verdict")
         self.no_truth = meter.create_counter("agenteval.notruth.units", description="NoTruth executors by reason")
+        self.over_reported = meter.create_counter(
+            "agenteval.overreported.units",
+            description="Checked units whose framework reported more tokens than the chat boundary, beyond the "
+                        "tolerance, by verdict: Agree unless scoring.flag_over_reporting (docs/verdicts.md)")
         self.unreported_tokens = meter.create_counter(
             "agenteval.unreported.tokens", description="Tokens the framework did not report (truth - framework where "
                                                       "it under-reported), summed over checked units")
@@ -473,6 +478,7 @@ class Metrics:
         statuses: Counter[Labels] = Counter()
         verdicts: Counter[Labels] = Counter()
         reasons: Counter[Labels] = Counter()
+        over: Counter[Labels] = Counter()
         tokens: Counter[Labels] = Counter()
         cost: Counter[Labels] = Counter()
         latest: dict[tuple[str, Labels], RunExemplar | None] = {}
@@ -489,8 +495,10 @@ class Metrics:
                 latest["verdict", (e.verdict.value, subject, release)] = exemplar
                 if e.no_truth_reason is not None:
                     reasons[e.no_truth_reason.value, subject, release] += 1
-                elif e.evidence.delta is not None:
-                    self.delta.record(abs(e.evidence.delta), e.evidence.direction or "equal", exemplar)
+                elif (ev := e.evidence).delta is not None:
+                    self.delta.record(abs(ev.delta), ev.direction or "equal", exemplar)
+                    if over_reported(ev.delta, ev.direction, ev.tolerance, ev.truth_tokens):
+                        over[e.verdict.value, subject, release] += 1
             if run.spend is not None and run.spend.unreported_tokens:
                 tokens["", subject, release] += run.spend.unreported_tokens
                 latest["tokens", ("", subject, release)] = exemplar
@@ -504,6 +512,7 @@ class Metrics:
                 (self.runs, statuses, "status", "status", "agenteval_runs"),
                 (self.verdicts, verdicts, "verdict", "verdict", "agenteval_unit_verdicts"),
                 (self.no_truth, reasons, "reason", "reason", None),
+                (self.over_reported, over, "over", "verdict", None),
                 (self.unreported_tokens, tokens, "tokens", None, "agenteval_unreported_tokens"),
                 (self.unreported_cost, cost, "cost", None, "agenteval_unreported_cost_usd")):
             for labels_key, n in counts.items():

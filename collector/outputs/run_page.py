@@ -17,7 +17,8 @@ import jinja2
 import structlog
 from aiohttp import web
 
-from collector.core.model import Failure, Status, Usage, fmt_duration, fmt_maf_release, fmt_started, fmt_usd, ledger_package
+from collector.core.model import (Failure, Status, Usage, fmt_duration, fmt_maf_release, fmt_over_report, fmt_started,
+                                  fmt_usd, ledger_package)
 from collector.core.serialize import to_json
 from collector.core.spend import known_spend
 from collector.security import BearerAuth
@@ -39,6 +40,7 @@ _env.filters["started"] = fmt_started
 _env.filters["duration"] = fmt_duration
 _env.filters["usd"] = fmt_usd
 _env.filters["maf_release"] = fmt_maf_release
+_env.filters["over_report"] = fmt_over_report
 _env.filters["ledger_package"] = lambda runtime: ledger_package(runtime == "dotnet")
 _env.globals["statuses"] = [s.value for s in Status]
 _env.globals["known_spend"] = known_spend

@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from collector.core.model import fmt_duration, fmt_maf_release, fmt_score, fmt_started, fmt_usd, ledger_package
+from collector.core.model import (fmt_duration, fmt_maf_release, fmt_over_report, fmt_score, fmt_started, fmt_usd,
+                                  ledger_package)
 from collector.core.spend import known_spend
 
 STATUS_STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "PENDING": "bold magenta"}
@@ -60,7 +61,8 @@ def executor_table(run: dict[str, Any]) -> Table:
         delta = "-" if ev["delta"] is None or not e["checked"] else f"{ev['delta']:+d} {ev['direction']}"
         table.add_row(
             shown(e["executor_id"]),
-            f"[{VERDICT_STYLE[e['verdict']]}]{e['verdict']}[/]",
+            f"[{VERDICT_STYLE[e['verdict']]}]{e['verdict']}[/]"
+            + (f" [yellow]({over})[/]" if (over := fmt_over_report(ev)) else ""),
             fmt_score(e["score"]),
             "-" if ev["ledger_missing"] else _num(ev["framework_tokens"]),
             _num(ev["truth_tokens"]),
@@ -79,6 +81,10 @@ def unit_findings(ev: dict[str, Any]) -> list[str]:
     responses recorded twice, ledger spans no run could own, layers that disagree, and the parts of
     the truth's counts (docs/instrumentation-stacks.md, docs/verdicts.md)."""
     lines = []
+    if over := fmt_over_report(ev):
+        lines.append(f"{over}: the framework reported {ev['framework_tokens']:,} tokens, {ev['delta']:,} more than "
+                     f"the chat boundary's {ev['truth_tokens']:,} (an over-report is Agree unless "
+                     "scoring.flag_over_reporting)")
     if ev.get("stacked_chat_spans"):
         lines.append(f"{ev['stacked_chat_spans']} chat span(s) recorded calls another chat span already records "
                      "(stacked instrumentations): each call counted once")

@@ -4,6 +4,7 @@ using System.Diagnostics.Tracing;
 using AgentEval.Instrumentation.MafFidelity;
 using FidelityScenarios;
 using Microsoft.Agents.AI;
+using Microsoft.Agents.AI.Workflows;
 using Microsoft.Extensions.AI;
 using OpenTelemetry;
 using OpenTelemetry.Trace;
@@ -107,8 +108,8 @@ public sealed class SdkTests
             {
             }
         });
-        Assert.Throws<ArgumentNullException>(() => ((IAsyncEnumerable<Microsoft.Agents.AI.Workflows.WorkflowEvent>)null!).WithFidelityLedger());
-        Assert.Throws<ArgumentNullException>(() => ((IEnumerable<Microsoft.Agents.AI.Workflows.WorkflowEvent>)null!).WithFidelityLedger());
+        Assert.Throws<ArgumentNullException>(() => ((IAsyncEnumerable<WorkflowEvent>)null!).WithFidelityLedger());
+        Assert.Throws<ArgumentNullException>(() => ((IEnumerable<WorkflowEvent>)null!).WithFidelityLedger());
     }
 
     [Fact]
@@ -168,6 +169,31 @@ public sealed class SdkTests
         EventWrittenEventArgs failed = Assert.Single(diagnostics.Events, e => e.EventName == "StreamFailed");
         Assert.Equal("bare", failed.Payload![0]);
         Assert.Equal(typeof(HttpRequestException).FullName, failed.Payload[1]);
+    }
+
+    [Fact]
+    public async Task The_event_source_says_no_executor_span_was_found_for_a_runs_response()
+    {
+        using var diagnostics = new Diagnostics();
+        var exported = new List<Activity>();
+        using TracerProvider provider = Sdk.CreateTracerProviderBuilder().AddMafFidelityInstrumentation()
+            .AddInMemoryExporter(exported).Build();
+        ExecutorBinding writer = new ChatClientAgent(new ScriptedChatClient("gpt-4o-mini", new ScriptedCall(30, 10)),
+                new ChatClientAgentOptions { Name = "writer" })
+            .BindAsExecutor(new AIAgentHostOptions { EmitAgentResponseEvents = true });
+        // No WithOpenTelemetry(): MAF starts no executor.process span to record under.
+        Workflow workflow = new WorkflowBuilder(writer).WithOutputFrom(writer).Build();
+        await using (StreamingRun run = await InProcessExecution.RunStreamingAsync(workflow, new ChatMessage(ChatRole.User, "go")))
+        {
+            await run.TrySendMessageAsync(new TurnToken(emitEvents: true));
+            await foreach (WorkflowEvent _ in run.WatchStreamAsync().WithFidelityLedger(run))
+            {
+            }
+        }
+
+        EventWrittenEventArgs notFound = Assert.Single(diagnostics.Events, e => e.EventName == "ExecutorSpanNotFound");
+        Assert.StartsWith("writer", (string)notFound.Payload![0]!, StringComparison.Ordinal);
+        Assert.Single(exported, a => a.Source.Name == MafFidelity.ActivitySourceName);
     }
 
     /// <summary>An in-process listener of the package's EventSource, as an app would read it.</summary>

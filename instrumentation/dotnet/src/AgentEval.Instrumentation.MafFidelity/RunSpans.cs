@@ -90,7 +90,7 @@ internal static class RunSpans
             return;
         }
         // The executor id is tagged just after the span starts: its name says it already.
-        string executorId = activity.OperationName[ExecutorProcess.Length..].Trim();
+        string executorId = activity.OperationName.Substring(ExecutorProcess.Length).Trim();
         if (executorId.Length == 0 || SessionOf(activity.Parent) is not (string sessionId, Activity run))
         {
             return;
@@ -173,7 +173,7 @@ internal static class RunSpans
         public void Invoked(string executorId)
         {
             ActivityContext span = this._started.TryGetValue(executorId, out Queue<ActivityContext>? spans)
-                && spans.TryDequeue(out ActivityContext next) ? next : default;
+                && spans.Count > 0 ? spans.Dequeue() : default;
             this._current[executorId] = span;
         }
 

@@ -20,17 +20,30 @@ public sealed class FidelityLedgerAgent : DelegatingAIAgent
     /// <summary>The call in progress in this async flow, to learn the <c>invoke_agent</c> span started inside it.</summary>
     private static readonly AsyncLocal<Invocation?> Current = new();
 
-    /// <summary>Sees MAF's agent spans start; samples nothing itself (the app's tracer provider decides).</summary>
-    private static readonly ActivityListener AgentSpans = Listen();
-
     /// <summary>Wraps <paramref name="innerAgent"/>.</summary>
     public FidelityLedgerAgent(AIAgent innerAgent) : base(innerAgent)
     {
     }
 
     /// <inheritdoc />
-    protected override async Task<AgentResponse> RunCoreAsync(IEnumerable<ChatMessage> messages, AgentSession? session = null,
+    protected override Task<AgentResponse> RunCoreAsync(IEnumerable<ChatMessage> messages, AgentSession? session = null,
         AgentRunOptions? options = null, CancellationToken cancellationToken = default)
+    {
+        ArgumentNullException.ThrowIfNull(messages);
+        return this.RunAndRecordAsync(messages, session, options, cancellationToken);
+    }
+
+    /// <inheritdoc />
+    protected override IAsyncEnumerable<AgentResponseUpdate> RunCoreStreamingAsync(IEnumerable<ChatMessage> messages,
+        AgentSession? session = null, AgentRunOptions? options = null, CancellationToken cancellationToken = default)
+    {
+        // Checked at the call, not on the stream's first MoveNextAsync.
+        ArgumentNullException.ThrowIfNull(messages);
+        return this.StreamAndRecordAsync(messages, session, options, cancellationToken);
+    }
+
+    private async Task<AgentResponse> RunAndRecordAsync(IEnumerable<ChatMessage> messages, AgentSession? session,
+        AgentRunOptions? options, CancellationToken cancellationToken)
     {
         Invocation invocation = this.Begin();
         AgentResponse response = await this.InnerAgent.RunAsync(messages, session, options, cancellationToken).ConfigureAwait(false);
@@ -38,13 +51,16 @@ public sealed class FidelityLedgerAgent : DelegatingAIAgent
         return response;
     }
 
-    /// <inheritdoc />
-    protected override async IAsyncEnumerable<AgentResponseUpdate> RunCoreStreamingAsync(IEnumerable<ChatMessage> messages,
-        AgentSession? session = null, AgentRunOptions? options = null,
-        [EnumeratorCancellation] CancellationToken cancellationToken = default)
+    private async IAsyncEnumerable<AgentResponseUpdate> StreamAndRecordAsync(IEnumerable<ChatMessage> messages,
+        AgentSession? session, AgentRunOptions? options, [EnumeratorCancellation] CancellationToken cancellationToken)
     {
         Invocation invocation = this.Begin();
-        List<AgentResponseUpdate> updates = [];
+        // Nothing listens to the ledger: the updates pass through, none kept.
+        List<AgentResponseUpdate>? updates = MafFidelity.Source.HasListeners() ? [] : null;
+        if (updates is null)
+        {
+            MafFidelityEventSource.Log.LedgerSpanNotRecorded(this.LedgerName, MafFidelity.ActivitySourceName);
+        }
         bool completed = false, failed = false;
         IAsyncEnumerator<AgentResponseUpdate> inner = this.InnerAgent
             .RunStreamingAsync(messages, session, options, cancellationToken).GetAsyncEnumerator(cancellationToken);
@@ -59,12 +75,13 @@ public sealed class FidelityLedgerAgent : DelegatingAIAgent
                         break;
                     }
                 }
-                catch
+                catch (Exception e)
                 {
                     failed = true;
+                    MafFidelityEventSource.Log.StreamFailed(this.LedgerName, e.GetType().FullName ?? e.GetType().Name);
                     throw;
                 }
-                updates.Add(inner.Current);
+                updates?.Add(inner.Current);
                 yield return inner.Current;
             }
             completed = true;
@@ -72,21 +89,27 @@ public sealed class FidelityLedgerAgent : DelegatingAIAgent
         finally
         {
             await inner.DisposeAsync().ConfigureAwait(false);
-            if (!failed)
+            if (!failed && updates is not null)
             {
                 this.Record(invocation, updates.ToAgentResponse(), stream: true, closedEarly: !completed);
             }
         }
     }
 
+    /// <summary>
+    /// What the ledger calls this agent: its name, else its id (as MAF's own agent span knows it), never
+    /// its class: the collector tells agents apart by it.
+    /// </summary>
+    private string LedgerName => this.Name ?? this.InnerAgent.Name ?? this.Id;
+
     private Invocation Begin()
     {
-        _ = AgentSpans;
+        AgentSpanSources.EnsureListening();
         // An agent span already current (the decorator added inside UseOpenTelemetry) is this call's own.
         Activity? current = Activity.Current;
         var invocation = new Invocation(current, DateTimeOffset.UtcNow)
         {
-            AgentSpan = current?.Source.Name == MafFidelity.AgentSourceName
+            AgentSpan = current is not null && AgentSpanSources.Contains(current.Source.Name)
                 && current.GetTagItem("gen_ai.agent.id") as string == this.Id ? current : null,
         };
         Current.Value = invocation;
@@ -97,32 +120,24 @@ public sealed class FidelityLedgerAgent : DelegatingAIAgent
     {
         // Inside a workflow the caller's span is its executor's (executor.process, WithOpenTelemetry()).
         string? executorId = invocation.Caller?.GetTagItem("executor.id") as string;
+        if (invocation.AgentSpan is null && MafFidelity.Source.HasListeners())
+        {
+            MafFidelityEventSource.Log.AgentSpanNotFound(this.LedgerName, this.Id);
+        }
         ActivityContext parent = (invocation.AgentSpan ?? invocation.Caller)?.Context ?? default;
         LedgerSpan.Record(response,
-            // An agent without a name is known by its id (as MAF's own agent span knows it), never by its class:
-            // the collector tells agents apart by it, and the span under the agent's own span is that agent's.
+            // The span under the agent's own span is that agent's.
             new LedgerSpan.Origin(this.Name ?? this.InnerAgent.Name, this.Id, executorId, stream, closedEarly),
             parent, invocation.Started);
     }
 
-    private static ActivityListener Listen()
+    /// <summary>The first agent span that starts inside a call is that call's (a nested agent's own decorator starts a call of its own).</summary>
+    internal static void AgentSpanStarted(Activity activity)
     {
-        var listener = new ActivityListener
+        if (Current.Value is { AgentSpan: null } invocation)
         {
-            ShouldListenTo = source => source.Name == MafFidelity.AgentSourceName,
-            Sample = (ref ActivityCreationOptions<ActivityContext> _) => ActivitySamplingResult.None,
-            // The first agent span that starts inside a call is that call's (a nested agent's own
-            // decorator starts a call of its own).
-            ActivityStarted = activity =>
-            {
-                if (Current.Value is { AgentSpan: null } invocation)
-                {
-                    invocation.AgentSpan = activity;
-                }
-            },
-        };
-        ActivitySource.AddActivityListener(listener);
-        return listener;
+            invocation.AgentSpan = activity;
+        }
     }
 
     private sealed class Invocation(Activity? caller, DateTimeOffset started)
@@ -130,6 +145,54 @@ public sealed class FidelityLedgerAgent : DelegatingAIAgent
         public Activity? Caller { get; } = caller;
         public DateTimeOffset Started { get; } = started;
         public Activity? AgentSpan { get; set; }
+    }
+}
+
+/// <summary>
+/// The ActivitySources whose spans are MAF agent spans to the decorator: MAF's default and those named in
+/// <see cref="MafFidelityInstrumentationOptions.AgentSourceNames"/>. Its listener sees them start and
+/// samples nothing itself (the app's tracer provider decides); it is replaced when a name is added, so a
+/// source created before is seen too.
+/// </summary>
+internal static class AgentSpanSources
+{
+    private static readonly object Gate = new();
+    private static HashSet<string> s_names = new(StringComparer.Ordinal) { MafFidelity.AgentSourceName };
+    private static ActivityListener? s_listener;
+
+    internal static bool Contains(string name) => Volatile.Read(ref s_names).Contains(name);
+
+    internal static void EnsureListening()
+    {
+        if (Volatile.Read(ref s_listener) is null)
+        {
+            Add([]);
+        }
+    }
+
+    internal static void Add(IEnumerable<string> names)
+    {
+        lock (Gate)
+        {
+            var next = new HashSet<string>(s_names, StringComparer.Ordinal);
+            int before = next.Count;
+            next.UnionWith(names);
+            if (next.Count == before && s_listener is not null)
+            {
+                return;
+            }
+            Volatile.Write(ref s_names, next);
+            ActivityListener? old = s_listener;
+            var listener = new ActivityListener
+            {
+                ShouldListenTo = source => Contains(source.Name),
+                Sample = (ref ActivityCreationOptions<ActivityContext> _) => ActivitySamplingResult.None,
+                ActivityStarted = FidelityLedgerAgent.AgentSpanStarted,
+            };
+            ActivitySource.AddActivityListener(listener);
+            Volatile.Write(ref s_listener, listener);
+            old?.Dispose();
+        }
     }
 }
 

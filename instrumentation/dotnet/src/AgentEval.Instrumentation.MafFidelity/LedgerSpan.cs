@@ -22,12 +22,12 @@ internal static class LedgerSpan
     internal static void Record(AgentResponse response, Origin origin, ActivityContext parent = default,
         DateTimeOffset startTime = default)
     {
+        string name = origin.AgentName ?? origin.AgentId ?? origin.ExecutorId ?? "agent";
         if (!MafFidelity.Source.HasListeners())
         {
+            MafFidelityEventSource.Log.LedgerSpanNotRecorded(name, MafFidelity.ActivitySourceName);
             return;
         }
-
-        string name = origin.AgentName ?? origin.AgentId ?? origin.ExecutorId ?? "agent";
         var tags = new ActivityTagsCollection
         {
             [LedgerSourceAttribute] = LedgerSource,

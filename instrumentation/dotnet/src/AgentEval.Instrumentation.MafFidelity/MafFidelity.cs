@@ -24,8 +24,12 @@ public static class MafFidelity
     /// <summary>Microsoft.Extensions.AI's chat spans (<c>chat {model}</c>): on with <c>ChatClientBuilder.UseOpenTelemetry()</c>.</summary>
     public const string ChatSourceName = "Experimental.Microsoft.Extensions.AI";
 
-    /// <summary>Every source above, for <c>AddSource(MafFidelity.AllSourceNames)</c>.</summary>
-    public static readonly string[] AllSourceNames = [ActivitySourceName, WorkflowSourceName, AgentSourceName, ChatSourceName];
+    /// <summary>
+    /// Every source above, read-only, for <c>AddSource(MafFidelity.AllSourceNames)</c> (it converts to a
+    /// <see cref="string"/> array of its own).
+    /// </summary>
+    public static MafFidelitySourceNames AllSourceNames { get; } =
+        new([ActivitySourceName, WorkflowSourceName, AgentSourceName, ChatSourceName]);
 
     /// <summary>The span name prefix of a ledger span: <c>agent_response {agent}</c>.</summary>
     public const string SpanPrefix = "agent_response";
@@ -43,17 +47,6 @@ public static class MafFidelity
 
     /// <summary>The package's first use follows MAF's workflow spans from then on (see <see cref="RunSpans"/>).</summary>
     static MafFidelity() => RunSpans.EnsureListening();
-
-    /// <summary>
-    /// Adds this package's ledger spans and MAF's workflow, agent and chat sources to the tracer
-    /// provider: the one switch for the ledger's side. MAF's own spans still need their switches
-    /// (<c>WithOpenTelemetry()</c> on the workflow, <c>UseOpenTelemetry()</c> on agents and chat clients).
-    /// </summary>
-    public static TracerProviderBuilder AddMafFidelityInstrumentation(this TracerProviderBuilder builder)
-    {
-        ArgumentNullException.ThrowIfNull(builder);
-        return builder.AddSource(AllSourceNames);
-    }
 
     private static string InformationalVersion(Assembly assembly)
     {

@@ -46,20 +46,28 @@ internal static class RunSpans
     /// </summary>
     internal static ActivityContext Read(string sessionId, WorkflowEvent workflowEvent)
     {
-        if (workflowEvent is not (ExecutorInvokedEvent or AgentResponseEvent)
-            || !Sessions.TryGetValue(sessionId, out Session? session))
+        if (workflowEvent is not (ExecutorInvokedEvent or AgentResponseEvent))
         {
             return default;
         }
-        lock (session)
+        ActivityContext producer = default;
+        if (Sessions.TryGetValue(sessionId, out Session? session))
         {
-            if (workflowEvent is ExecutorInvokedEvent invoked)
+            lock (session)
             {
-                session.Invoked(invoked.ExecutorId);
-                return default;
+                if (workflowEvent is ExecutorInvokedEvent invoked)
+                {
+                    session.Invoked(invoked.ExecutorId);
+                    return default;
+                }
+                producer = session.Current(((AgentResponseEvent)workflowEvent).ExecutorId);
             }
-            return session.Current(((AgentResponseEvent)workflowEvent).ExecutorId);
         }
+        if (workflowEvent is AgentResponseEvent response && producer == default)
+        {
+            MafFidelityEventSource.Log.ExecutorSpanNotFound(response.ExecutorId, sessionId);
+        }
+        return producer;
     }
 
     private static ActivityListener Listen()
@@ -82,12 +90,12 @@ internal static class RunSpans
             return;
         }
         // The executor id is tagged just after the span starts: its name says it already.
-        string executorId = activity.OperationName[ExecutorProcess.Length..].Trim();
+        string executorId = activity.OperationName.Substring(ExecutorProcess.Length).Trim();
         if (executorId.Length == 0 || SessionOf(activity.Parent) is not (string sessionId, Activity run))
         {
             return;
         }
-        Session session = Sessions.GetOrAdd(sessionId, _ => new Session(Begun(run) >= ListeningSince));
+        Session session = Sessions.GetOrAdd(sessionId, id => new Session(Begun(run) >= ListeningSince, id));
         lock (session)
         {
             session.Started(executorId, activity.Context);
@@ -131,16 +139,27 @@ internal static class RunSpans
 
     /// <summary>
     /// One session's executor spans not yet announced to its reader, and the ones being read.
-    /// <paramref name="followed"/> false: it began before the listener, whose count would be off.
+    /// Not followed: it began before the listener, whose count would be off (reported once, as it is met).
     /// </summary>
-    private sealed class Session(bool followed)
+    private sealed class Session
     {
+        private readonly bool followed;
+
+        public Session(bool followed, string sessionId)
+        {
+            this.followed = followed;
+            if (!followed)
+            {
+                MafFidelityEventSource.Log.SessionNotFollowed(sessionId);
+            }
+        }
+
         private readonly Dictionary<string, Queue<ActivityContext>> _started = new(StringComparer.Ordinal);
         private readonly Dictionary<string, ActivityContext> _current = new(StringComparer.Ordinal);
 
         public void Started(string executorId, ActivityContext span)
         {
-            if (!followed)
+            if (!this.followed)
             {
                 return;
             }
@@ -154,7 +173,7 @@ internal static class RunSpans
         public void Invoked(string executorId)
         {
             ActivityContext span = this._started.TryGetValue(executorId, out Queue<ActivityContext>? spans)
-                && spans.TryDequeue(out ActivityContext next) ? next : default;
+                && spans.Count > 0 ? spans.Dequeue() : default;
             this._current[executorId] = span;
         }
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import enum
 import math
-from fractions import Fraction
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from fractions import Fraction
+from functools import lru_cache
 from typing import Literal
 
 
@@ -580,14 +581,25 @@ def fmt_usd(usd: float | None) -> str:
     return f"${usd:.{decimals}f}"
 
 
+@lru_cache(maxsize=16)
+def _exact(tolerance: float) -> tuple[int, int]:
+    """The tolerance as written (0.02 is exactly 2/100) as numerator and denominator, so the 2%
+    boundary is exact and compared in integers."""
+    return Fraction(str(tolerance)).as_integer_ratio()
+
+
+def beyond_tolerance(delta: int, truth_tokens: int, tolerance: float) -> bool:
+    """Whether the framework's total is off the truth's by more than the tolerance (strict: exactly
+    the tolerance off is within it): the one boundary the verdict and every display use."""
+    numerator, denominator = _exact(tolerance)
+    return abs(delta) * denominator > truth_tokens * numerator
+
+
 def over_reported(delta: int | None, direction: str | None, tolerance: float, truth_tokens: int | None) -> bool:
     """Whether a checked unit's ledger is above its truth beyond the tolerance: an over-report, Agree
-    unless ``scoring.flag_over_reporting`` (docs/verdicts.md), and shown as one either way. The
-    boundary is the verdict's own (the tolerance as written, compared exactly)."""
-    if direction != "over" or delta is None or truth_tokens is None:
-        return False
-    numerator, denominator = Fraction(str(tolerance)).as_integer_ratio()
-    return delta * denominator > truth_tokens * numerator
+    unless ``scoring.flag_over_reporting`` (docs/verdicts.md), and shown as one either way."""
+    return direction == "over" and delta is not None and truth_tokens is not None and beyond_tolerance(
+        delta, truth_tokens, tolerance)
 
 
 def fmt_over_report(evidence: dict) -> str | None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta, timezone
-from fractions import Fraction
 from functools import lru_cache
 from operator import attrgetter
 
@@ -29,6 +28,7 @@ from collector.core.model import (
     RunVerdict,
     Status,
     Verdict,
+    beyond_tolerance,
 )
 from collector.core.spend import Pricer, price_units
 
@@ -219,9 +219,8 @@ def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> Exe
     if no_truth is None and framework_tokens is not None and truth_tokens is not None:
         delta = framework_tokens - truth_tokens
         direction = "under" if delta < 0 else "over" if delta > 0 else "equal"
-        numerator, denominator = _exact(policy.tolerance)
-        beyond = abs(delta) * denominator > truth_tokens * numerator
-        token_diverged = beyond and (direction == "under" or policy.flag_over_reporting)
+        token_diverged = beyond_tolerance(delta, truth_tokens, policy.tolerance) and (
+            direction == "under" or policy.flag_over_reporting)
 
     framework_in, framework_out, *_ = _sums(ledger)
     truth_in, truth_out, cache_read, cache_write, reasoning = _sums(responses)
@@ -276,13 +275,6 @@ def _sums(items: Sequence[LedgerEntry | ChatTurn]) -> tuple[int | None, ...]:
         if (n := u.reasoning_tokens) is not None:
             reasoning = n if reasoning is None else reasoning + n
     return i, o, read, written, reasoning
-
-
-@lru_cache(maxsize=16)
-def _exact(tolerance: float) -> tuple[int, int]:
-    """The tolerance as written (0.02 is exactly 2/100) as numerator and denominator, so the 2%
-    boundary is exact and compared in integers."""
-    return Fraction(str(tolerance)).as_integer_ratio()
 
 
 @lru_cache(maxsize=16)

@@ -96,8 +96,14 @@ def _sh(script: str, cwd: Path, env: dict[str, str] | None = None) -> None:
     assert proc.returncode == 0, f"{script}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
-@pytest.mark.parametrize("release", RELEASES)
-def test_a_new_console_app_that_follows_the_page_gets_its_verdicts(release, tmp_path):
+#: (MAF release, the app's target framework): both releases on .NET 10, and a .NET 8 app on the newest,
+#: built only: this machine has no .NET 8 runtime, and rolled forward onto .NET 10 the app's
+#: Microsoft.Extensions.AI 11 chat telemetry (which warns it does not support net8.0) fails to start.
+APPS = [(release, "net10.0") for release in RELEASES] + [(RELEASES[0], "net8.0")]
+
+
+@pytest.mark.parametrize(("release", "framework"), APPS)
+def test_a_new_console_app_that_follows_the_page_gets_its_verdicts(release, framework, tmp_path):
     dotnet = dotnet_sdk()
     dist, add, _, run = blocks("sh")
     # One build of dist/ and of the NuGet cache's copy of our package at a time (test workers share both).
@@ -110,6 +116,8 @@ def test_a_new_console_app_that_follows_the_page_gets_its_verdicts(release, tmp_
         shutil.rmtree(cache / "agenteval.instrumentation.maffidelity", ignore_errors=True)
         _sh(f"{dotnet} new console -o app", tmp_path)
         app = tmp_path / "app"
+        project = app / "app.csproj"
+        project.write_text(re.sub(r"<TargetFramework>[^<]+<", f"<TargetFramework>{framework}<", project.read_text()))
         pinned = re.sub(r"^(dotnet add package Microsoft\.Agents\.AI(?:\.Workflows)?) --version 1\.28\.0$",
                         rf"\1 --version {release}", add.replace("/path/to/agenteval", str(ROOT)), flags=re.MULTILINE)
         assert pinned.count(f"--version {release}") >= 2
@@ -122,6 +130,11 @@ def test_a_new_console_app_that_follows_the_page_gets_its_verdicts(release, tmp_
         assert (tmp_path / "fresh-cache" / "agenteval.instrumentation.maffidelity").is_dir()
     (app / "Program.cs").write_text(blocks("csharp")[0])
     _sh(f"{dotnet} build --nologo -v q", app)
+    # the package's build for the app's framework (net8.0 has one of its own)
+    assets = (app / "obj" / "project.assets.json").read_text()
+    assert f"lib/{framework}/AgentEval.Instrumentation.MafFidelity.dll" in assets
+    if framework != "net10.0":
+        return
 
     server = LLMServer()
     collector = CollectorProcess(tmp_path / "collector")

@@ -302,7 +302,7 @@ class TraceState:
     __slots__ = ("matcher", "trace_id", "root_span_id", "subject", "_context", "_pending", "_pending_ids",
                  "_runs", "_names", "_fallback_subject", "run_spans_seen", "unusable", "orphaned", "_callers",
                  "_published", "_provisional", "_shared", "_times", "_outside", "_runtime", "_joins",
-                 "_withheld")
+                 "_withheld", "_unnamed")
 
     def __init__(self, matcher: Matcher, trace_id: bytes) -> None:
         self.matcher = matcher
@@ -317,6 +317,8 @@ class TraceState:
         self._pending_ids: set[bytes] = set()
         self._runs: dict[str | None, _Run] = {}
         self._names: dict[str, str] = {}  # case-folded key -> first spelling
+        #: Some key is a per-process id (an agent without a name, an executor named by one).
+        self._unnamed = False
         #: Workflow-run spans received (a trace holding one is ready once quiet, root or not).
         self.run_spans_seen = 0
         #: Spans whose classification failed: ignored on their own (their children inherit around them).
@@ -406,7 +408,9 @@ class TraceState:
 
     def _key(self, name: str) -> str:
         key = name.casefold()
-        self._names.setdefault(key, name)
+        if key not in self._names:
+            self._names[key] = name
+            self._unnamed = self._unnamed or is_per_process_id(key)
         return key
 
     def _run(self, key: str | None) -> _Run:
@@ -743,9 +747,9 @@ class TraceState:
     def _run_input(self, run: _Run, cut: str | None, partial: bool, joins: _Joins) -> RunInput:
         joined = joins.joined.get(run.span_id, ())
         events, unjoined = _event_ledgers(run, joined, joins.unjoined)
-        # units by the keys they are named by (named once the names shown are known: unnamed agents are
-        # numbered among those shown), with the rest of their record
-        records: list[tuple[tuple[str, ...], tuple[Any, ...]]] = []
+        # each unit's record with the keys it is named by: named once the names shown are known (unnamed
+        # agents are numbered among those shown)
+        records: list[tuple[tuple[str, ...], ExecutorRecord]] = []
         units_by_executor: dict[str | None, list[str | None]] = defaultdict(list)
         for executor, agent in run.units:
             units_by_executor[executor].append(agent)
@@ -788,16 +792,18 @@ class TraceState:
             turns = tuple([ChatTurn(Usage(i, o, t, *parts) if parts else Usage(i, o, t), finish, start, invocation,
                                     sid.hex(), error, model, provider)
                            for i, o, t, finish, start, invocation, sid, error, model, provider, _, parts, _, _ in calls])
-            records.append((keys, (ledger, turns, source, tuple([sid for _, sid in sorted(spans)]), derived, stacked,
-                                   disagree, unjoined.get(key, 0), duplicates)))
+            # positional, in field order (per unit of every run: keywords cost 2.5x the call)
+            records.append((keys, ExecutorRecord("", ledger, turns, source, tuple([sid for _, sid in sorted(spans)]),
+                                                 derived, stacked, disagree, unjoined.get(key, 0), duplicates)))
         apart = [(k,) for k in run.executors if k not in scored]
-        names = self._display_names(run, [keys for keys, _ in records] + idle + composite + apart)
+        names = (self._display_names(run, [keys for keys, _ in records] + idle + composite + apart) if self._unnamed
+                 else self._names)
 
         def name(keys: tuple[str, ...]) -> str:
             return names[keys[0]] if len(keys) == 1 else "/".join(names[k] for k in keys) or "(no executor)"
 
-        # positional, in field order (per unit of every run: keywords cost 2.5x the call)
-        units = tuple([ExecutorRecord(name(keys), *rest) for keys, rest in records])
+        for keys, record in records:
+            record.executor_id = name(keys)
         non_agent = tuple(sorted({name(keys) for keys in idle + composite + apart}, key=str.casefold))
         notes = [f"Trace incomplete: {cut}; spans that had not arrived are not in this verdict."] if cut else []
         notes += [f"{shown} ran a workflow as its agent: it is judged by that workflow's own agents, each a unit."
@@ -809,7 +815,7 @@ class TraceState:
         trace_id = self.trace_id.hex()
         earliest, latest = self._times.get(run.span_id, (_NO_START, 0))
         return RunInput(
-            executors=units,
+            executors=tuple([record for _, record in records]),
             trace_id=trace_id,
             root_span_id=run.span_id or (self.root_span_id.hex() if self.root_span_id else None),
             subject=self._subject(run),

@@ -97,8 +97,8 @@ def _sh(script: str, cwd: Path, env: dict[str, str] | None = None) -> None:
 
 
 #: (MAF release, the app's target framework): both releases on .NET 10, and a .NET 8 app on the newest,
-#: built only: this machine has no .NET 8 runtime, and rolled forward onto .NET 10 the app's
-#: Microsoft.Extensions.AI 11 chat telemetry (which warns it does not support net8.0) fails to start.
+#: with the Microsoft.Extensions.AI.OpenAI the page names for .NET 8 (this machine has only the .NET 10
+#: runtime installed: the .NET 8 app runs self-contained, on the .NET 8 runtime pack NuGet serves).
 APPS = [(release, "net10.0") for release in RELEASES] + [(RELEASES[0], "net8.0")]
 
 
@@ -121,6 +121,11 @@ def test_a_new_console_app_that_follows_the_page_gets_its_verdicts(release, fram
         pinned = re.sub(r"^(dotnet add package Microsoft\.Agents\.AI(?:\.Workflows)?) --version 1\.28\.0$",
                         rf"\1 --version {release}", add.replace("/path/to/agenteval", str(ROOT)), flags=re.MULTILINE)
         assert pinned.count(f"--version {release}") >= 2
+        if framework == "net8.0":  # the versions the page names for .NET 8
+            for package in ("Microsoft.Extensions.AI.OpenAI", "OpenTelemetry.Exporter.OpenTelemetryProtocol"):
+                pin = re.search(rf"`({re.escape(package)} --version [\d.]+)`", DOC)[1]
+                pinned = re.sub(rf"^dotnet add package {re.escape(package)} .*$", f"dotnet add package {pin}", pinned,
+                                flags=re.MULTILINE)
         _sh(pinned, app)
         # The nuget.config lasts: a second restore on an empty package cache still finds our package.
         sources = subprocess.run([dotnet, "nuget", "list", "source"], cwd=app, capture_output=True, text=True, timeout=120)
@@ -133,15 +138,17 @@ def test_a_new_console_app_that_follows_the_page_gets_its_verdicts(release, fram
     # the package's build for the app's framework (net8.0 has one of its own)
     assets = (app / "obj" / "project.assets.json").read_text()
     assert f"lib/{framework}/AgentEval.Instrumentation.MafFidelity.dll" in assets
+    command = run.strip().splitlines()[-1] + " --no-build"
     if framework != "net10.0":
-        return
+        _sh(f"{dotnet} publish -c Release -r linux-x64 --self-contained -o out --nologo -v q", app)
+        command = "./out/app"
 
     server = LLMServer()
     collector = CollectorProcess(tmp_path / "collector")
     try:
         server.script("gpt-4o-mini", [Reply(120, 40), Reply(90, 30)])  # the researcher, then the assistant
         server.script("gpt-4o", [Reply(300, 200, "length")])  # the writer
-        _sh(run.strip().splitlines()[-1] + " --no-build", app, env={**_bsp(run),
+        _sh(command, app, env={**_bsp(run),
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://{collector.grpc}", "OPENAI_API_KEY": "test",
             "OPENAI_BASE_URL": f"{server.base_url}/v1"})
         assert not server.unplayed()

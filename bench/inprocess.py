@@ -9,8 +9,9 @@ the whole path whichever thread does which part.
     .venv/bin/python bench/inprocess.py --code . ~/.cache/agenteval/bench-base/<commit> --rounds 5
 
 With ``--code``, each tree's collector (its own ``.venv`` when it has one, as bench/base.sh builds)
-runs this script on the same payload, the trees alternating round by round; the medians of the
-rounds are printed with each tree's ratio to the first (above 1: faster).
+runs this script on the same payload, the trees alternating round by round and each round starting
+with the next tree (use an even number of rounds for two trees); the medians of the rounds are
+printed with each tree's ratio to the first (above 1: faster).
 """
 
 from __future__ import annotations
@@ -169,8 +170,10 @@ def main() -> None:
             print(f"{stage:31} {rate:10.0f} spans/s")
         return
     rounds: dict[str, list[dict[str, float]]] = {code: [] for code in args.code}
-    for _ in range(args.rounds):
-        for code in args.code:
+    for n in range(args.rounds):
+        # Each round starts with the next tree: on a shared box the tree run second in a round read
+        # slower, identical code included (0.68x), so no tree may always go first.
+        for code in args.code[n % len(args.code):] + args.code[:n % len(args.code)]:
             tree = Path(code).resolve()
             python = tree / ".venv/bin/python"
             out = subprocess.run([str(python if python.exists() else sys.executable), __file__, "--json",

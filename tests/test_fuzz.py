@@ -38,7 +38,8 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Status
 
 from collector.config import CollectorConfig
-from collector.core.classify import SpanRecord, TraceState
+from collector.core.classify import TraceState
+from collector.core.facts import SpanRecord
 from collector.core.model import RunVerdict
 from collector.core.reconcile import reconcile
 from collector.core.serialize import run_to_dict

@@ -25,7 +25,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from collector.config import CollectorConfig
-from collector.core.classify import FINISH, INPUT, TOTAL, SpanRecord
+from collector.core.facts import FINISH, INPUT, TOTAL, SpanRecord
 from collector.formats import decode
 from collector.live.journal import Journal, encode
 from collector.live.journal import decode as journal_decode

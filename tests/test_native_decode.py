@@ -40,7 +40,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from collector.formats import decode
-from collector.core.classify import CACHE_READ, CHAT, FINISH, TOTAL, SpanRecord, finish_reason
+from collector.core.facts import CACHE_READ, CHAT, FINISH, TOTAL, SpanRecord, finish_reason
 from collector.config import CollectorConfig
 from collector.formats.decode import (
     MAX_ATTR_CHARS,

@@ -949,7 +949,7 @@ def test_a_late_span_that_changes_no_run_does_not_release_a_revision_still_unsto
     settled again with no run, the trace was let go at once, its unstored revision's spans too."""
     import dataclasses
 
-    from collector.core.classify import span_facts
+    from collector.core.facts import span_facts
     from collector.formats.decode import Decoded
     held = _HeldStore(tmp_path, late_window=300)
     spans, (trace_id,) = record([SCENARIOS["pass"][0]])
@@ -997,7 +997,7 @@ def test_without_a_late_window_a_trace_with_orphans_is_finalized_whole_and_let_g
     finalize them, so the trace was never settled and its journal segment stayed needed for good."""
     import dataclasses
 
-    from collector.core.classify import span_facts
+    from collector.core.facts import span_facts
     from collector.formats.decode import Decoded
     held = _HeldStore(tmp_path, late_window=0)
     held.pipeline.journal.max_bytes = 1  # full while any span is still needed

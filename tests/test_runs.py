@@ -197,7 +197,8 @@ def test_a_sub_workflow_run_span_belongs_to_its_outer_run():
 
 
 def test_spans_in_a_parent_cycle_are_reconciled_not_dropped():
-    from collector.core.classify import SpanRecord, TraceState, span_facts
+    from collector.core.classify import TraceState
+    from collector.core.facts import SpanRecord, span_facts
 
     def record(sid: bytes, parent: bytes, name: str, start: int, attrs: dict) -> SpanRecord:
         return SpanRecord(tid, sid, parent, name, start, span_facts(MATCHER, name, attrs))
@@ -314,7 +315,8 @@ def test_a_run_whose_spans_lost_their_parent_cannot_pass():
     is incomplete and withheld from passing (it was a plain PASS: nothing looked missing)."""
     import dataclasses
 
-    from collector.core.classify import TraceState, span_facts
+    from collector.core.classify import TraceState
+    from collector.core.facts import span_facts
     from collector.core.model import Status
 
     from mafshape import SCENARIOS, export_request, record

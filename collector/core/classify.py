@@ -1,4 +1,9 @@
-"""Span classification (docs/design.md §3): compact span records in, one :class:`RunInput` per run out.
+"""Run assembly (docs/design.md §3): compact span records in, one :class:`RunInput` per run out.
+
+Its neighbours in core/ hold the other jobs of classification: :mod:`~collector.core.facts` what a
+span says, :mod:`~collector.core.units` what a run holds while assembled,
+:mod:`~collector.core.ledger_join` which run a ledger span beside the runs belongs to, and
+:mod:`~collector.core.chat_calls` one truth entry per model call.
 
 :class:`TraceState` is incremental so spans may arrive in any order and in any number of batches
 (exporters send children before parents; late spans revise a run). A span is classified once its
@@ -9,8 +14,9 @@ and the nearest agent (name and invocation span). From that context:
 - a chat span is a turn of its nearest agent's unit (never an outer agent's); a chat span under another
   chat span of the unit (no agent span between) records the same call (stacked instrumentations), so
   each turn keeps its nearest chat-call ancestor and the run is built from outermost calls
-  (:func:`_calls`);
-- an AgentResponseEvent span (our MAF instrumentation) is a ledger entry of the agent it names;
+  (:func:`~collector.core.chat_calls.calls`);
+- an AgentResponseEvent span (our MAF instrumentation) is a ledger entry of the agent it names (one
+  beside the runs joins a run at publication: :func:`~collector.core.ledger_join.share_out`);
 - an agent span is the ledger only where the profile says the runtime's agent span is independent
   (MAF .NET); MAF Python's re-sums the chat spans under it, which makes the unit ``ledger_derived``.
 
@@ -21,279 +27,37 @@ executor's own agent and ``executor/agent`` for any other agent that ran there.
 from __future__ import annotations
 
 import copy
-import json
-import re
 from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Any
 
-from collector.core.model import (
-    Announcement,
-    ChatTurn,
-    ExecutorRecord,
-    LayerDisagreement,
-    LedgerEntry,
-    RunInput,
-    UnattributedChat,
-    Usage,
+from collector.core.chat_calls import T_START, Turn, unattributed_chat
+from collector.core.chat_calls import calls as chat_calls
+from collector.core.facts import (
+    AGENT_ID,
+    BRIDGE,
+    BRIDGE_EXECUTOR,
+    FINISH,
+    KIND,
+    SUBJECT,
+    SpanRecord,
+    announcement,
+    is_per_process_id,
+    name_suffix,
+    span_error,
+    stable_executor,
+    workflow_name,
 )
-from collector.core.profiles import (
-    AGENT,
-    ANNOUNCEMENT_ATTRIBUTES,
-    BRIDGE_EXECUTOR_ATTRIBUTE,
-    EXECUTOR,
-    LEDGER_SOURCE_ATTRIBUTE,
-    LEDGER_SOURCE_BRIDGE,
-    OTHER,
-    RUN,
-    Matcher,
-)
+from collector.core.ledger_join import NO_JOINS, CallerLedger, Joins, event_ledgers, reports, share_out
+from collector.core.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
+from collector.core.profiles import AGENT, EXECUTOR, LEDGER_SOURCE_BRIDGE, OTHER, RUN, Matcher
+from collector.core.units import NO_START, SEVERAL_NAMES, Run, Unit
 
 LEDGER_SOURCE_AGENT_SPAN = "invoke_agent"
-
-
-#: What classification reads of a span, worked out once as it is decoded (by the compiled decoder in
-#: the same pass, else by :func:`span_facts` from its wanted attributes), so the classifier looks up
-#: no attribute: its kind by name (:data:`RUN`, :data:`EXECUTOR`, :data:`AGENT` or :data:`OTHER`),
-#: whether it is an AgentResponseEvent, whether it is a chat call, the agent, executor and bridge
-#: executor names, whether its executor type hosts an agent, the subject, the error type, the input,
-#: output and total tokens, the finish reason, the instrumentation's announcement (the MAF release,
-#: its version and status), a chat call's model and provider, and the parts of its counts (cached
-#: input read and written, reasoning output).
-Facts = tuple[int, bool, bool, str | None, str | None, str | None, bool, str | None, str | None,
-              int | None, int | None, int | None, str | None, str | None, str | None, str | None, str | None,
-              str | None, int | None, int | None, int | None]
-#: Positions in :data:`Facts` (the compiled decoder writes them in this order).
-(KIND, BRIDGE, CHAT, AGENT_ID, EXECUTOR_ID, BRIDGE_EXECUTOR, HOSTS_AGENT, SUBJECT, ERROR_TYPE, INPUT, OUTPUT, TOTAL,
- FINISH, MAF_RELEASE, INSTRUMENTATION_VERSION, INSTRUMENTATION_STATUS, MODEL, PROVIDER, CACHE_READ, CACHE_WRITE,
- REASONING) = range(21)
-FACTS = 21  # values in Facts
-#: How many facts journals of earlier versions wrote (replayed with the later facts unknown).
-EARLIER_FACTS = (13, 16, 18)
-
-
-@dataclass(slots=True)
-class SpanRecord:
-    """The part of a span that classification reads."""
-
-    trace_id: bytes
-    span_id: bytes
-    parent_id: bytes
-    name: str
-    start_ns: int
-    #: What classification reads of the span's attributes (:data:`Facts`).
-    facts: Facts
-    resource_subject: str | None = None
-    #: The span's error status description ("" when it has none); None when the status is not ERROR.
-    status_error: str | None = None
-    #: The resource's ``telemetry.sdk.language`` (which runtime, hence which profile, wrote it).
-    sdk_language: str | None = None
-    #: The span's end (Unix ns); None when unknown (unset on the wire, or journaled by an earlier version).
-    end_ns: int | None = None
-
-
-#: A chat call while its trace is assembled and in the late window: (input, output and total tokens,
-#: finish reason, start, invocation, span id bytes, error, model, provider, the span id of the chat
-#: span it is beneath in its unit (None: it is outermost), the parts of its counts (cache read, cache
-#: write, reasoning; None: none known), its end where another record of the same call could lie beside
-#: it (beneath a chat span, or directly under its agent span; else None), its span name): ~100 bytes
-#: less than a ChatTurn with its Usage and hex id (the span id is the very object the trace keys the
-#: span by; model, provider and span name strings are shared per trace), and a tuple of atoms the
-#: garbage collector stops tracking. bench/late_memory.py: 286 -> 194 bytes a span held for agents of
-#: 50 chat calls, 425 -> 377 for agents of 3 (before model, provider, outer call, parts, end and name:
-#: six references and an end more now).
-_Turn = tuple[int | None, int | None, int | None, str | None, int, str | None, bytes, str | None, str | None,
-              str | None, bytes | None, tuple[int | None, int | None, int | None] | None, int | None, str]
-#: Positions in :data:`_Turn`.
-_T_FINISH, _T_START, _T_INVOCATION, _T_SPAN, _T_ERROR, _T_OUTER, _T_PARTS, _T_END, _T_NAME = 3, 4, 5, 6, 7, 10, 11, 12, 13
-
-#: :attr:`_Unit.direct_name` once its direct chat spans have several names.
-_NAMES = "\x00several"
-
-#: Past every span start (a fixed64): a run's earliest start while none is known.
-_NO_START = 2**64
 
 #: What a span's children inherit: (run span id, executor key, agent key, agent invocation span id,
 #: the nearest chat span above it in the same unit (an agent span starts afresh)). Keys are
 #: case-folded; the first spelling seen is kept for display.
 Context = tuple[str | None, str | None, str | None, str | None, bytes | None]
 _NO_CONTEXT: Context = (None, None, None, None, None)
-
-
-@dataclass(slots=True)
-class _Unit:
-    ledger: list[LedgerEntry] = field(default_factory=list)
-    #: Its agent's first invocation's start (Unix ns): unnamed agents are numbered in this order.
-    started: int = _NO_START
-    #: Agent spans of a runtime whose agent span is an independent ledger (.NET).
-    agent_spans: list[LedgerEntry] = field(default_factory=list)
-    #: Agent spans that only re-sum the chat spans (MAF Python): never a ledger, only counted.
-    derived_agent_spans: int = 0
-    #: One of them carried usage or a finish reason (with no chat span below it, MAF puts the
-    #: AgentResponse's own there): the agent answered something, so it is no idle call.
-    derived_reported: bool = False
-    #: Chat calls as plain tuples (:data:`_Turn`); they become ChatTurns when the run is built.
-    turns: list[_Turn] = field(default_factory=list)
-    #: The agent ran directly in its executor (no other agent between): a candidate for "own agent".
-    top_level: bool = False
-    #: A chat span of the unit lies beneath another (stacked instrumentations): see :func:`_calls`.
-    stacked: bool = False
-    #: The name of the chat spans directly under the unit's agent span (:data:`_NAMES`: several, which
-    #: may be two records of one call side by side: see :func:`_calls`; the usual case, one name, is
-    #: built without looking).
-    direct_name: str | None = None
-
-
-@dataclass(slots=True)
-class _Executor:
-    spans: list[tuple[int, str]] = field(default_factory=list)  # (start, span id) per invocation
-    hosts_agent: bool = False  # its type hosts one agent of its own (AgentExecutor)
-    #: A workflow ran inside it (a workflow used as its agent): judged by that workflow's agents.
-    composite: bool = False
-    #: Its ids that carried a per-process id (MAF .NET's ``{Name}_{Id}``), case-folded: the agent
-    #: instance's identity, which a caller's ledger span naming the same id joins by.
-    instances: set[str] | None = None
-
-
-@dataclass(slots=True)
-class _Run:
-    """One workflow run (a workflow-run span and its subtree), or the trace's direct-agent run."""
-
-    span_id: str | None
-    subject: str | None = None
-    seen: bool = False  # its workflow-run span has arrived (ended)
-    executors: dict[str, _Executor] = field(default_factory=lambda: defaultdict(_Executor))
-    units: dict[tuple[str | None, str | None], _Unit] = field(default_factory=lambda: defaultdict(_Unit))
-    errors: list[str] = field(default_factory=list)
-    #: The instrumentation's announcement, from the first span of the run that carries one.
-    announcement: Announcement | None = None
-    #: The parent of its workflow-run span (callers' ledger spans join the run under the same parent).
-    parent_id: bytes = b""
-    #: Its workflow-run span's start (Unix ns; None: none arrived, or it had none).
-    start_ns: int | None = None
-    dirty: bool = False
-    revision: int = 0
-
-
-#: MAF's id of an agent without a name (``str(uuid4())``, also as 32 hex digits): a per-process id
-#: that never names a unit (docs/design.md §1).
-_PER_PROCESS_ID = re.compile(r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}", re.IGNORECASE)
-
-
-def is_per_process_id(name: str) -> bool:
-    return len(name) in (32, 36) and _PER_PROCESS_ID.fullmatch(name) is not None
-
-
-#: MAF .NET names an agent's host executor ``{Name}_{Id}`` (``GetDescriptiveId``), where the agent's
-#: ``Id`` is a per-process uuid unless set: the executor is named by its agent's name (docs/maf.md).
-_DOTNET_AGENT_EXECUTOR = re.compile(r"(.+?)_[0-9a-f]{32}", re.IGNORECASE)
-
-
-def _said(s: SpanRecord) -> Announcement | None:
-    """The instrumentation's announcement on a span, if it carries one."""
-    if s.facts[INSTRUMENTATION_VERSION] or s.facts[MAF_RELEASE]:
-        return Announcement(*s.facts[MAF_RELEASE:INSTRUMENTATION_STATUS + 1])
-    return None
-
-
-def stable_executor(name: str) -> str:
-    """An executor id as a unit may carry it: never with a per-process id."""
-    found = _DOTNET_AGENT_EXECUTOR.fullmatch(name)
-    return found.group(1) if found else name
-
-
-def workflow_name(name: str | None) -> str | None:
-    """A subject, unless it holds a per-process id (MAF 1.23 names an unnamed workflow
-    ``WorkflowBuilder-{uuid}``): the run is then named by what comes next (docs/design.md §1)."""
-    return None if name is None or _PER_PROCESS_ID.search(name) else name
-
-
-@lru_cache(maxsize=256)
-def _finish_from_text(text: str) -> str | None:
-    text = text.strip()
-    if not text.startswith("["):
-        return text or None
-    try:
-        return finish_reason(json.loads(text))
-    except (ValueError, RecursionError):
-        return text or None
-
-
-def finish_reason(value: Any) -> str | None:
-    """First finish reason from a string array or its JSON-encoded form (both MAF runtimes send the latter)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return _finish_from_text(value)  # a handful of distinct values: parse each once
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            if isinstance(item, str) and item.strip():
-                return item.strip()
-    return None
-
-
-#: Largest token count kept for one span: more is absurd, and clamping keeps every sum far inside
-#: int64 (the store, the proto and the metrics hold int64) while still showing an absurd value.
-MAX_TOKENS = 10**12
-
-
-def _int(value: Any) -> int | None:
-    """A token count: a non-negative integer (or integral double, or ASCII digits), clamped."""
-    if type(value) is int:  # the usual case (bool is a subclass, not this type)
-        return None if value < 0 else value if value <= MAX_TOKENS else MAX_TOKENS
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, float):
-        value = int(value) if value.is_integer() else None  # nan and inf are not integers
-    elif isinstance(value, str):
-        text = value.strip()
-        value = int(text) if text.isascii() and text.isdigit() and len(text) <= 32 else None
-    if not isinstance(value, int) or value < 0:
-        return None
-    return min(value, MAX_TOKENS)
-
-
-def _first(attrs: dict[str, Any], keys: tuple[str, ...]) -> Any:
-    for key in keys:
-        value = attrs.get(key)
-        if value is not None:
-            return value
-    return None
-
-
-def _text(value: Any) -> str | None:
-    """An attribute used as a name: strings only (an array or kvlist is no name)."""
-    if isinstance(value, str):
-        value = value.strip()
-        return value or None
-    return None
-
-
-def span_facts(m: Matcher, name: str, attrs: dict[str, Any]) -> Facts:
-    """A span's :data:`Facts` from its wanted attributes (the reference the compiled decoder matches)."""
-    return (
-        m.kind(name),
-        attrs.get(LEDGER_SOURCE_ATTRIBUTE) == LEDGER_SOURCE_BRIDGE,
-        m.is_chat(name, attrs),
-        _text(_first(attrs, m.agent_id_keys)),
-        _text(_first(attrs, m.executor_id_keys)),
-        _text(attrs.get(BRIDGE_EXECUTOR_ATTRIBUTE)),
-        m.is_agent_executor_type(_first(attrs, m.executor_type_keys)),
-        _text(_first(attrs, m.subject_keys)),
-        _text(_first(attrs, m.error_keys)),
-        _int(_first(attrs, m.input_keys)),
-        _int(_first(attrs, m.output_keys)),
-        _int(_first(attrs, m.total_keys)),
-        finish_reason(_first(attrs, m.finish_keys)),
-        *(_text(attrs.get(key)) for key in ANNOUNCEMENT_ATTRIBUTES),
-        _text(_first(attrs, m.model_keys)),
-        _text(_first(attrs, m.provider_keys)),
-        _int(_first(attrs, m.cache_read_keys)),
-        _int(_first(attrs, m.cache_write_keys)),
-        _int(_first(attrs, m.reasoning_keys)),
-    )
 
 
 class TraceState:
@@ -315,7 +79,7 @@ class TraceState:
         self._context: dict[bytes, Context] = {}
         self._pending: dict[bytes, list[SpanRecord]] = defaultdict(list)
         self._pending_ids: set[bytes] = set()
-        self._runs: dict[str | None, _Run] = {}
+        self._runs: dict[str | None, Run] = {}
         self._names: dict[str, str] = {}  # case-folded key -> first spelling
         #: Some key is a per-process id (an agent without a name, an executor named by one).
         self._unnamed = False
@@ -330,9 +94,9 @@ class TraceState:
         #: workflow's AgentResponseEvents under its own span): (parent id, executor key, its id as
         #: named case-folded, entry, what it announced). Kept: which run each joins is worked out anew
         #: at every publication.
-        self._callers: list[tuple[bytes, str, str, LedgerEntry, Announcement | None]] = []
-        #: What each run was last published with of the callers' ledger spans (:meth:`_caller_joins`).
-        self._joins: dict[str | None, tuple[Any, ...]] = {}
+        self._callers: list[CallerLedger] = []
+        #: What each run was last published with of the callers' ledger spans (:func:`~collector.core.ledger_join.share_out`).
+        self._joins: dict[str | None, tuple[object, ...]] = {}
         #: Parent ids of the plain spans outside every workflow run (a caller's, .NET's
         #: ``workflow.session``): how far up a run a caller's ledger span may sit and still join it.
         self._outside: dict[bytes, bytes] = {}
@@ -346,7 +110,7 @@ class TraceState:
         #: One object per distinct model or provider name of the trace, shared by its chat calls.
         self._shared: dict[str, str] = {}
         #: Per run key, the earliest known start and the latest known end of its spans (Unix ns;
-        #: :data:`_NO_START` and 0 while none is known), kept apart from the runs: a span outside any
+        #: :data:`NO_START` and 0 while none is known), kept apart from the runs: a span outside any
         #: run makes none.
         self._times: dict[str | None, list[int]] = {}
 
@@ -386,13 +150,13 @@ class TraceState:
             s, parent = stack.pop()
             try:
                 context = self._classify(s, parent)
-            except Exception:  # noqa: BLE001 - one span that cannot be classified is ignored on its own
+            except Exception:  # one span that cannot be classified is ignored on its own
                 self.unusable += 1
                 context = parent
             self._context[s.span_id] = context
             times = run_times.get(context[0])
             if times is None:
-                times = run_times[context[0]] = [_NO_START, 0]
+                times = run_times[context[0]] = [NO_START, 0]
             if 0 < s.start_ns < times[0]:  # 0: unset
                 times[0] = s.start_ns
             if s.end_ns is not None and s.end_ns > times[1]:
@@ -413,10 +177,10 @@ class TraceState:
             self._unnamed = self._unnamed or is_per_process_id(key)
         return key
 
-    def _run(self, key: str | None) -> _Run:
+    def _run(self, key: str | None) -> Run:
         run = self._runs.get(key)
         if run is None:
-            run = self._runs[key] = _Run(key, revision=self._published.get(key, 0))
+            run = self._runs[key] = Run(key, revision=self._published.get(key, 0))
         run.dirty = True
         return run
 
@@ -436,18 +200,18 @@ class TraceState:
                 run.subject = workflow_name(subject)
                 run.start_ns = s.start_ns or None
                 run.parent_id = s.parent_id
-                self._announce(run, s)
-                if error := self._error(s):
+                _announce(run, s)
+                if error := span_error(s):
                     run.errors.append(f"workflow: {error}")
                 return (run.span_id, None, None, None, None)
             run = self._run(run_key)
             if executor is not None:  # a workflow run as an executor's agent (workflow.AsAIAgent())
                 run.executors[executor].composite = True
-            if error := self._error(s):
+            if error := span_error(s):
                 run.errors.append(f"sub-workflow: {error}")
             return parent
         if kind == EXECUTOR:
-            name = executor_id or _suffix(s.name, self.matcher.executor_prefixes)
+            name = executor_id or name_suffix(s.name, self.matcher.executor_prefixes)
             if not name:
                 return parent
             stable = stable_executor(name)
@@ -460,21 +224,21 @@ class TraceState:
                 seen.instances.add(name.casefold())
             seen.spans.append((s.start_ns, s.span_id.hex()))
             seen.hosts_agent = seen.hosts_agent or hosts_agent
-            if error := self._error(s):
+            if error := span_error(s):
                 run.errors.append(f"{name}: {error}")
             return (run_key, key, None, None, None)
         if kind == AGENT:
-            name = agent_id or _suffix(s.name, self.matcher.agent_prefixes)
+            name = agent_id or name_suffix(s.name, self.matcher.agent_prefixes)
             if not name:
                 return parent
             key = self._key(name)  # an unnamed agent's per-process id: told apart, named at publication
             run = self._run(run_key)
-            self._announce(run, s)
+            _announce(run, s)
             unit = run.units[(executor, key)]
             unit.top_level = unit.top_level or agent is None
             if 0 < s.start_ns < unit.started:
                 unit.started = s.start_ns
-            if self._error(s) is None:  # an agent that raised reported nothing
+            if span_error(s) is None:  # an agent that raised reported nothing
                 if self.matcher.agent_span_is_ledger(s.sdk_language):
                     sid = s.span_id.hex()
                     unit.agent_spans.append(LedgerEntry(Usage(i, o, t), finish, s.start_ns, sid, sid))
@@ -505,10 +269,10 @@ class TraceState:
                 if unit.direct_name is None:
                     unit.direct_name = name
                 elif unit.direct_name != name:
-                    unit.direct_name = _NAMES
+                    unit.direct_name = SEVERAL_NAMES
             else:
                 end = None
-            unit.turns.append((i, o, t, finish, s.start_ns, invocation, s.span_id, self._error(s), model, provider,
+            unit.turns.append((i, o, t, finish, s.start_ns, invocation, s.span_id, span_error(s), model, provider,
                                outer, parts, end, name))
             return (run_key, executor, agent, invocation, s.span_id)  # a chat span beneath is this call
         return parent
@@ -523,7 +287,7 @@ class TraceState:
                 return
             if run_key is None:  # beside the workflow run, not in it: joins it at publication, if it can
                 self._callers.append((s.parent_id, self._key(stable_executor(bridge_executor)),
-                                      bridge_executor.casefold(), entry, _said(s)))
+                                      bridge_executor.casefold(), entry, announcement(s)))
                 return
             executor, key = self._key(stable_executor(bridge_executor)), None
         elif invocation is not None and s.parent_id.hex() == invocation:
@@ -536,67 +300,14 @@ class TraceState:
             if key == agent:  # deeper under the agent span: aligned to that invocation
                 entry.invocation = invocation
         run = self._run(run_key)
-        self._announce(run, s)
+        _announce(run, s)
         run.units[(executor, key)].ledger.append(entry)
 
-    @staticmethod
-    def _announce(run: _Run, s: SpanRecord) -> None:
-        if run.announcement is None:
-            run.announcement = _said(s)
-
-    def _caller_joins(self) -> _Joins:
-        """Callers' ledger spans (outside every run, naming only their executor: MAF .NET's workflow
-        events read without their run, the seed's hand-built traces) by the run each joins
-        (docs/verdicts.md "Which run a ledger belongs to"): the one run beneath its parent (directly,
-        or through spans outside every run, .NET's ``workflow.session``) that has its executor, the
-        same agent instance where the executor id names one (MAF .NET's ``{Name}_{Id}``). Where
-        several runs could own it, or none, or its own parent has not arrived, it joins none and its
-        executor's units are NoTruth ``ledger_unjoined``: never a guess, never by time. Worked out
-        anew from every span known at each publication, so arrival order changes nothing; a run whose
-        share changed is published again."""
-        joined: dict[str | None, list[tuple[str, LedgerEntry]]] = defaultdict(list)
-        unjoined: dict[str, int] = defaultdict(int)
-        announced: dict[str, Announcement] = {}
-        for parent_id, executor, named, entry, said in self._callers:
-            if said is not None:
-                announced.setdefault(executor, said)
-            owners = [key for key, r in self._runs.items()
-                      if r.span_id is not None and executor in r.executors and parent_id in self._above(r)
-                      and named in (r.executors[executor].instances or (named,))]
-            if len(owners) == 1:
-                joined[owners[0]].append((executor, entry))
-            else:
-                unjoined[executor] += 1
-        for waiting in self._pending.values():  # not yet classified: which run's is not known yet
-            for w in waiting:
-                if w.facts[BRIDGE] and w.facts[AGENT_ID] is None and w.facts[BRIDGE_EXECUTOR] is not None:
-                    unjoined[self._key(stable_executor(w.facts[BRIDGE_EXECUTOR]))] += 1
-        stray = tuple(sorted(e for e in unjoined if not any(e in r.executors for r in self._runs.values())))
-        for key, run in self._runs.items():
-            share = (tuple(sorted(entry.span_id or "" for _, entry in joined.get(key, ()))),
-                     tuple(sorted((e, n) for e, n in unjoined.items() if e in run.executors)), stray)
-            if self._joins.get(key) != share:
-                self._joins[key] = share
-                run.dirty = True
-        return _Joins(joined, unjoined, stray, announced)
-
-    def _above(self, run: _Run) -> set[bytes]:
-        """The run's parent and, above it, every ancestor outside all runs (cycles cut)."""
-        above: set[bytes] = set()
-        span_id = run.parent_id
-        while span_id and span_id not in above:
-            above.add(span_id)
-            span_id = self._outside.get(span_id, b"")
-        return above
-
-    @staticmethod
-    def _error(s: SpanRecord) -> str | None:
-        """The span's error (its ``error.type``, its status description, or "error"), or None."""
-        kind = s.facts[ERROR_TYPE]
-        if s.status_error is None:
-            return kind
-        detail = " ".join(p for p in (kind, s.status_error) if p)
-        return detail or "error"
+    def _joins_now(self) -> Joins:
+        """Callers' ledger spans by the run each joins, as of every span known now (:func:`share_out`)."""
+        waiting = [self._key(stable_executor(named)) for spans in self._pending.values() for w in spans
+                   if w.facts[BRIDGE] and w.facts[AGENT_ID] is None and (named := w.facts[BRIDGE_EXECUTOR]) is not None]
+        return share_out(self._callers, self._runs, self._outside, waiting, self._joins)
 
     def resolve_orphans(self, everything: bool) -> None:
         """Classify spans whose parent has not arrived as if they had none.
@@ -681,11 +392,11 @@ class TraceState:
             return self._provisional_inputs(cut)
         orphaned = self.orphaned
         self.resolve_orphans(everything)
-        joins = self._caller_joins() if self._callers or self._joins or self._pending else _NO_JOINS
+        joins = self._joins_now() if self._callers or self._joins or self._pending else NO_JOINS
         if self.orphaned > orphaned:  # spans are missing: runs already published cannot pass either
             for run in self._runs.values():
                 run.dirty = True
-        out = []
+        out: list[tuple[RunInput, int]] = []
         for key, run in self._runs.items():
             if not run.dirty or not (everything or run.seen):
                 continue
@@ -727,7 +438,7 @@ class TraceState:
         self._provisional = True
         return out
 
-    def _run_id(self, run: _Run) -> str:
+    def _run_id(self, run: Run) -> str:
         trace_id = self.trace_id.hex()
         return f"{trace_id}-{run.span_id}" if run.span_id else trace_id
 
@@ -744,9 +455,8 @@ class TraceState:
                 run.revision = max(run.revision, revision)
                 self._published[run.span_id] = run.revision
 
-    def _run_input(self, run: _Run, cut: str | None, partial: bool, joins: _Joins) -> RunInput:
-        joined = joins.joined.get(run.span_id, ())
-        events, unjoined = _event_ledgers(run, joined, joins.unjoined)
+    def _run_input(self, run: Run, cut: str | None, partial: bool, joins: Joins) -> RunInput:
+        events, unjoined = event_ledgers(run, joins)
         # each unit's record with the keys it is named by: named once the names shown are known (unnamed
         # agents are numbered among those shown)
         records: list[tuple[tuple[str, ...], ExecutorRecord]] = []
@@ -756,7 +466,7 @@ class TraceState:
         idle: list[tuple[str, ...]] = []
         composite: list[tuple[str, ...]] = []
         scored: set[str | None] = set()
-        unattributed: list[tuple[str | None, list[_Turn]]] = []
+        unattributed: list[tuple[str | None, list[Turn]]] = []
         for key, unit in run.units.items():
             executor, agent = key
             hosts_agent = executor in run.executors and run.executors[executor].hosts_agent
@@ -773,7 +483,7 @@ class TraceState:
                 ledger, source, derived = (), "none", unit.derived_agent_spans > 0
             if agent is None and not ledger and not unit.turns and not unit.agent_spans:
                 continue  # its executor's workflow events went to the executor's own agent's unit
-            calls, stacked, disagree = (_calls(unit.turns) if unit.stacked or unit.direct_name is _NAMES
+            calls, stacked, disagree = (chat_calls(unit.turns) if unit.stacked or unit.direct_name is SEVERAL_NAMES
                                         else (unit.turns, 0, ()))
             if agent is None and not ledger and not hosts_agent:
                 # chat calls with no agent above them, by an executor that hosts none (a function
@@ -784,7 +494,7 @@ class TraceState:
             if not unit.turns and executor in run.executors and run.executors[executor].composite:
                 composite.append(keys)  # a workflow as its agent: that workflow's agents are the units
                 continue
-            if not unit.turns and not unit.derived_reported and not any(_reports(e) for e in ledger):
+            if not unit.turns and not unit.derived_reported and not any(reports(e) for e in ledger):
                 idle.append(keys)  # an agent call that made no model call and reported nothing: not scored
                 continue
             scored.add(executor)
@@ -813,7 +523,7 @@ class TraceState:
             notes.append(f"Ledger span(s) recorded beside the workflow runs named executor(s) {stray}, which no run "
                          "of this trace ran: not compared with anything.")
         trace_id = self.trace_id.hex()
-        earliest, latest = self._times.get(run.span_id, (_NO_START, 0))
+        earliest, latest = self._times.get(run.span_id, (NO_START, 0))
         return RunInput(
             executors=tuple([record for _, record in records]),
             trace_id=trace_id,
@@ -821,7 +531,7 @@ class TraceState:
             subject=self._subject(run),
             incomplete=cut is not None,
             partial=partial,
-            unattributed_chat=tuple([_unattributed(names[e] if e is not None else None, calls)
+            unattributed_chat=tuple([unattributed_chat(names[e] if e is not None else None, calls)
                                      for e, calls in unattributed]),
             non_agent_executors=non_agent,
             workflow_errors=tuple(run.errors),
@@ -830,11 +540,11 @@ class TraceState:
             announcement=run.announcement or next((s for e, s in joins.said.items() if e in run.executors), None),
             service_name=self._fallback_subject,
             runtime=self._runtime,
-            start_ns=run.start_ns or (earliest if earliest < _NO_START else None),
+            start_ns=run.start_ns or (earliest if earliest < NO_START else None),
             end_ns=latest or None,
         )
 
-    def _subject(self, run: _Run) -> str | None:
+    def _subject(self, run: Run) -> str | None:
         """The workflow's name, else the root's, else the service's; a builder's default name (every
         unnamed Sequential workflow is "Sequential") qualified by the service."""
         named = run.subject or self.subject
@@ -842,7 +552,7 @@ class TraceState:
             return f"{self._fallback_subject}/{named}"
         return named or self._fallback_subject
 
-    def _display_names(self, run: _Run, shown: list[tuple[str, ...]]) -> dict[str, str]:
+    def _display_names(self, run: Run, shown: list[tuple[str, ...]]) -> dict[str, str]:
         """First spellings, but an agent known only by its per-process id (an agent without a name)
         and an executor named by one (MAF names the executor of an unnamed agent by the agent's id)
         are ``unnamed-agent-{n}`` (``unnamed-executor-{n}`` for an executor that hosts no agent),
@@ -853,11 +563,11 @@ class TraceState:
         for key, ran in run.executors.items():
             if is_per_process_id(key):
                 first[key] = min(ran.spans, default=(0, ""))[0]
-        agents = set()
+        agents: set[str] = set()
         for (_, agent), unit in run.units.items():
             if agent is not None and is_per_process_id(agent):
                 agents.add(agent)
-                started = min((unit.started, *(e.seq for e in unit.ledger), *(t[_T_START] for t in unit.turns)))
+                started = min((unit.started, *(e.seq for e in unit.ledger), *(t[T_START] for t in unit.turns)))
                 first[agent] = min(first.get(agent, started), started)
         if not first:
             return self._names
@@ -869,7 +579,7 @@ class TraceState:
         return names
 
     @staticmethod
-    def _unit_keys(run: _Run, executor: str | None, agent: str | None, unit: _Unit,
+    def _unit_keys(run: Run, executor: str | None, agent: str | None, unit: Unit,
                    siblings: list[str | None]) -> tuple[str, ...]:
         """What a unit is named by: the executor id for the executor's own agent, ``executor/agent`` for
         any other agent (none: no executor and no agent)."""
@@ -884,185 +594,6 @@ class TraceState:
         return (executor, agent)
 
 
-@dataclass(slots=True)
-class _Joins:
-    """Callers' ledger spans as one publication shares them out (:meth:`TraceState._caller_joins`)."""
-
-    #: Run key -> (executor key, entry) of the spans that joined it.
-    joined: dict[str | None, list[tuple[str, LedgerEntry]]]
-    #: Executor key -> how many ledger spans naming it joined no run.
-    unjoined: dict[str, int]
-    #: Executors named by unjoined spans that no run of the trace ran.
-    stray: tuple[str, ...]
-    #: Executor key -> what the first ledger span naming it announced (the package, its MAF release),
-    #: joined or not: a run whose ledger could not be joined still says which package recorded it.
-    said: dict[str, Announcement]
-
-
-_NO_JOINS = _Joins({}, {}, (), {})
-
-
-def _own_unit(run: _Run, executor: str) -> tuple[str | None, str | None]:
-    """The unit of an executor's own agent: the agent named as the executor, else the one agent that
-    ran there; (executor, None) where that cannot be told."""
-    agents = [a for e, a in run.units if e == executor and a is not None]
-    own = [a for a in agents if a == executor] or agents
-    return (executor, own[0]) if len(own) == 1 else (executor, None)
-
-
-def _event_ledgers(run: _Run, joined: Iterable[tuple[str, LedgerEntry]], unjoined: dict[str, int]
-                   ) -> tuple[dict[tuple[str | None, str | None], list[LedgerEntry]], dict[tuple[str | None, str | None], int]]:
-    """Per unit, the workflow-event ledger entries it holds: a ledger span that names only its executor
-    (recorded in the run under the executor's span, or joined from beside the run) is that executor's
-    own agent's, so one unit holds the entry and the agent's spans and the entry, the framework's own
-    ledger, is what is compared. And per unit, the ledger spans of its executor that joined no run."""
-    by_executor: dict[str, list[LedgerEntry]] = defaultdict(list)
-    for (executor, agent), unit in run.units.items():
-        if agent is None and executor is not None and unit.ledger:
-            by_executor[executor] += unit.ledger
-    for executor, entry in joined:
-        by_executor[executor].append(entry)
-    events = {_own_unit(run, executor): entries for executor, entries in by_executor.items()}
-    return events, {_own_unit(run, e): n for e, n in unjoined.items() if e in run.executors}
-
-
-def _reports(entry: LedgerEntry) -> bool:
-    """The framework reported something for this response: tokens or a finish reason."""
-    return bool(entry.usage.total) or entry.finish_reason is not None
-
-
-def _responded(turn: _Turn) -> bool:
-    """The turn carries a response of its own: usage or a finish reason."""
-    return turn[0] is not None or turn[1] is not None or turn[2] is not None or turn[_T_FINISH] is not None
-
-
-def _tokens(turn: _Turn) -> int | None:
-    return Usage(*turn[:3]).total
-
-
-def _calls(turns: list[_Turn]) -> tuple[list[_Turn], int, tuple[LayerDisagreement, ...]]:
-    """One truth entry per model call (docs/design.md §1): the unit's turns as calls, how many chat
-    spans were folded into a call another records, and where two records of a call disagree.
-
-    A turn beneath another (stacked instrumentations) records that call. The outermost is the call:
-    its response is its own where it carries one, else the responses of its nearest records beneath
-    (a retried or fallen-back call: each attempt once), never both. A failed call stays failed: what
-    its attempts beneath saw without an answer is part of that failure, never a bare request (so
-    never the Path-2 gap). Count parts a call lacks are taken from beneath (shown, never counted).
-    Records side by side are one (:func:`_side_by_side`): beneath one call, or directly under one
-    agent invocation.
-    """
-    ids = {t[_T_SPAN] for t in turns}
-    beneath: dict[bytes, list[_Turn]] = defaultdict(list)
-    for t in turns:
-        if t[_T_OUTER] in ids:
-            beneath[t[_T_OUTER]].append(t)
-    disagree: list[tuple[int, LayerDisagreement]] = []  # (the call's start, what disagrees)
-    resolved: dict[bytes, list[_Turn]] = {}
-    # A turn is classified after its parent, so in reverse the records beneath come first.
-    for t in reversed(turns):
-        inner = beneath.get(t[_T_SPAN])
-        if not inner:
-            resolved[t[_T_SPAN]] = [t]
-            continue
-        records = _side_by_side([(turn, resolved.pop(turn[_T_SPAN])) for turn in inner], disagree)
-        if _responded(t):
-            total = _total(records)
-            own = _tokens(t)
-            if own is not None and total is not None and total != own:
-                disagree.append((t[_T_START], LayerDisagreement(t[_T_SPAN].hex(), own,
-                                                                 tuple(r[_T_SPAN].hex() for r in records), total)))
-            if t[_T_PARTS] is None:
-                t = (*t[:_T_PARTS], _sum_parts(records), *t[_T_END:])
-            resolved[t[_T_SPAN]] = [t]
-        elif t[_T_ERROR] is not None:
-            resolved[t[_T_SPAN]] = [r for r in records if _responded(r) or r[_T_ERROR] is not None] or [t]
-        else:
-            resolved[t[_T_SPAN]] = records
-    calls: list[_Turn] = []
-    direct: dict[str | None, list[tuple[_Turn, list[_Turn]]]] = defaultdict(list)
-    for t in turns:
-        if t[_T_SPAN] in resolved:
-            if t[_T_END] is None:
-                calls += resolved[t[_T_SPAN]]
-            else:  # directly under its agent span
-                direct[t[_T_INVOCATION]].append((t, resolved[t[_T_SPAN]]))
-    for pairs in direct.values():
-        calls += _side_by_side(pairs, disagree) if len(pairs) > 1 else pairs[0][1]
-    disagree.sort(key=lambda found: (found[0], found[1].span_id or ""))  # the same in any arrival order
-    return calls, len(turns) - len(calls), tuple(found for _, found in disagree)
-
-
-def _total(records: list[_Turn]) -> int | None:
-    """The token total of a call's records (failed attempts add 0); None where a response or a record
-    without one has no count."""
-    totals = [_tokens(r) for r in records if _responded(r) or r[_T_ERROR] is None]
-    return sum(totals) if totals and None not in totals else None
-
-
-def _side_by_side(pairs: list[tuple[_Turn, list[_Turn]]], disagree: list[tuple[int, LayerDisagreement]]
-                  ) -> list[_Turn]:
-    """Sibling records (each turn with what it resolved to) as calls, two records of one request once.
-
-    One call's attempts follow one another, and an agent's model calls too: sibling chat spans whose
-    times overlap and whose names differ are two instrumentations of one request (Anthropic's SDK's
-    span beside OpenLLMetry's `anthropic.chat`), counted once: the one that says most (a token count
-    and a finish reason, else a token count, else a response; the first such). Same-named spans side
-    by side stay apart (a client's concurrent calls each get their own span: merging them would
-    under-count the truth)."""
-    pairs.sort(key=lambda pair: pair[0][_T_START])
-    out: list[_Turn] = []
-    group: list[tuple[_Turn, list[_Turn]]] = []
-    group_end = -1
-    for pair in pairs:
-        turn = pair[0]
-        if group and turn[_T_START] < group_end and all(turn[_T_NAME] != g[0][_T_NAME] for g in group):
-            group.append(pair)
-        else:
-            if group:
-                out += _one_record(group, disagree)
-            group, group_end = [pair], -1
-        if turn[_T_END] is not None and turn[_T_END] > group_end:
-            group_end = turn[_T_END]
-    if group:
-        out += _one_record(group, disagree)
-    return out
-
-
-def _one_record(group: list[tuple[_Turn, list[_Turn]]], disagree: list[tuple[int, LayerDisagreement]]
-                ) -> list[_Turn]:
-    """One request's records side by side: the one that counts, and any other total that differs."""
-    if len(group) == 1:
-        return group[0][1]
-    chosen = (next((p for p in group if any(_tokens(r) is not None and r[_T_FINISH] is not None for r in p[1])), None)
-              or next((p for p in group if any(_tokens(r) is not None for r in p[1])), None)
-              or next((p for p in group if any(_responded(r) for r in p[1])), group[0]))
-    total = _total(chosen[1])
-    for other in group:
-        theirs = _total(other[1]) if other is not chosen else None
-        if total is not None and theirs is not None and theirs != total:
-            disagree.append((chosen[0][_T_START], LayerDisagreement(
-                chosen[0][_T_SPAN].hex(), total, tuple(r[_T_SPAN].hex() for r in other[1]), theirs)))
-    return chosen[1]
-
-
-def _sum_parts(records: list[_Turn]) -> tuple[int | None, int | None, int | None] | None:
-    known = [r[_T_PARTS] for r in records if r[_T_PARTS] is not None]
-    if not known:
-        return None
-    read, write, reasoning = ([p[n] for p in known if p[n] is not None] for n in range(3))
-    return (sum(read) if read else None, sum(write) if write else None, sum(reasoning) if reasoning else None)
-
-
-def _unattributed(executor: str | None, turns: list[_Turn]) -> UnattributedChat:
-    totals = [Usage(i, o, t).total for i, o, t, *_ in turns]
-    known = [total for total in totals if total is not None]
-    return UnattributedChat(executor, len(turns), sum(known) if known else None)
-
-
-def _suffix(name: str, prefixes: tuple[str, ...]) -> str | None:
-    for prefix in prefixes:
-        if name.startswith(prefix):
-            rest = name[len(prefix):].strip()
-            return rest or None
-    return None
+def _announce(run: Run, s: SpanRecord) -> None:
+    if run.announcement is None:
+        run.announcement = announcement(s)

@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError as ProtoDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from collector.core.classify import MAX_TOKENS, SpanRecord, finish_reason, span_facts
+from collector.core.facts import MAX_TOKENS, SpanRecord, finish_reason, span_facts
 from collector.core.profiles import (
     AGENT,
     ANNOUNCEMENT_ATTRIBUTES,

@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from collector.config import Assembly
-from collector.core.classify import KIND, SpanRecord, TraceState
+from collector.core.classify import TraceState
+from collector.core.facts import KIND, SpanRecord
 from collector.core.model import Failure, RunInput
 from collector.core.profiles import RUN, Matcher
 

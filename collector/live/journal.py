@@ -39,7 +39,7 @@ from typing import IO
 
 import structlog
 
-from collector.core.classify import EARLIER_FACTS, FACTS, Facts, SpanRecord, span_facts
+from collector.core.facts import EARLIER_FACTS, FACTS, Facts, SpanRecord, span_facts
 from collector.core.profiles import Matcher
 from collector.core.serialize import from_json, to_json
 

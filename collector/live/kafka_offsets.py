@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from collector.core.classify import SpanRecord
+from collector.core.facts import SpanRecord
 from collector.core.profiles import Matcher
 
 #: Prefix of the commit metadata this receiver writes (its format's version).

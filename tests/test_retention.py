@@ -22,8 +22,9 @@ from collector.core.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput
 from collector.core.reconcile import reconcile
 from collector.core.serialize import run_to_json, to_json
 from collector.live.pipeline import StoreWriter
-from collector.store import Retention, StoredRun, open_store
-from collector.store.base import _OLDEST, MIGRATIONS, unpack
+from collector.store import Retention, StoredRun, open_store, unpack
+from collector.store.base import _OLDEST
+from collector.store.schema import MIGRATIONS
 from conftest import AGENTEVAL, CollectorProcess, post
 
 DAY = 86400.0

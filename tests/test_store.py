@@ -17,8 +17,8 @@ import pytest
 from collector.core.model import ChatTurn, ExecutorRecord, LedgerEntry, NoTruthReason, RunInput, Usage
 from collector.core.reconcile import reconcile
 from collector.core.serialize import BOUNDED_EVIDENCE, run_to_dict
-from collector.store import StoredRun, StoreError, open_store
-from collector.store.base import MIGRATIONS, SCHEMA_VERSION, pack
+from collector.store import StoredRun, StoreError, open_store, pack
+from collector.store.schema import MIGRATIONS, SCHEMA_VERSION
 from collector.store.sqlite import CHECKPOINT_INTERVAL
 
 from test_cli import ROOT, bench, run

@@ -24,7 +24,6 @@ import socket
 import threading
 import time
 import uuid
-import zlib
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -35,10 +34,13 @@ from typing import Any
 
 import platformdirs
 import structlog
-import zstandard
 
 from collector.core.model import RunVerdict, Status
-from collector.core.serialize import BOUNDED_EVIDENCE, BOUNDED_RUN, MAX_ITEMS, from_json, run_to_json, to_json
+from collector.core.serialize import MAX_ITEMS, from_json, run_to_json, to_json
+from collector.store import schema
+from collector.store.codec import pack, unpack
+from collector.store.errors import RETRY_READ_AFTER, UNREADABLE, StoreError, StoreUnavailable
+from collector.store.schema import add_missing_keys
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -48,104 +50,6 @@ STORE_ENV = "AGENTEVAL_STORE"
 INSTANCE_ENV = "AGENTEVAL_INSTANCE"
 #: Postgres channel a store NOTIFYs with the run id of every run it writes.
 CHANNEL = "agenteval_runs"
-
-#: zstd level of a stored document: a run of the bench workload (40 spans, 18 KB of JSON) is ~2.14 KB
-#: in ~23 us at level 1, ~2.12 KB in ~28 us at level 3 (1% smaller for a fifth more time, paid on every
-#: published run); zlib level 6, which stores written before used: ~2.2 KB in ~150 us (bench/store_size.py).
-_ZSTD_LEVEL = 1
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_compressor = threading.local()
-
-
-def pack(doc: bytes) -> bytes:
-    """A run document (JSON) as the store keeps it: a zstd frame (a compressor per thread: they
-    keep state between calls and are not thread-safe)."""
-    compressor = getattr(_compressor, "zstd", None)
-    if compressor is None:
-        compressor = _compressor.zstd = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
-    return compressor.compress(doc)
-
-
-def unpack(body: bytes) -> bytes:
-    """The JSON of a stored document (``body``): a zstd frame, or zlib (0x78 header) as written
-    before zstd."""
-    if body[:4] == _ZSTD_MAGIC:
-        return zstandard.ZstdDecompressor().decompress(body)
-    return zlib.decompress(body)
-
-
-#: A migration step: a statement, or a function of (execute, the driver's parameter mark) for what
-#: one statement cannot do (rewriting every row).
-Step = str | Callable[[Callable[..., Any], str], None]
-#: Rows a data migration reads and writes per statement.
-_MIGRATE_ROWS = 256
-
-
-def _compress_documents(execute: Callable[..., Any], mark: str) -> None:
-    """5: each run's JSON document (``doc``) compressed into ``body``, in batches by run id. ``doc``
-    is emptied as well: PostgreSQL's DROP COLUMN that follows leaves the values in the rows, where
-    an emptied one leaves only the old row versions, which vacuum reclaims."""
-    after = ""
-    while rows := execute(f"SELECT run_id, doc FROM runs WHERE run_id > {mark} ORDER BY run_id LIMIT {_MIGRATE_ROWS}",
-                          (after,)).fetchall():
-        values = ", ".join([f"({mark}, {mark})"] * len(rows))
-        execute(f"WITH packed (run_id, body) AS (VALUES {values}) UPDATE runs SET doc = '', body = "
-                f"(SELECT body FROM packed WHERE packed.run_id = runs.run_id) WHERE run_id IN (SELECT run_id FROM packed)",
-                [v for r in rows for v in (r["run_id"], pack(r["doc"].encode()))])
-        after = rows[-1]["run_id"]
-
-
-#: Schema migrations, in order; the schema version is how many have been applied. The DDL is the
-#: common subset of SQLite and PostgreSQL, so both backends share it; ``{blob}`` is the backend's
-#: binary type.
-MIGRATIONS: tuple[tuple[Step, ...], ...] = (
-    (  # 1: runs and their executor verdicts (the latter dropped by 3)
-        """CREATE TABLE IF NOT EXISTS runs (
-            run_id TEXT PRIMARY KEY, trace_id TEXT, subject TEXT, status TEXT NOT NULL, score REAL,
-            preset TEXT NOT NULL, source TEXT NOT NULL, revision INTEGER NOT NULL,
-            incomplete INTEGER NOT NULL, checked INTEGER NOT NULL, unchecked INTEGER NOT NULL,
-            created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL, doc TEXT NOT NULL)""",
-        "CREATE INDEX IF NOT EXISTS runs_by_time ON runs (updated_at DESC)",
-        "CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, updated_at DESC)",
-        "CREATE INDEX IF NOT EXISTS runs_by_subject ON runs (subject, updated_at DESC)",
-        """CREATE TABLE IF NOT EXISTS executor_verdicts (
-            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE, executor_id TEXT NOT NULL,
-            verdict TEXT NOT NULL, score REAL, no_truth_reason TEXT, evidence TEXT NOT NULL,
-            PRIMARY KEY (run_id, executor_id))""",
-    ),
-    (  # 2: which collector instance finalized the run (one of N replicas)
-        "ALTER TABLE runs ADD COLUMN finalized_by TEXT",
-    ),
-    (  # 3: one write per run: the run document already holds every unit's verdict and evidence
-        "DROP TABLE IF EXISTS executor_verdicts",
-    ),
-    (  # 4: the MAF release the run's spans came from (fidelity by release)
-        "ALTER TABLE runs ADD COLUMN maf_release TEXT",
-        "CREATE INDEX IF NOT EXISTS runs_by_release ON runs (maf_release, updated_at DESC)",
-    ),
-    (  # 5: the document compressed (issue 42): ~6x smaller on disk, read back as the same JSON
-        "ALTER TABLE runs ADD COLUMN body {blob}",
-        _compress_documents,
-        "ALTER TABLE runs DROP COLUMN doc",
-    ),
-    (  # 6: replicas come and go (docs/scale-out.md): each run's unit names, for the rules that keep a
-        # verdict no other run holds; parts of traces handed over between replicas
-        "ALTER TABLE runs ADD COLUMN units TEXT",
-        """CREATE TABLE IF NOT EXISTS parts (
-            part_id TEXT PRIMARY KEY, trace_id TEXT NOT NULL, held_by TEXT NOT NULL, has_root INTEGER NOT NULL,
-            spans INTEGER NOT NULL, created_at DOUBLE PRECISION NOT NULL, records TEXT NOT NULL)""",
-        "CREATE INDEX IF NOT EXISTS parts_by_trace ON parts (trace_id)",
-    ),
-    (  # 7: the spend the framework did not report (USD; NULL: not priced, as every earlier run)
-        "ALTER TABLE runs ADD COLUMN unreported_usd DOUBLE PRECISION",
-    ),
-    (  # 8: a claim marks a part (issue 43): it leaves the store with the run that merged it, and a
-        # claim whose claimer is gone goes stale (RunStore.claim_parts)
-        "ALTER TABLE parts ADD COLUMN claimed_by TEXT",
-        "ALTER TABLE parts ADD COLUMN claimed_at DOUBLE PRECISION",
-    ),
-)
-SCHEMA_VERSION = len(MIGRATIONS)
 
 #: A run is replaced only by a higher revision, or an incomplete verdict by a complete one (which
 #: then passes the stored revision's number). :func:`_plan` mirrors this rule to know what it wrote,
@@ -283,21 +187,6 @@ def _plan(rows: list[_Row], current: dict[str, Held]) -> tuple[list[int], list[_
     return written, groups
 
 
-class StoreError(Exception):
-    pass
-
-
-class StoreUnavailable(StoreError):
-    """The store cannot be reached right now (the database down, the file locked by another
-    process): a later attempt can succeed, unlike a store that refuses (a newer schema, a wrong
-    password, a path that is a directory)."""
-
-
-#: What an API client or run page reader is told when a store read fails: the error itself names
-#: the store (path, database URL) and goes to the collector's log only.
-UNREADABLE = "the run store cannot be read right now (the collector's log says why); retry later"
-#: Seconds a reader is told to wait before it retries an unreadable store (the run page's Retry-After).
-RETRY_READ_AFTER = 5
 #: Seconds between attempts to open a store that could not be reached at start: first, most.
 OPEN_RETRY = (0.5, 10.0)
 
@@ -418,34 +307,9 @@ def is_postgres(url: str) -> bool:
     return url.startswith(("postgresql://", "postgres://"))
 
 
-def _none() -> None:
-    return None
-
-
-#: Run keys added since the first stored documents -> the value an older document means.
-_ADDED_KEYS: dict[str, Callable[[], Any]] = {
-    "non_agent_executors": list, "workflow_errors": list, "coverage_note": _none, "unattributed_chat": list,
-    "maf_release": _none, "instrumentation_version": _none, "instrumentation_status": _none, "service_name": _none,
-    "runtime": _none, "started_at": _none, "duration_s": _none, "split": bool, "spend": _none, **{f"{name}_more": int for name in BOUNDED_RUN}}
-#: Likewise, evidence keys (an older document left nothing out of its lists).
-_ADDED_EVIDENCE: dict[str, Callable[[], Any]] = {
-    "chat_calls": list, "ledger": list, "framework_input_tokens": _none, "framework_output_tokens": _none,
-    "truth_input_tokens": _none, "truth_output_tokens": _none, "truth_cache_read_tokens": _none,
-    "truth_cache_write_tokens": _none, "truth_reasoning_tokens": _none, "stacked_chat_spans": int,
-    "chat_layers_disagree": list, "ledger_unjoined": int, "ledger_duplicates": int,
-    **{f"{name}_more": int for name in BOUNDED_EVIDENCE}}
-
-
 def _doc(row: dict[str, Any]) -> dict[str, Any]:
     doc = from_json(unpack(row["body"]))
-    for key, empty in _ADDED_KEYS.items():
-        doc.setdefault(key, empty())
-    for unit in doc["executors"]:
-        evidence = unit["evidence"]
-        if "ledger_unjoined" not in evidence or "chat_calls_more" not in evidence:  # an earlier version's
-            for key, empty in _ADDED_EVIDENCE.items():
-                evidence.setdefault(key, empty())
-        evidence.setdefault("cost", None)  # written before pricing: unknown
+    add_missing_keys(doc)
     doc.update(created_at=row["created_at"], updated_at=row["updated_at"], finalized_by=row["finalized_by"],
                revision=row["revision"])  # the store may have raised it past the verdict's own
     return doc
@@ -519,20 +383,9 @@ class RunStore(ABC):
         off those runs until it commits (SQLite's transaction already holds the write lock)."""
 
     def _migrate_from(self, version: int, execute: Callable[..., Any], reached: Callable[[int], Any]) -> None:
-        """Bring a store at schema ``version`` to :data:`SCHEMA_VERSION`, inside the caller's
-        transaction: ``execute(sql[, params])`` runs one statement, ``reached`` records each version
-        reached."""
-        if version > SCHEMA_VERSION:
-            raise StoreError(f"{self.display}: schema version {version} is newer than this agenteval knows "
-                             f"({SCHEMA_VERSION}); upgrade agenteval")
-        for number in range(version, SCHEMA_VERSION):
-            for step in MIGRATIONS[number]:
-                if isinstance(step, str):
-                    execute(step.format(blob=self._blob))
-                else:
-                    step(execute, self._mark)
-            reached(number + 1)
-            log.info("store_migrated", store=self.display, to_version=number + 1)
+        """Bring a store at schema ``version`` to the current one inside the caller's transaction
+        (:func:`collector.store.schema.migrate`)."""
+        schema.migrate(self.display, version, execute, reached, self._mark, self._blob)
 
     def _reclaim(self) -> None:
         """Called after a transaction deleted runs: give their space back (SQLite)."""

@@ -25,7 +25,6 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -48,8 +47,6 @@ STORE_ENV = "AGENTEVAL_STORE"
 #: Names this collector in each run's ``finalized_by`` (default: the host name), so replicas that
 #: share a host and a store stay apart.
 INSTANCE_ENV = "AGENTEVAL_INSTANCE"
-#: Postgres channel a store NOTIFYs with the run id of every run it writes.
-CHANNEL = "agenteval_runs"
 
 #: A run is replaced only by a higher revision, or an incomplete verdict by a complete one (which
 #: then passes the stored revision's number). :func:`_plan` mirrors this rule to know what it wrote,
@@ -797,23 +794,3 @@ class RunStore(ABC):
     def updated_since(self, since: float, limit: int = 1000) -> list[dict[str, Any]]:
         return [_doc(r) for r in self._query(f"SELECT {_DOC} FROM runs WHERE updated_at >= :since "
                                              "ORDER BY updated_at LIMIT :limit", {"since": since, "limit": limit})]
-
-
-class SeenRuns:
-    """A bounded memory of (run id, revision) pairs, to drop notifications already delivered."""
-
-    def __init__(self, size: int = 10_000) -> None:
-        self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
-        self._size = size
-
-    def fresh(self, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        out = []
-        for doc in docs:
-            key = (doc["run_id"], doc["revision"])
-            if key in self._seen:
-                continue
-            self._seen[key] = None
-            if len(self._seen) > self._size:
-                self._seen.popitem(last=False)
-            out.append(doc)
-        return out

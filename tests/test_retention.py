@@ -23,7 +23,7 @@ from collector.core.reconcile import reconcile
 from collector.core.serialize import run_to_json, to_json
 from collector.live.pipeline import StoreWriter
 from collector.store import Retention, StoredRun, open_store, unpack
-from collector.store.base import _OLDEST
+from collector.store.retention import _OLDEST
 from collector.store.schema import MIGRATIONS
 from conftest import AGENTEVAL, CollectorProcess, post
 

@@ -286,7 +286,7 @@ def test_migrates_a_version_4_store_whose_runs_read_as_not_priced(url):
 
 def test_migrates_a_version_7_store_whose_waiting_parts_stay_claimable(url):
     """Migration 8 (parts.claimed_by, claimed_at): a part handed over before it is unclaimed, as it was."""
-    from collector.store.base import Part
+    from collector.store import Part
 
     blob = "BYTEA" if url.startswith("postgresql://") else "BLOB"
     for migration in MIGRATIONS[:7]:
@@ -571,7 +571,7 @@ def test_a_part_from_another_replica_never_replaces_the_whole_run(url):
 def test_parts_are_handed_over_and_each_claimed_once(url):
     """Two replicas claim the same trace's parts at once: each part goes to exactly one of them,
     with its records as handed over; the poll lists what waits, without records."""
-    from collector.store.base import Part
+    from collector.store import Part
 
     stores = [open_store(url), open_store(url)]
     trace, other = "6c" * 16, "7d" * 16
@@ -610,7 +610,7 @@ def test_a_claimed_part_leaves_the_store_only_with_the_run_that_merged_it(url):
     lease unless renewed (another replica then claims the part, records and all), a claimer started
     again under its name releases its claims at once, and the part goes in the transaction that
     stores the run merging it."""
-    from collector.store.base import Part
+    from collector.store import Part
 
     stores = [open_store(url), open_store(url)]
     trace = "9f" * 16

@@ -237,7 +237,7 @@ class RunStore(ABC):
 
     @property
     def longest_batch(self) -> float:
-        """The longest transaction of the last pass (s)."""
+        """The longest batch a sweep took (s) since the sweeper's last pass began."""
         return self._retainer.longest_batch
 
     # --- change notification ---------------------------------------------------------------------

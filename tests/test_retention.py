@@ -10,6 +10,7 @@ import random
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import replace
@@ -22,8 +23,9 @@ from collector.core.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput
 from collector.core.reconcile import reconcile
 from collector.core.serialize import run_to_json, to_json
 from collector.live.pipeline import StoreWriter
-from collector.store import Retention, StoredRun, open_store
-from collector.store.base import _OLDEST, MIGRATIONS, unpack
+from collector.store import Retention, StoredRun, open_store, unpack
+from collector.store.retention import _OLDEST, Retainer, RetentionSweeper
+from collector.store.schema import MIGRATIONS
 from conftest import AGENTEVAL, CollectorProcess, post
 
 DAY = 86400.0
@@ -154,6 +156,52 @@ def test_the_size_cap_holds_under_sustained_writes_which_are_never_refused(url):
         store.close()
     if not url.startswith("postgresql://"):  # SQLite gives the space back to the file system
         assert store.size_bytes() <= cap
+
+
+def test_the_sweeper_starts_no_thread_until_started_and_ends_it_when_stopped(tmp_path):
+    url = str(tmp_path / "runs.db")
+    store = open_store(url)
+    try:
+        store.save_many([StoredRun(f"run{i}", "live", _verdict(f"{i:032x}")) for i in range(3)])
+        for i in range(3):
+            _age(url, f"run{i}", 2 * DAY)
+        before = set(threading.enumerate())
+        retainer = Retainer(store, threading.Event())
+        sweeper = RetentionSweeper(retainer, Retention(max_age=DAY, interval=0.05), store.wait_open)
+        time.sleep(0.2)
+        assert set(threading.enumerate()) == before and len(_ids(store)) == 3  # made, not started: nothing runs
+        sweeper.start()
+        sweeper.start()  # once
+        [thread] = set(threading.enumerate()) - before
+        assert thread.name == "store-sweeper"
+        deadline = time.monotonic() + 10
+        while retainer.size == 0 and time.monotonic() < deadline:  # a pass ends by measuring the store
+            time.sleep(0.02)
+        assert _ids(store) == set() and retainer.runs_deleted == 3 and retainer.size > 0
+        sweeper.stop()
+        assert not thread.is_alive()
+        sweeper.start()  # stopped for good: no thread again
+        assert set(threading.enumerate()) == before
+    finally:
+        store.close()
+
+
+def test_a_stores_one_sweeper_ends_with_the_store(url):
+    """``start_sweeping`` (the pipeline's entry point) starts one sweeper however often it is called,
+    keeps the figures the metrics read current, and :meth:`close` ends its thread."""
+    store = open_store(url)
+    store.save(StoredRun("run0", "live", _verdict(f"{0:032x}")))
+    before = set(threading.enumerate())
+    deleted: list[int] = []
+    store.start_sweeping(Retention(max_age=DAY, interval=0.05), deleted.append)
+    store.start_sweeping(Retention(max_age=DAY, interval=0.05), deleted.append)
+    [thread] = [t for t in set(threading.enumerate()) - before if t.name == "store-sweeper"]
+    deadline = time.monotonic() + 10
+    while store.oldest_kept is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert store.size > 0 and store.oldest_kept == store.oldest() and deleted == [] and store.runs_deleted == 0
+    store.close()
+    assert not thread.is_alive()
 
 
 def _drained(writer: StoreWriter) -> None:

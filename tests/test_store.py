@@ -7,6 +7,7 @@ import sqlite3
 import threading
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -14,11 +15,11 @@ import jsonschema
 import psycopg
 import pytest
 
-from collector.core.model import ChatTurn, ExecutorRecord, LedgerEntry, NoTruthReason, RunInput, Usage
+from collector.core.model import ChatTurn, ExecutorRecord, LedgerEntry, NoTruthReason, RunInput, Status, Usage
 from collector.core.reconcile import reconcile
 from collector.core.serialize import BOUNDED_EVIDENCE, run_to_dict
-from collector.store import StoredRun, StoreError, open_store
-from collector.store.base import MIGRATIONS, SCHEMA_VERSION, pack
+from collector.store import Part, StoredRun, StoreError, open_store, pack
+from collector.store.schema import MIGRATIONS, SCHEMA_VERSION
 from collector.store.sqlite import CHECKPOINT_INTERVAL
 
 from test_cli import ROOT, bench, run
@@ -286,7 +287,6 @@ def test_migrates_a_version_4_store_whose_runs_read_as_not_priced(url):
 
 def test_migrates_a_version_7_store_whose_waiting_parts_stay_claimable(url):
     """Migration 8 (parts.claimed_by, claimed_at): a part handed over before it is unclaimed, as it was."""
-    from collector.store.base import Part
 
     blob = "BYTEA" if url.startswith("postgresql://") else "BLOB"
     for migration in MIGRATIONS[:7]:
@@ -317,6 +317,44 @@ def test_revisions_are_those_of_the_stored_runs(url):
         ids = ["r1", "r2", "r3", "absent"] + [f"x{i}" for i in range(600)]  # more than one statement holds
         assert store.revisions(ids) == {"r1": (1, False), "r2": (3, False), "r3": (1, True)}
         assert store.revisions([]) == {}
+    finally:
+        store.close()
+
+
+def test_the_facades_reads_answer_from_what_the_store_holds(url):
+    """Reads base.py's facade hands to its rooms: counts by status, documents by id and by time, how
+    far back the history goes, id prefixes and why a run is not found."""
+    store = open_store(url)
+    try:
+        before = time.time()
+        runs = {"aa-1": _verdict(1, 100), "aa-2": _verdict(1, 150), "bb-1": _pending("cd" * 16)}
+        store.save_many([StoredRun(run_id, "live", verdict) for run_id, verdict in runs.items()])
+        assert store.count_by_status() == {s.value: 0 for s in Status} | Counter(v.status.value for v in runs.values())
+        assert sum(store.count_by_status(since=time.time() + 60).values()) == 0
+        assert [d["run_id"] for d in store.docs(["bb-1", "aa-2", "zz"])] == ["aa-2", "bb-1"]
+        assert store.docs([]) == []
+        assert [d["run_id"] for d in store.updated_since(before)] == list(runs)  # in the order written
+        assert store.runs_matching("aa", 5) == ["aa-1", "aa-2"]
+        assert store.get_run("bb")["run_id"] == "bb-1" and store.get_run("aa") is None
+        assert "matches several runs (aa-1, aa-2)" in store.missing_run("aa")
+        assert store.missing_run("zz", remote=True) == "no run 'zz' in this collector's store"
+        assert before <= store.oldest() <= time.time()
+        history = store.history(max_age=14 * 86400)
+        assert history.startswith("history goes back to ") and history.endswith("runs are kept 14 days (store.retention.max_age)")
+    finally:
+        store.close()
+
+
+def test_a_claim_released_on_some_parts_leaves_the_others_claimed(url):
+    store = open_store(url)
+    try:
+        trace = "ef" * 16
+        store.hand_over([Part(trace, "a", False, 1, b"[]\n", 1.0, "a/1"), Part(trace, "a", False, 1, b"[]\n", 2.0, "a/2")])
+        assert [p.part_id for p in store.claim_parts([trace], "b", lease=60.0)] == ["a/1", "a/2"]
+        store.release_claims("b", ["a/2"])
+        assert [p.part_id for p in store.waiting_parts(lease=60.0)] == ["a/2"]
+        store.save(StoredRun(trace, "live", _verdict(1, 100, trace_id=trace), "b", parts=("a/1",)))
+        assert [p.part_id for p in store.claim_parts([trace], "c", lease=60.0)] == ["a/2"]  # a/1 left with the run
     finally:
         store.close()
 
@@ -353,7 +391,7 @@ def test_concurrent_writers_never_lose_or_duplicate_a_run(url):
         try:
             for rev in revisions:
                 store.save_many([StoredRun(r, "live", _verdict(rev, 100 * rev, executors=rev)) for r in runs])
-        except Exception as exc:  # noqa: BLE001 (reported below)
+        except Exception as exc:  # any failure: reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=writer, args=(stores[0], [1, 3, 5])),
@@ -485,7 +523,7 @@ def test_racing_writers_of_the_same_new_runs_neither_deadlock_nor_misreport(url)
                 batch = [StoredRun(r, "live", _verdict(rev, 100)) for r in order]
                 batch += [StoredRun(r, "live", _verdict(rev, 100)) for r in order[:5]]  # repeats: stale
                 reported[k] += stores[k].save_many(batch)
-        except Exception as exc:  # noqa: BLE001 (reported below)
+        except Exception as exc:  # any failure: reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=writer, args=(k,)) for k in (0, 1)]
@@ -571,7 +609,6 @@ def test_a_part_from_another_replica_never_replaces_the_whole_run(url):
 def test_parts_are_handed_over_and_each_claimed_once(url):
     """Two replicas claim the same trace's parts at once: each part goes to exactly one of them,
     with its records as handed over; the poll lists what waits, without records."""
-    from collector.store.base import Part
 
     stores = [open_store(url), open_store(url)]
     trace, other = "6c" * 16, "7d" * 16
@@ -610,7 +647,6 @@ def test_a_claimed_part_leaves_the_store_only_with_the_run_that_merged_it(url):
     lease unless renewed (another replica then claims the part, records and all), a claimer started
     again under its name releases its claims at once, and the part goes in the transaction that
     stores the run merging it."""
-    from collector.store.base import Part
 
     stores = [open_store(url), open_store(url)]
     trace = "9f" * 16

@@ -1,8 +1,9 @@
 """The run store (docs/design.md §5): where verdicts are kept, read back and watched.
 
-``base`` is the interface both backends implement (SQL, migrations, revision guard, errors); ``sqlite``
-and ``postgres`` import it, never each other nor this package's :func:`open_store`, which picks one
-by URL. The PostgreSQL backend is imported only for a ``postgresql://`` URL (psycopg is optional).
+``base`` is the interface both backends implement, a facade over rooms of one job each (``schema``,
+``rules``, ``documents``, ``retention``, ``parts``; see its docstring); ``sqlite`` and ``postgres``
+import it, never each other nor this package's :func:`open_store`, which picks one by URL. The
+PostgreSQL backend is imported only for a ``postgresql://`` URL (psycopg is optional).
 
 May import: ``collector.core``. Imported by the outputs, the live collector and the command line.
 """
@@ -12,28 +13,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from collector.core.serialize import MAX_ITEMS
-from collector.store.base import (
-    RETRY_READ_AFTER,
-    STORE_ENV,
-    UNREADABLE,
-    Retention,
-    RunStore,
-    StoredRun,
-    StoreError,
-    StoreUnavailable,
-    data_dir_store,
-    default_store_url,
-    instance_name,
-    is_postgres,
-    pack,
-    replaces,
-    unpack,
-)
+from collector.store.base import STORE_ENV, RunStore, data_dir_store, default_store_url, instance_name, is_postgres
+from collector.store.codec import pack, unpack
+from collector.store.documents import StoredRun
+from collector.store.errors import RETRY_READ_AFTER, UNREADABLE, StoreError, StoreUnavailable
+from collector.store.parts import Part
+from collector.store.retention import Retention
+from collector.store.rules import replaces
 from collector.store.sqlite import SqliteRunStore
 
-__all__ = ["RETRY_READ_AFTER", "UNREADABLE", "Retention", "RunStore", "StoreError", "StoreUnavailable", "StoredRun",
-           "default_store_url", "instance_name", "is_postgres", "open_store", "pack", "replaces",
-           "unpack"]
+__all__ = ["RETRY_READ_AFTER", "STORE_ENV", "UNREADABLE", "Part", "Retention", "RunStore", "StoreError",
+           "StoreUnavailable", "StoredRun", "default_store_url", "instance_name", "is_postgres", "open_store", "pack",
+           "replaces", "unpack"]
 
 
 def open_store(url: str | Path | None = None, password: str | None = None, pool_size: int = 4,

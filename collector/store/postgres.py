@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -23,10 +24,13 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from collector.store.base import CHANNEL, RunStore, SeenRuns, StoreError, StoreUnavailable
+from collector.store.base import RunStore
+from collector.store.errors import StoreError, StoreUnavailable
 
 log = structlog.get_logger("agenteval.collector")
 
+#: The channel a store NOTIFYs with the run id of every run it writes.
+CHANNEL = "agenteval_runs"
 #: Any fixed key: concurrent replicas starting on a fresh database migrate one at a time.
 _MIGRATION_LOCK = 0x616765_6E7465
 #: Transaction-scoped advisory locks on a batch's run ids, by hash bucket, in ascending order.
@@ -52,6 +56,26 @@ def safe_url(url: str) -> str:
     user = f"{parts['user']}@" if parts.get("user") else ""
     port = f":{parts['port']}" if parts.get("port") else ""
     return f"postgresql://{user}{parts.get('host', '')}{port}/{parts.get('dbname', '')}"
+
+
+class SeenRuns:
+    """A bounded memory of (run id, revision) pairs, to drop notifications already delivered."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self._seen: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._size = size
+
+    def fresh(self, docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for doc in docs:
+            key = (doc["run_id"], doc["revision"])
+            if key in self._seen:
+                continue
+            self._seen[key] = None
+            if len(self._seen) > self._size:
+                self._seen.popitem(last=False)
+            out.append(doc)
+        return out
 
 
 class PostgresRunStore(RunStore):

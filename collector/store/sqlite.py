@@ -18,13 +18,8 @@ from typing import Any
 
 import structlog
 
-from collector.store.base import (
-    STORE_ENV,
-    RunStore,
-    StoreError,
-    StoreUnavailable,
-    data_dir_store,
-)
+from collector.store.base import STORE_ENV, RunStore, data_dir_store
+from collector.store.errors import StoreError, StoreUnavailable
 
 log = structlog.get_logger("agenteval.collector")
 

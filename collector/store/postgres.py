@@ -16,12 +16,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any
+from typing import Any, LiteralString, cast
 
 import psycopg
 import structlog
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row
+from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from collector.store.base import RunStore
@@ -45,9 +45,10 @@ _REFUSED = re.compile(r"authentication failed|no password supplied|does not exis
 
 
 @lru_cache(maxsize=128)
-def _pg(sql: str) -> str:
-    """``:name`` (the shared SQL) -> psycopg's ``%(name)s``."""
-    return re.sub(r"(?<!:):([a-z_][a-z0-9_]*)", r"%(\1)s", sql)
+def _pg(sql: str) -> LiteralString:
+    """``:name`` (the shared SQL) -> psycopg's ``%(name)s``. The SQL is the store's own text, never a
+    value (values are parameters): a literal string, as psycopg's types ask, once rewritten."""
+    return cast("LiteralString", re.sub(r"(?<!:):([a-z_][a-z0-9_]*)", r"%(\1)s", sql))
 
 
 def safe_url(url: str) -> str:
@@ -88,22 +89,25 @@ class PostgresRunStore(RunStore):
         super().__init__()
         self.display = safe_url(url)
         self._url = url
-        self._kwargs: dict[str, Any] = {"password": password} if password else {}
+        self._password = password or None  # None: the URL's own, or libpq's (PGPASSWORD, .pgpass)
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
-        self._pool: ConnectionPool | None = None
+        #: Its connections make dict rows (``row_factory``).
+        self._pool: ConnectionPool[Any] | None = None
         self._listener: threading.Thread | None = None
 
     def _connect(self) -> None:
         """Migrate over a connection of its own (so a refused or failed connection says why at
         once, where the pool would retry it until its timeout), then open the pool."""
         try:
-            with psycopg.connect(self._url, connect_timeout=max(1, round(self._connect_timeout)), autocommit=True,
-                                 row_factory=dict_row, **self._kwargs) as conn:
+            with psycopg.Connection[DictRow].connect(self._url, connect_timeout=max(1, round(self._connect_timeout)),
+                                                     autocommit=True, row_factory=dict_row,
+                                                     password=self._password) as conn:
                 self._migrate(conn)
-            pool = ConnectionPool(self._url, min_size=1, max_size=self._pool_size, open=False,
-                                  timeout=self._connect_timeout, kwargs={**self._kwargs, "row_factory": dict_row},
-                                  check=ConnectionPool.check_connection, name="agenteval-store")
+            pool: ConnectionPool[Any] = ConnectionPool(
+                self._url, min_size=1, max_size=self._pool_size, open=False, timeout=self._connect_timeout,
+                kwargs={"password": self._password, "row_factory": dict_row},
+                check=ConnectionPool.check_connection, name="agenteval-store")
             try:
                 pool.open(wait=True, timeout=self._connect_timeout)
             except BaseException:
@@ -116,11 +120,12 @@ class PostgresRunStore(RunStore):
             raise StoreError(f"{self.display}: {str(exc).strip() or type(exc).__name__}") from exc
         self._pool = pool
 
-    def _migrate(self, conn: psycopg.Connection) -> None:
+    def _migrate(self, conn: psycopg.Connection[DictRow]) -> None:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
             conn.execute("CREATE TABLE IF NOT EXISTS agenteval_schema (version INTEGER NOT NULL)")
-            version = conn.execute("SELECT COALESCE(MAX(version), 0) AS v FROM agenteval_schema").fetchone()["v"]
+            row = conn.execute("SELECT COALESCE(MAX(version), 0) AS v FROM agenteval_schema").fetchone()
+            version = row["v"] if row is not None else 0
             self._migrate_from(version, conn.execute,
                                lambda number: conn.execute("INSERT INTO agenteval_schema (version) VALUES (%s)",
                                                            (number,)))
@@ -197,7 +202,7 @@ class PostgresRunStore(RunStore):
                 return
         while not self._closing.is_set():
             try:
-                with psycopg.connect(self._url, autocommit=True, **self._kwargs) as conn:
+                with psycopg.connect(self._url, autocommit=True, password=self._password) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     if last is not None:  # reconnected: catch up on what was committed meanwhile
                         self._deliver(seen, self.updated_since(last - _CATCH_UP_MARGIN))

@@ -43,6 +43,13 @@ class SqliteRunStore(RunStore):
         self._checkpointer: threading.Thread | None = None
         self._db: sqlite3.Connection | None = None
 
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        """The connection, once opened (callers run after :meth:`_require_open` or :meth:`_connect`)."""
+        if self._db is None:
+            raise StoreUnavailable(f"{self.display}: not open")
+        return self._db
+
     def _connect(self) -> None:
         parent = self.path.parent
         if self.path.is_dir():
@@ -85,7 +92,7 @@ class SqliteRunStore(RunStore):
         if not same:
             log.error("store_replaced", store=self.display,
                       detail="the store file was deleted or replaced while in use; reopened at the same path")
-            self._db.close()
+            self._conn.close()
             self._connect()
 
     def _migrate(self, db: sqlite3.Connection) -> None:
@@ -127,7 +134,7 @@ class SqliteRunStore(RunStore):
         steps ``execute``'s PRAGMA once (one page), ``executescript`` steps it to the end."""
         with self._lock:
             try:
-                self._db.executescript("PRAGMA incremental_vacuum")
+                self._conn.executescript("PRAGMA incremental_vacuum")
             except sqlite3.Error as exc:
                 raise StoreError(f"{self.path}: {exc}") from exc
 
@@ -179,26 +186,26 @@ class SqliteRunStore(RunStore):
                 self._checkpointer.start()
             self._still_there()
             try:
-                self._db.execute("BEGIN IMMEDIATE")
-                yield self._db.execute
-                self._db.execute("COMMIT")
+                self._conn.execute("BEGIN IMMEDIATE")
+                yield self._conn.execute
+                self._conn.execute("COMMIT")
             except sqlite3.Error as exc:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
                 raise StoreError(f"{self.path}: {exc}") from exc
             except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
                 raise
 
     def _max_params(self) -> int:
-        return self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)  # 999 by default before SQLite 3.32
+        return self._conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)  # 999 by default before SQLite 3.32
 
     def _query(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         self._require_open()
         with self._lock:
             try:
-                return [dict(r) for r in self._db.execute(sql, params).fetchall()]
+                return [dict(r) for r in self._conn.execute(sql, params).fetchall()]
             except sqlite3.Error as exc:
                 raise StoreError(f"{self.path}: {exc}") from exc
 

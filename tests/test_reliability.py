@@ -37,7 +37,8 @@ from collector.live.journal import Journal, JournalError
 from collector.formats.loader import workflow_trace_run
 from collector.outputs.export_queue import RetryingSpanExporter
 from collector.outputs.metrics import Metrics
-from collector.live.pipeline import IngestResult, Pipeline, StoreWriter
+from collector.live.pipeline import IngestResult, Pipeline
+from collector.live.store_writer import StoreWriter
 from collector.core.reconcile import reconcile
 from collector.store import StoredRun, open_store
 from conftest import AGENTEVAL, JSON, PROTOBUF, CaptureReceiver, CollectorProcess, free_port, post

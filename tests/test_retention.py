@@ -21,7 +21,7 @@ import pytest
 from collector.core.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
 from collector.core.reconcile import reconcile
 from collector.core.serialize import run_to_json, to_json
-from collector.live.pipeline import StoreWriter
+from collector.live.store_writer import StoreWriter
 from collector.store import Retention, StoredRun, open_store
 from collector.store.base import _OLDEST, MIGRATIONS, unpack
 from conftest import AGENTEVAL, CollectorProcess, post

@@ -115,6 +115,7 @@ def measure(traces: int, repeat: int) -> dict[str, float]:
         with tempfile.TemporaryDirectory(prefix="agenteval-inprocess-") as tmp:
             store = open_store(Path(tmp) / "runs.db")
             pipeline = Pipeline(cfg, store, None, None)
+            pipeline.start()
             published: list = []
             pipeline.writer.put = published.extend  # the writer's work is timed apart, below
             ingest = cpu(lambda: [pipeline.ingest_decoded(decode_bytes(b, matcher), "grpc") for b in bodies])

@@ -39,6 +39,7 @@ def run(bodies: list[bytes], traces: int) -> float:
                                     "max_traces_in_flight": 1_000_000}, journal={"enabled": False})
     with tempfile.TemporaryDirectory(prefix="agenteval-scaling-") as tmp:
         pipeline = Pipeline(cfg, open_store(Path(tmp) / "runs.db"), None, None)
+        pipeline.start()
         matcher = pipeline.matcher
         start = time.perf_counter()
         for body in bodies:

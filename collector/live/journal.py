@@ -136,6 +136,9 @@ class Journal:
         self._file = self._start_segment(self._number)
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
+
+    def start(self) -> None:
+        """Start the group commits (the writer thread)."""
         self._thread.start()
 
     # --- files ---------------------------------------------------------------------------------
@@ -483,7 +486,8 @@ class Journal:
         with self._wakeup:
             self._closing = True
             self._wakeup.notify()
-        self._thread.join(30)
+        if self._thread.is_alive():
+            self._thread.join(30)
         with self._mutex:
             ours = True
             try:

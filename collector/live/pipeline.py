@@ -80,9 +80,6 @@ class Pipeline:
                                   (lambda: metrics.store_errors.add(1)) if metrics else (lambda: None),
                                   self._store_failed, lambda parts: self._done(p.trace_id for p in parts))
         self.store = store
-        kept = config.store.retention
-        store.start_sweeping(Retention(kept.max_age, kept.max_size, config.assembly.late_window, kept.sweep_interval,
-                                       kept.batch), metrics.runs_deleted.add if metrics else lambda deleted: None)
         #: The most recent traces or runs that could not be finalized, published or stored (run page).
         self.failures: deque[Failure] = deque(maxlen=100)
         # A trace cut short at shutdown stays journaled as long as its late spans would be taken.
@@ -110,6 +107,19 @@ class Pipeline:
         self._unchecked: dict[str, list[Finalized]] = {}
         self._check_at = 0.0
         self._check_delay = CHECK_RETRY[0]
+
+    def start(self) -> None:
+        """Start the threads the pipeline owns (the journal's, the store writer's, the hand-over's)
+        and the store's retention sweeper. Then :meth:`replay`, before any receiver opens."""
+        if self.journal is not None:
+            self.journal.start()
+        self.writer.start()
+        if self.handover is not None:
+            self.handover.start()
+        kept, metrics = self.config.store.retention, self.metrics
+        self.store.start_sweeping(Retention(kept.max_age, kept.max_size, self.config.assembly.late_window,
+                                            kept.sweep_interval, kept.batch),
+                                  metrics.runs_deleted.add if metrics else lambda deleted: None)
 
     def gauges(self) -> dict[str, int]:
         a = self.assembler

@@ -94,6 +94,9 @@ def _facts(value: list | dict, name: str, matcher: Matcher) -> Facts:
 
 
 class Journal:
+    """The :class:`~collector.live.spanlog.SpanLog` of the OTLP receivers; also keeps traces cut
+    short at shutdown for the next start (:meth:`cut`, :meth:`replay`)."""
+
     def __init__(self, directory: Path, segment_bytes: int, max_bytes: int, keep_cut_for: float = 0.0) -> None:
         self.directory = directory
         #: Seconds from its first cut that a trace cut short at shutdown stays whole here.
@@ -304,15 +307,15 @@ class Journal:
             self._collect(number)
 
     # --- append / commit ------------------------------------------------------------------------
-    def append(self, spans: list[SpanRecord], line: bytes | None = None,
-               idle: frozenset[bytes] = frozenset()) -> asyncio.Future | None:
+    def append(self, spans: list[SpanRecord], line: bytes | None = None, idle: frozenset[bytes] = frozenset(),
+               at: tuple[int, int] | None = None) -> asyncio.Future | None:
         """Queue ``spans`` for the next group commit; the future resolves once they are on disk (or
         fails with :class:`JournalError`). Call from the event loop, or off it once it appends no
         more (the pipeline's close, before :meth:`close` writes them): then nothing waits (None).
         ``line``: the spans already encoded (by the compiled decoder, sparing the event loop
-        :func:`_encode`). ``idle``: traces of these spans that nothing will release
+        :func:`encode`). ``idle``: traces of these spans that nothing will release
         (:attr:`collector.live.assembler.Offer.idle`): not waited for, or they would keep the
-        segment needed for good."""
+        segment needed for good. ``at`` is not needed: the journal keeps the spans themselves."""
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:

@@ -24,6 +24,7 @@ from collector.live.assembler import Assembler, Backpressure, Finalized
 from collector.live.handover import Handover, merged_note, split_note
 from collector.live.journal import Journal, decode, encode
 from collector.live.kafka_offsets import KafkaOffsets
+from collector.live.spanlog import SpanLog
 from collector.live.store_writer import StoreWriter
 from collector.outputs.emit_spans import VerdictSpans
 from collector.outputs.metrics import Metrics
@@ -43,7 +44,7 @@ CHECK_RETRY = (1.0, 30.0)
 class IngestResult:
     rejected: int
     message: str
-    #: Resolves once the accepted spans are journaled (None without a journal): answer only then.
+    #: Resolves once the accepted spans are durable (None: nothing to wait for): answer only then.
     durable: asyncio.Future | None = None
 
 
@@ -52,7 +53,7 @@ class _Unstored:
     """A trace's runs published but not yet stored."""
 
     runs: int = 0
-    #: The journal's mark when the trace was last settled.
+    #: The span log's mark when the trace was last settled.
     mark: int = 0
     settled: bool = False
 
@@ -60,8 +61,9 @@ class _Unstored:
 class Pipeline:
     def __init__(self, config: CollectorConfig, store: RunStore, metrics: Metrics | None,
                  spans: VerdictSpans | None, store_url: str = "", offsets: KafkaOffsets | None = None) -> None:
-        """``offsets``: with the kafka receiver, Kafka is the durable log and its offsets stand in
-        for the journal (settled, stored traces release their messages instead of journal records)."""
+        """``offsets``: with the kafka receiver, Kafka is the durable log and its offsets are the span
+        log in place of the journal (settled, stored traces release their messages instead of journal
+        records). Nothing runs until :meth:`start`."""
         self.config = config
         self.instance = config.instance or instance_name()
         self.matcher = config.matcher()
@@ -83,11 +85,12 @@ class Pipeline:
         #: The most recent traces or runs that could not be finalized, published or stored (run page).
         self.failures: deque[Failure] = deque(maxlen=100)
         # A trace cut short at shutdown stays journaled as long as its late spans would be taken.
-        self.journal: Journal | KafkaOffsets | None = (
-            offsets if offsets is not None
-            else Journal(config.journal.directory(store_url), config.journal.segment_bytes, config.journal.max_bytes,
-                         keep_cut_for=max(config.assembly.late_window, config.assembly.max_trace_wait))
-            if config.journal.enabled else None)
+        self.journal = (Journal(config.journal.directory(store_url), config.journal.segment_bytes,
+                                config.journal.max_bytes,
+                                keep_cut_for=max(config.assembly.late_window, config.assembly.max_trace_wait))
+                        if offsets is None and config.journal.enabled else None)
+        #: Where accepted spans stay until their runs are stored: Kafka's offsets, or the journal.
+        self.spanlog: SpanLog | None = offsets if offsets is not None else self.journal
         #: Called after spans are accepted with the deadline of their traces' quiet period, so a
         #: sweeper sleeping past it can wake (set by the server; the pipeline knows no event loop).
         self.on_deadline: Callable[[float], None] = lambda due: None
@@ -156,8 +159,9 @@ class Pipeline:
             self.metrics.refused.add(spans, {"reason": reason, "transport": transport})
         log.warning("request_refused", transport=transport, spans=spans, reason=exc.reason)
 
-    def ingest_decoded(self, decoded: Decoded, transport: str) -> IngestResult:
-        """Accept decoded span records, or raise :class:`Backpressure` having accepted none of them."""
+    def ingest_decoded(self, decoded: Decoded, transport: str, at: tuple[int, int] | None = None) -> IngestResult:
+        """Accept decoded span records, or raise :class:`Backpressure` having accepted none of them.
+        ``at``: the (partition, offset) of the Kafka message they came in (:meth:`SpanLog.append`)."""
         try:
             self._check_backlogs()
             self.assembler.check_capacity(len(decoded.spans), (s.trace_id for s in decoded.spans))
@@ -170,8 +174,8 @@ class Pipeline:
             if self._awaited:  # (a duplicate of a replayed span counts too: it costs a row, not a verdict)
                 self._grown.update(s.trace_id.hex() for s in decoded.spans if s.trace_id in self._awaited)
         # Duplicates are journaled again: an exporter retries a request whose journal write failed.
-        durable = (self._journal(decoded, offer.idle)
-                   if self.journal is not None and (offer.accepted or offer.duplicates) else None)
+        durable = (self._append(decoded, offer.idle, at)
+                   if self.spanlog is not None and (offer.accepted or offer.duplicates) else None)
         rejected = decoded.rejected + offer.expired
         messages = list(decoded.reasons)
         messages.extend(f"{n} span(s) belong to traces {why}" for why, n in offer.expired_why.items())
@@ -284,8 +288,8 @@ class Pipeline:
                 accepted = assembler.merge(tid, spans, part.held_by, adopt, part.part_id)
                 if accepted is None:
                     handover.release([part.part_id])
-                elif accepted and self.journal is not None:
-                    self.journal.append(spans)  # durable here before its trace is settled
+                elif accepted and self.spanlog is not None:
+                    self.spanlog.append(spans)  # durable here before its trace is settled
             if parts:
                 self.on_deadline(assembler.clock())
                 if self.metrics is not None:
@@ -336,7 +340,7 @@ class Pipeline:
             if self.metrics is not None:
                 self.metrics.ignored.add(len(self.assembler.ignored))
             self.assembler.ignored.clear()
-        if self.journal is not None:
+        if self.spanlog is not None:
             self._settle(counted, cut, [tid.hex() for tid, _ in handed])
         published: list[tuple[StoredRun, float | None]] = []
         try:
@@ -393,24 +397,25 @@ class Pipeline:
                 log.exception("metrics_record_failed", runs=len(published))
         self.writer.put([(stored.for_writer(), arrived) for stored, arrived in published])
 
-    def _journal(self, decoded: Decoded, idle: frozenset[bytes]) -> asyncio.Future | None:
-        """Journal an accepted request. A trace nothing will settle again is not waited for, unless
-        runs of it are still to be stored (a retry of a request whose write failed, arriving after
-        the trace was finalized from memory): then the release it waits for covers this request."""
-        assert self.journal is not None
+    def _append(self, decoded: Decoded, idle: frozenset[bytes], at: tuple[int, int] | None) -> asyncio.Future | None:
+        """Keep an accepted request in the span log. A trace nothing will settle again is not waited
+        for, unless runs of it are still to be stored (a retry of a request whose write failed,
+        arriving after the trace was finalized from memory): then the release it waits for covers
+        this request."""
+        assert self.spanlog is not None
         if not idle:
-            return self.journal.append(decoded.spans, decoded.journal_line)
+            return self.spanlog.append(decoded.spans, decoded.journal_line, at=at)
         with self._unstored_lock:  # against _done letting the trace go meanwhile
             waiting = [tid for tid in idle if tid.hex() in self._unstored]
-            durable = self.journal.append(decoded.spans, decoded.journal_line, idle.difference(waiting))
-            mark = self.journal.mark()
+            durable = self.spanlog.append(decoded.spans, decoded.journal_line, idle.difference(waiting), at)
+            mark = self.spanlog.mark()
             for tid in waiting:
                 self._unstored[tid.hex()].mark = mark
         return durable
 
     def _settle(self, finalized: list[Finalized], kept: set[bytes], handed: list[str]) -> None:
         """A trace's spans are let go once it is settled (nothing of it waits for a parent) and every
-        run published from it is stored, up to the journal's mark when it was last settled: spans
+        run published from it is stored, up to the span log's mark when it was last settled: spans
         appended later belong to a revision not yet stored. ``kept``: traces cut short at shutdown,
         journaled until the rest of them, sent to the next collector, completes their runs."""
         settled = {tid.hex(): tid for tid in self.assembler.settled if tid not in kept}
@@ -418,7 +423,8 @@ class Pipeline:
         self._replayed.difference_update(settled)  # replayed traces that made no run are done too
         self._awaited.difference_update(settled.values())
         self._grown.difference_update(t for t in settled if t not in self._unchecked)
-        mark = self.journal.mark()
+        assert self.spanlog is not None
+        mark = self.spanlog.mark()
         released = []
         with self._unstored_lock:
             for item in finalized:  # settled or not: a trace still waiting can have published runs
@@ -432,12 +438,12 @@ class Pipeline:
                     released.append((tid, mark))
                 else:
                     entry.settled, entry.mark = True, mark
-        self.journal.release(released)  # every sweep, with nothing released too: expired pins go then
+        self.spanlog.release(released)  # every sweep, with nothing released too: expired pins go then
 
     def _done(self, trace_ids: Iterable[str | None]) -> None:
-        """Runs are stored (or failed for good); the journal lets go of a settled trace once all
+        """Runs are stored (or failed for good); the span log lets go of a settled trace once all
         its runs are, in one call per batch."""
-        if self.journal is None:
+        if self.spanlog is None:
             return
         released = []
         with self._unstored_lock:
@@ -451,7 +457,7 @@ class Pipeline:
                     if entry.settled:  # else its settling lets it go
                         released.append((bytes.fromhex(trace_id), entry.mark))
         if released:
-            self.journal.release(released)
+            self.spanlog.release(released)
 
     def _store_failed(self, run: StoredRun, error: str) -> None:
         self._failed(Failure(run.run_id, "store", error))

@@ -95,7 +95,7 @@ def measure(traces: int, repeat: int) -> dict[str, float]:
         out = {"classify+assemble": cpu(lambda: [assembler.offer(d.spans) for d in decoded])}
         time.sleep(0.01)
         finalized: list = []
-        out["finalize"] = cpu(lambda: finalized.extend(assembler.sweep(True)))
+        out["finalize"] = cpu(lambda: finalized.extend(assembler.sweep(True).finalized))
         runs = [item.run for item in finalized]
         policy, preset = cfg.scoring.policy(), cfg.scoring.preset
         verdicts: list = []

@@ -314,40 +314,32 @@ class Pipeline:
 
     def sweep(self, force: bool = False) -> int:
         hold = self._merge_parts() if self.handover is not None and not force else frozenset()
-        finalized = self.assembler.sweep(force, hold)
-        if self.assembler.spent:
-            self._spend(self.assembler.spent)
-            self.assembler.spent = []
-        handed = self.assembler.handed
-        if handed:
-            self.assembler.handed = []
+        swept = self.assembler.sweep(force, hold)
+        self._spend(swept.spent)
+        if swept.handed:
             self.writer.put_parts([Part(tid.hex(), self.instance, False, len(records), encode(records))
-                                   for tid, records in handed])
+                                   for tid, records in swept.handed])
             if self.metrics is not None:
-                self.metrics.parts.add(len(handed), {"event": "handed_over"})
-        for failure in self.assembler.failures:
+                self.metrics.parts.add(len(swept.handed), {"event": "handed_over"})
+        for failure in swept.failures:
             self._failed(failure)
-        self.assembler.failures.clear()
-        counted = finalized
+        finalized = counted = swept.finalized
         if self._replayed or self._unchecked:
             finalized, counted = self._not_yet_stored(finalized)
-        cut = self._keep(self.assembler.cut)
-        self.assembler.cut.clear()
+        cut = self._keep(swept.cut)
         if self.journal is not None and self.journal.first_cut:  # kept for their rest: it came, or no run will
             self.journal.unpin([bytes.fromhex(item.run.trace_id) for item in finalized
-                                if item.run.trace_id and not item.run.incomplete] + self.assembler.ignored)
-        if self.assembler.ignored:
-            if self.metrics is not None:
-                self.metrics.ignored.add(len(self.assembler.ignored))
-            self.assembler.ignored.clear()
+                                if item.run.trace_id and not item.run.incomplete] + swept.ignored)
+        if swept.ignored and self.metrics is not None:
+            self.metrics.ignored.add(len(swept.ignored))
         if self.spanlog is not None:
-            self._settle(counted, cut, [tid.hex() for tid, _ in handed])
+            self._settle(counted, swept.settled, cut, [tid.hex() for tid, _ in swept.handed])
         published: list[tuple[StoredRun, float | None]] = []
         try:
             for item in finalized:
                 try:
                     published.append((self._publish(item), item.root_arrived))
-                except Exception as exc:  # noqa: BLE001 - one run that cannot be published costs no other
+                except Exception as exc:  # one run that cannot be published costs no other
                     self._failed(Failure(item.run.run_id or item.run.trace_id or "", "publish",
                                          f"{type(exc).__name__}: {exc}"[:200]))
                     self._done([item.run.trace_id])
@@ -413,13 +405,13 @@ class Pipeline:
                 self._unstored[tid.hex()].mark = mark
         return durable
 
-    def _settle(self, finalized: list[Finalized], kept: set[bytes], handed: list[str]) -> None:
-        """A trace's spans are let go once it is settled (nothing of it waits for a parent) and every
-        run published from it is stored, up to the span log's mark when it was last settled: spans
-        appended later belong to a revision not yet stored. ``kept``: traces cut short at shutdown,
-        journaled until the rest of them, sent to the next collector, completes their runs."""
-        settled = {tid.hex(): tid for tid in self.assembler.settled if tid not in kept}
-        self.assembler.settled.clear()
+    def _settle(self, finalized: list[Finalized], swept: list[bytes], kept: set[bytes], handed: list[str]) -> None:
+        """A trace's spans are let go once it is settled (nothing of it waits for a parent; ``swept``:
+        the traces this sweep settled) and every run published from it is stored, up to the span
+        log's mark when it was last settled: spans appended later belong to a revision not yet
+        stored. ``kept``: traces cut short at shutdown, journaled until the rest of them, sent to the
+        next collector, completes their runs."""
+        settled = {tid.hex(): tid for tid in swept if tid not in kept}
         self._replayed.difference_update(settled)  # replayed traces that made no run are done too
         self._awaited.difference_update(settled.values())
         self._grown.difference_update(t for t in settled if t not in self._unchecked)

@@ -34,8 +34,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from workload import Collector, encode, send_streams, trace_spans  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))  # bench/'s own modules, imported below
+from workload import Collector, encode, send_streams, trace_spans
 
 
 def files_bytes(store: Path) -> int:

@@ -153,7 +153,7 @@ class Journal:
 
     def _lock(self) -> IO[str]:
         """The directory's lock, taken (held for the journal's life)."""
-        handle = open(self.directory / "LOCK", "w")  # noqa: SIM115
+        handle = open(self.directory / "LOCK", "w")  # held open for the journal's life
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -165,7 +165,7 @@ class Journal:
     def _start_segment(self, number: int) -> IO[bytes]:
         """Segment ``number``, open for appending (unbuffered: what a failed write left is known)
         and counted; nothing changes if it cannot be."""
-        handle = open(self._path(number), "a+b", buffering=0)  # noqa: SIM115
+        handle = open(self._path(number), "a+b", buffering=0)
         try:
             _fsync_dir(self.directory)
         except OSError:
@@ -205,7 +205,7 @@ class Journal:
                 _copy(source.fileno(), out.fileno())
                 os.fsync(out.fileno())
             os.replace(tmp, path)
-            handle = open(path, "a+b" if number == self._number else "rb", buffering=0)  # noqa: SIM115
+            handle = open(path, "a+b" if number == self._number else "rb", buffering=0)
             source.close()
             self._handles[number] = handle
             if number == self._number:
@@ -287,7 +287,7 @@ class Journal:
             if number == self._number:
                 continue
             path = self._path(number)
-            handle = self._handles[number] = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by _collect
+            handle = self._handles[number] = open(path, "rb", buffering=0)  # closed by _collect
             self._open.setdefault(number, set())
             self._sizes[number] = os.fstat(handle.fileno()).st_size
             named = kept_upto is not None and number <= kept_upto
@@ -366,7 +366,7 @@ class Journal:
                 except Exception:
                     self._cut(number, handle, start, len(data))
                     raise
-            except Exception as exc:  # noqa: BLE001 - the group fails; left unsettled, its requests would hang
+            except Exception as exc:  # the group fails; left unsettled, its requests would hang
                 error = JournalError(f"{self.directory}: journal write failed: "
                                      f"{getattr(exc, 'strerror', None) or exc}")
                 log.error("journal_write_failed", error=str(error), requests=len(group))

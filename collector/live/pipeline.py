@@ -385,7 +385,7 @@ class Pipeline:
         if self.metrics is not None:
             try:
                 self.metrics.record_runs([stored for stored, _ in published])
-            except Exception:  # noqa: BLE001 - failing metrics cost no run its store write or the sweep its rest
+            except Exception:  # failing metrics cost no run its store write or the sweep its rest
                 log.exception("metrics_record_failed", runs=len(published))
         self.writer.put([(stored.for_writer(), arrived) for stored, arrived in published])
 

@@ -24,6 +24,7 @@ from collector.live.assembler import Assembler, Backpressure, Finalized
 from collector.live.handover import Handover, merged_note, split_note
 from collector.live.journal import Journal, decode, encode
 from collector.live.kafka_offsets import KafkaOffsets
+from collector.live.retry import Backoff
 from collector.live.spanlog import SpanLog
 from collector.live.store_writer import StoreWriter
 from collector.outputs.emit_spans import VerdictSpans
@@ -109,7 +110,7 @@ class Pipeline:
         #: and when to ask it again.
         self._unchecked: dict[str, list[Finalized]] = {}
         self._check_at = 0.0
-        self._check_delay = CHECK_RETRY[0]
+        self._check_backoff = Backoff(*CHECK_RETRY)
 
     def start(self) -> None:
         """Start the threads the pipeline owns (the journal's, the store writer's, the hand-over's)
@@ -231,15 +232,15 @@ class Pipeline:
             try:
                 stored = self.writer.store.revisions(list({item.run.run_id or "" for item in items}))
             except StoreError as exc:
-                log.warning("replay_check_failed", error=str(exc), waiting_runs=len(items), retry_in=self._check_delay)
-                self._check_at = now + self._check_delay
-                self._check_delay = min(self._check_delay * 2, CHECK_RETRY[1])
+                delay = self._check_backoff.failed()
+                log.warning("replay_check_failed", error=str(exc), waiting_runs=len(items), retry_in=delay)
+                self._check_at = now + delay
         if stored is None:
             for item in mine:
                 self._unchecked.setdefault(item.run.trace_id or "", []).append(item)
             return others, finalized
         self._unchecked.clear()
-        self._check_delay = CHECK_RETRY[0]
+        self._check_backoff.reset()
         grown = self._grown & {item.run.trace_id for item in items}
         self._grown -= grown
         grown |= {item.run.trace_id for item in items if item.parts}  # a part claimed holds what the store lacks

@@ -30,8 +30,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from workload import encode, trace_spans  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))  # bench/'s own modules, imported below
+from workload import encode, trace_spans
 
 STAGES = ("parse", "decode", "decode (native, from bytes)", "ingest (decode_bytes+classify)",
           "sweep (finalize+reconcile)", "ingest+sweep", "store (save_many)", "ingest+sweep+store", "classify+assemble",
@@ -96,7 +96,7 @@ def measure(traces: int, repeat: int) -> dict[str, float]:
         out = {"classify+assemble": cpu(lambda: [assembler.offer(d.spans) for d in decoded])}
         time.sleep(0.01)
         finalized: list = []
-        out["finalize"] = cpu(lambda: finalized.extend(assembler.sweep(True)))
+        out["finalize"] = cpu(lambda: finalized.extend(assembler.sweep(True).finalized))
         runs = [item.run for item in finalized]
         policy, preset = cfg.scoring.policy(), cfg.scoring.preset
         verdicts: list = []
@@ -116,6 +116,7 @@ def measure(traces: int, repeat: int) -> dict[str, float]:
         with tempfile.TemporaryDirectory(prefix="agenteval-inprocess-") as tmp:
             store = open_store(Path(tmp) / "runs.db")
             pipeline = Pipeline(cfg, store, None, None)
+            pipeline.start()
             published: list = []
             pipeline.writer.put = published.extend  # the writer's work is timed apart, below
             ingest = cpu(lambda: [pipeline.ingest_decoded(decode_bytes(b, matcher), "grpc") for b in bodies])

@@ -20,13 +20,13 @@ from pathlib import Path
 import structlog
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-sys.path.insert(0, str(Path(__file__).parent))
-from workload import Collector, encode, send_streams, trace_spans  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))  # bench/'s own modules, imported below
+from workload import Collector, encode, send_streams, trace_spans
 
-from collector.config import CollectorConfig  # noqa: E402
-from collector.formats.decode import decode_bytes  # noqa: E402
-from collector.live.pipeline import Pipeline  # noqa: E402
-from collector.store import open_store  # noqa: E402
+from collector.config import CollectorConfig
+from collector.formats.decode import decode_bytes
+from collector.live.pipeline import Pipeline
+from collector.store import open_store
 
 #: (executors, chats per executor) for each trace size: a root, and per executor its span, the
 #: agent's, the agent_response span and the chats: 1 + executors * (3 + chats) spans.
@@ -39,6 +39,7 @@ def run(bodies: list[bytes], traces: int) -> float:
                                     "max_traces_in_flight": 1_000_000}, journal={"enabled": False})
     with tempfile.TemporaryDirectory(prefix="agenteval-scaling-") as tmp:
         pipeline = Pipeline(cfg, open_store(Path(tmp) / "runs.db"), None, None)
+        pipeline.start()
         matcher = pipeline.matcher
         start = time.perf_counter()
         for body in bodies:

@@ -34,8 +34,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from workload import Collector, encode, send_streams, trace_spans  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent))  # bench/'s own modules, imported below
+from workload import Collector, encode, send_streams, trace_spans
 
 
 def files_bytes(store: Path) -> int:
@@ -194,7 +194,7 @@ def main() -> None:
         assembler = Assembler(cfg.assembly, cfg.matcher(), lambda: 0.0)
         assembler.offer(decode_bytes(encode([trace_spans(random.Random(args.seed))])[0], cfg.matcher()).spans)
         assembler.clock = lambda: 1e9
-        (finalized,) = assembler.sweep()
+        (finalized,) = assembler.sweep().finalized
         body = pack(run_to_json(reconcile(finalized.run)))
         print(json.dumps({"document_bytes_stored": len(body)}), flush=True)
         pg = postgres_server()

@@ -45,6 +45,7 @@ class Replica:
                               assembly={**ASSEMBLY, **assembly})
         self.store = open_store(url)
         self.pipeline = Pipeline(cfg, self.store, None, None)
+        self.pipeline.start()
         self.now = 0.0
         self.pipeline.assembler.clock = lambda: self.now
         self.pipeline.replay()

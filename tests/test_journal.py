@@ -149,6 +149,7 @@ def test_the_segment_being_written_frees_its_room_once_its_traces_are_done(tmp_p
 
     async def scenario() -> None:
         journal = Journal(tmp_path, 1 << 20, 1000)
+        journal.start()
         try:
             await journal.append(first)
             assert journal.full() and journal.size > 1000  # one request over max_bytes, its trace open
@@ -217,6 +218,7 @@ def test_a_native_journal_line_is_written_as_is_and_replayed_as_its_spans(tmp_pa
 
     async def append() -> None:
         journal = Journal(tmp_path, 1 << 20, 1 << 30)
+        journal.start()
         try:
             await journal.append(decoded.spans, decoded.journal_line)
         finally:
@@ -226,6 +228,7 @@ def test_a_native_journal_line_is_written_as_is_and_replayed_as_its_spans(tmp_pa
     (segment,) = tmp_path.glob("*.jsonl")
     assert segment.read_bytes() == decoded.journal_line  # the line as given, not encoded again
     journal = Journal(tmp_path, 1 << 20, 1 << 30)  # a restart: the segment is replayed
+    journal.start()
     try:
         (replayed,) = journal.replay(matcher)
     finally:
@@ -246,6 +249,7 @@ def test_a_journal_of_the_previous_format_replays_with_its_spans_facts(tmp_path)
              s.status_error, s.sdk_language] for s, a in zip(decoded.spans, attrs, strict=True)]
     (tmp_path / f"{1:012d}.jsonl").write_bytes(orjson.dumps(rows) + b"\n" + b'[["torn')
     journal = Journal(tmp_path, 1 << 20, 1 << 30)
+    journal.start()
     try:
         (replayed,) = journal.replay(matcher)
     finally:
@@ -268,6 +272,7 @@ def test_a_journal_line_without_end_times_replays_with_the_ends_unknown(tmp_path
         directory.mkdir(parents=True)
         (directory / f"{1:012d}.jsonl").write_bytes(line)
     journal = Journal(tmp_path / "replayed", 1 << 20, 1 << 30)
+    journal.start()
     try:
         (replayed,) = journal.replay(matcher)
     finally:
@@ -304,6 +309,7 @@ def test_a_segment_that_cannot_be_started_fails_that_request_only(tmp_path, monk
 
     async def scenario() -> None:
         journal = Journal(tmp_path, 1, 1 << 30)  # every request starts a segment
+        journal.start()
         try:
             await journal.append(spans[:1])
             failing[0] = True
@@ -334,12 +340,14 @@ def test_a_clean_close_names_what_it_kept_and_a_crash_after_it_loses_nothing_new
 
     async def first() -> None:
         journal = Journal(tmp_path, 1 << 20, 1 << 30)
+        journal.start()
         await journal.append(a + b)  # one request, one line
         journal.release([(traces["b"], journal.mark())])
         journal.close()
 
     async def second() -> None:
         journal = Journal(tmp_path, 1 << 20, 1 << 30)
+        journal.start()
         assert replayed(journal) == {"a"}
         await journal.append(c)
         journal._lock_file.close()  # killed: no close, no new manifest
@@ -348,6 +356,7 @@ def test_a_clean_close_names_what_it_kept_and_a_crash_after_it_loses_nothing_new
     assert (tmp_path / "KEPT.json").exists()
     asyncio.run(second())
     journal = Journal(tmp_path, 1 << 20, 1 << 30)
+    journal.start()
     try:
         assert replayed(journal) == {"a", "c"}
         journal.release([(traces["a"], journal.mark()), (traces["c"], journal.mark())])
@@ -365,6 +374,7 @@ def test_a_manifest_says_when_each_kept_trace_was_first_cut(tmp_path):
 
     async def first() -> None:
         journal = Journal(tmp_path, 1 << 20, 1 << 30)
+        journal.start()
         await journal.append(a + b)
         journal.release([(b[0].trace_id, journal.mark())])
         journal.cut({a[0].trace_id: 1000.5, b[0].trace_id: 2000.0})
@@ -374,21 +384,25 @@ def test_a_manifest_says_when_each_kept_trace_was_first_cut(tmp_path):
     manifest = json.loads((tmp_path / "KEPT.json").read_text())
     assert manifest["first_cut"] == {a[0].trace_id.hex(): 1000.5}
     journal = Journal(tmp_path, 1 << 20, 1 << 30)
+    journal.start()
     assert (journal.kept, journal.first_cut) == ({a[0].trace_id}, {a[0].trace_id: 1000.5})
     journal.close()
     for nonsense in ("nan", "inf"):  # would pin the trace for good
         (tmp_path / "KEPT.json").write_text(json.dumps({**manifest, "first_cut": {a[0].trace_id.hex(): nonsense}}))
         journal = Journal(tmp_path, 1 << 20, 1 << 30)
+        journal.start()
         assert journal.first_cut == {}
         journal.close()
     ahead = time.time() + 3600  # a clock stepped back: the pin would last an hour longer
     (tmp_path / "KEPT.json").write_text(json.dumps({**manifest, "first_cut": {a[0].trace_id.hex(): ahead}}))
     journal = Journal(tmp_path, 1 << 20, 1 << 30)
+    journal.start()
     assert journal.first_cut[a[0].trace_id] <= time.time()
     journal.close()
     del manifest["first_cut"]
     (tmp_path / "KEPT.json").write_text(json.dumps(manifest))
     journal = Journal(tmp_path, 1 << 20, 1 << 30)
+    journal.start()
     try:
         assert (journal.kept, journal.first_cut) == ({a[0].trace_id}, {})
         assert {s.trace_id for batch in journal.replay(matcher) for s in batch} == {a[0].trace_id}
@@ -406,11 +420,13 @@ def test_a_manifest_whose_segments_are_gone_hides_nothing_written_later(tmp_path
 
     async def first() -> None:
         journal = Journal(tmp_path, 1 << 20, 1 << 30)
+        journal.start()
         await journal.append(a)
         journal.close()
 
     async def second() -> None:
         journal = Journal(tmp_path, 1 << 20, 1 << 30)
+        journal.start()
         assert not list(journal.replay(matcher))
         await journal.append(c)
         journal._lock_file.close()  # killed
@@ -421,6 +437,7 @@ def test_a_manifest_whose_segments_are_gone_hides_nothing_written_later(tmp_path
     assert (tmp_path / "KEPT.json").exists()
     asyncio.run(second())
     journal = Journal(tmp_path, 1 << 20, 1 << 30)
+    journal.start()
     try:
         assert [s.span_id for batch in journal.replay(matcher) for s in batch] == [s.span_id for s in c]
     finally:
@@ -507,6 +524,7 @@ a, b, c = pickle.loads(directory.joinpath("spans.pickle").read_bytes())
 
 async def main() -> None:
     journal = Journal(directory, 1 << 20, 1 << 30)
+    journal.start()
     await journal.append(a)
     (segment,) = directory.glob("*.jsonl")
     resource.setrlimit(resource.RLIMIT_FSIZE, (segment.stat().st_size + 100, resource.RLIM_INFINITY))
@@ -534,6 +552,7 @@ def test_a_write_that_fails_partway_is_refused_and_cut_off_so_the_next_record_re
     done = subprocess.run([sys.executable, "-c", WRITE_PAST_A_LIMIT, str(tmp_path)], capture_output=True, text=True)
     assert (done.returncode, done.stdout.splitlines()[-1:]) == (0, ["refused"]), done.stdout[-2000:] + done.stderr
     journal = Journal(tmp_path, 1 << 20, 1 << 30)
+    journal.start()
     try:
         assert [s.span_id for batch in journal.replay(matcher) for s in batch] == [s.span_id for s in a + c]
     finally:

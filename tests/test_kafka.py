@@ -443,15 +443,8 @@ class _Span:
 
 
 def _append(offsets, partition: int, offset: int, *traces: bytes) -> None:
-    import asyncio
-
-    async def go() -> None:
-        offsets.at = (partition, offset)
-        offsets.append([_Span(t) for t in traces])
-        offsets.at = None
-        offsets.taken(partition, offset)
-
-    asyncio.run(go())
+    offsets.append([_Span(t) for t in traces], at=(partition, offset))
+    offsets.taken(partition, offset)
 
 
 def test_the_commit_stays_at_the_oldest_unstored_trace_and_names_the_stored_ones_past_it():

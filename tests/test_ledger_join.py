@@ -105,9 +105,9 @@ def deliver(spans: list, batches: int, seed: int) -> list:
     for start in range(0, len(spans), size):
         offer(assembler, spans[start:start + size])
         clock.now += CONFIG.assembly.quiet_period
-        published += assembler.sweep()
+        published += assembler.sweep().finalized
     clock.now += CONFIG.assembly.max_trace_wait
-    return published + assembler.sweep()
+    return published + assembler.sweep().finalized
 
 
 HONEST, HALVED = ((400, 100), (400, 100)), ((500, 50), (250, 25))
@@ -180,7 +180,7 @@ def test_a_ledger_without_identity_beside_one_run_joins_it_even_when_it_arrives_
     for part in (ledger_first[:1], ledger_first[1:]):
         offer(assembler, part)
         clock.now += CONFIG.assembly.quiet_period
-        published += assembler.sweep()
+        published += assembler.sweep().finalized
     assert units(published) == {run_id(only): {"drafter": ("TokenMismatch", 275, 550, None)}}
     for batches, seed in itertools.product((1, 2, 4), range(3)):
         assert units(deliver(spans, batches, seed)) == {run_id(only): {"drafter": ("TokenMismatch", 275, 550, None)}}

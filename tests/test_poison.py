@@ -347,6 +347,7 @@ class _InProcess:
                               journal={"path": str(self.tmp_path / "j"), **self.journal},
                               assembly={"quiet_period": 1.0, "max_trace_wait": 60})
         made = Pipeline(cfg, open_store(self.tmp_path / "runs.db"), None, None)
+        made.start()
         made.assembler.clock = lambda: self.now
         return made
 

@@ -37,7 +37,8 @@ from collector.live.journal import Journal, JournalError
 from collector.formats.loader import workflow_trace_run
 from collector.outputs.export_queue import RetryingSpanExporter
 from collector.outputs.metrics import Metrics
-from collector.live.pipeline import IngestResult, Pipeline, StoreWriter
+from collector.live.pipeline import IngestResult, Pipeline
+from collector.live.store_writer import StoreWriter
 from collector.core.reconcile import reconcile
 from collector.store import StoredRun, open_store
 from conftest import AGENTEVAL, JSON, PROTOBUF, CaptureReceiver, CollectorProcess, free_port, post
@@ -404,6 +405,7 @@ def test_spans_of_a_done_trace_beside_new_ones_do_not_keep_the_journal_full(tmp_
                           journal={"path": str(tmp_path / "j"), "max_bytes": 1},  # any needed span fills it
                           assembly={"quiet_period": 1.0, "late_window": late_window})
     pipeline = Pipeline(cfg, open_store(tmp_path / "runs.db"), None, None)
+    pipeline.start()
     pipeline.assembler.clock = lambda: now[0]
     done, _ = record([SCENARIOS["pass"][0]])
     fresh, (fresh_id,) = record([SCENARIOS["pass"][0]])
@@ -445,6 +447,7 @@ def test_a_trace_released_before_its_spans_reach_the_disk_is_not_counted_as_need
 
     async def scenario() -> None:
         journal = Journal(tmp_path, 1 << 20, 1)
+        journal.start()
         monkeypatch.setattr(os, "fsync", slow_fsync)
         try:
             first = journal.append(spans[:3])
@@ -472,6 +475,7 @@ def test_admitting_a_request_counts_its_spans_only_to_refuse_it(tmp_path):
     """The span count is for the refusal's metric and log: an admitted request is not walked for it."""
     cfg = CollectorConfig(store={"url": str(tmp_path / "runs.db")}, journal={"path": str(tmp_path / "j"), "max_bytes": 1})
     pipeline = Pipeline(cfg, open_store(tmp_path / "runs.db"), None, None)
+    pipeline.start()
     counted: list[int] = []
 
     def count() -> int:
@@ -686,16 +690,14 @@ def test_the_store_backlog_is_bounded_by_the_stores_measured_rate(tmp_path):
     never over store.max_queued_runs)."""
     store = open_store(tmp_path / "runs.db")
     writer = StoreWriter(store, lambda batch: None)
+    writer.start()
     try:
         assert writer.queue_limit(2.0, 10_000) == 10_000  # nothing measured yet: only the cap
         verdict = _verdict()
         writer.put([(StoredRun(f"r{i}", "live", verdict), None) for i in range(600)])  # two full batches
-        deadline = time.monotonic() + 30
-        while writer.backlog or writer.rate is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        assert writer.flush(30)
         rate = writer.rate
-        assert rate > 0
+        assert rate is not None and rate > 0
         assert writer.queue_limit(2.0, 10**9) == max(StoreWriter.BATCH, int(rate * 2.0))
         assert writer.queue_limit(2.0, 100) == 100  # the hard cap still wins
         assert writer.queue_limit(1e-9, 10**9) == StoreWriter.BATCH  # at least one batch
@@ -731,6 +733,7 @@ def test_a_failure_after_a_batch_is_written_does_not_write_it_again(tmp_path):
             raise OSError("journal disk full")
 
     writer = StoreWriter(store, on_stored)
+    writer.start()
     try:
         verdict = _verdict()
         writer.put([(StoredRun(f"r{i}", "live", verdict), None) for i in range(5)])
@@ -755,6 +758,7 @@ def test_a_sweeps_verdicts_reach_the_store_in_one_transaction_a_batch(tmp_path, 
     store.save_many = lambda runs: batches.append(len(runs := list(runs))) or save_many(runs)
     cfg = CollectorConfig(assembly={"quiet_period": 3600}, journal={"enabled": False})
     pipeline = Pipeline(cfg, store, None, None)
+    pipeline.start()
     try:
         traces = _ingest_every_scenario(pipeline, 6)
         runs = pipeline.sweep(force=True)
@@ -774,6 +778,7 @@ def test_the_writer_queues_each_runs_document_and_columns_not_its_verdict(tmp_pa
     store, twin = open_store(tmp_path / "runs.db"), open_store(tmp_path / "twin.db")
     cfg = CollectorConfig(assembly={"quiet_period": 3600}, journal={"enabled": False})
     pipeline = Pipeline(cfg, store, None, None)
+    pipeline.start()
     queued: list[StoredRun] = []
     published: list[StoredRun] = []
     put, publish = pipeline.writer.put, pipeline._publish
@@ -809,6 +814,7 @@ def test_a_sweep_whose_metrics_fail_still_stores_each_run_once(tmp_path, monkeyp
     store = open_store(tmp_path / "runs.db")
     metrics = Metrics(cfg, Resource.create({}), lambda: {})
     pipeline = Pipeline(cfg, store, metrics, None)
+    pipeline.start()
     stored: list[str] = []
     on_stored = pipeline.writer._on_stored
     pipeline.writer._on_stored = lambda batch: stored.extend(run.run_id for run, _ in batch) or on_stored(batch)
@@ -884,6 +890,7 @@ def test_an_exporters_retry_after_a_failed_journal_write_is_journaled(tmp_path, 
     cfg = CollectorConfig(store={"url": str(tmp_path / "runs.db")}, journal={"path": str(tmp_path / "j")},
                           assembly={"quiet_period": 3600})
     pipeline = Pipeline(cfg, open_store(tmp_path / "runs.db"), None, None)
+    pipeline.start()
     spans, _ = record([SCENARIOS["pass"][0]])
 
     async def export() -> IngestResult:
@@ -916,6 +923,7 @@ class _HeldStore:
                               assembly={"quiet_period": 1.0, **assembly})
         self.dir = tmp_path / "j"
         self.pipeline = Pipeline(cfg, open_store(tmp_path / "runs.db"), None, None)
+        self.pipeline.start()
         self.pipeline.assembler.clock = lambda: self.now[0]
         self.store = self.pipeline.writer.store
         self.held, save_many = threading.Event(), self.store.save_many

@@ -22,7 +22,7 @@ import pytest
 from collector.core.model import ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
 from collector.core.reconcile import reconcile
 from collector.core.serialize import run_to_json, to_json
-from collector.live.pipeline import StoreWriter
+from collector.live.store_writer import StoreWriter
 from collector.store import Retention, StoredRun, open_store, unpack
 from collector.store.retention import _OLDEST, Retainer, RetentionSweeper
 from collector.store.schema import MIGRATIONS
@@ -204,13 +204,6 @@ def test_a_stores_one_sweeper_ends_with_the_store(url):
     assert not thread.is_alive()
 
 
-def _drained(writer: StoreWriter) -> None:
-    deadline = time.monotonic() + 60
-    while writer.backlog:
-        assert time.monotonic() < deadline
-        time.sleep(0.002)
-
-
 def test_the_writers_queue_bound_is_what_the_store_clears_whatever_a_few_runs_took(url, monkeypatch):
     """Ingest is refused (retryable) while more verdicts wait than the store writes in
     store.max_queue_seconds. A transaction of a run or two measures its fixed cost (a cold store, a
@@ -224,14 +217,15 @@ def test_the_writers_queue_bound_is_what_the_store_clears_whatever_a_few_runs_to
     monkeypatch.setattr(store, "save_many", lambda runs: time.sleep(wait) or save_many(runs))
     verdict = _verdict(f"{7:032x}")
     writer = StoreWriter(store, lambda batch: None)
+    writer.start()
     try:
         for i in range(10):  # a trickle: one run a transaction
             writer.put([(StoredRun(f"trickle{i}", "live", verdict), None)])
-            _drained(writer)
+            assert writer.flush(60)
         after_trickle = writer.queue_limit(2.0, 10_000)
         started = time.monotonic()
         writer.put([(StoredRun(f"burst{i:04d}", "live", verdict), None) for i in range(4 * StoreWriter.BATCH)])
-        _drained(writer)
+        assert writer.flush(60)
         clears = int(2.0 * 4 * StoreWriter.BATCH / (time.monotonic() - started))  # what the store writes in 2 s
         assert after_trickle >= min(10_000, clears)
         assert writer.queue_limit(2.0, 10**6) >= clears // 2  # measured on the burst's full batches
@@ -239,9 +233,10 @@ def test_the_writers_queue_bound_is_what_the_store_clears_whatever_a_few_runs_to
         writer.close()
     wait = 0.5
     blocked = StoreWriter(store, lambda batch: None)
+    blocked.start()
     try:
         blocked.put([(StoredRun(f"blocked{i:04d}", "live", verdict), None) for i in range(2 * StoreWriter.BATCH)])
-        _drained(blocked)
+        assert blocked.flush(60)
         assert blocked.queue_limit(2.0, 10_000) <= 2.0 * StoreWriter.BATCH / wait  # at most a batch per 0.5 s
     finally:
         blocked.close()

@@ -100,7 +100,7 @@ def test_each_human_in_the_loop_turn_under_one_caller_span_is_its_own_run():
         offer(assembler, rec.take())
         turn1_arrived = clock.now
         clock.now += CONFIG.assembly.quiet_period  # the human takes their time: turn 1 is final
-        first = assembler.sweep()
+        first = assembler.sweep().finalized
         clock.now += 40
         with rec.tracer.start_as_current_span("workflow.run", attributes={"workflow.name": "review"}) as turn2:
             rec.agent("drafter", "drafter", [(500, 50)], (100, 50))  # under-reported this time
@@ -111,7 +111,7 @@ def test_each_human_in_the_loop_turn_under_one_caller_span_is_its_own_run():
     offer(assembler, rec.take())
     turn2_arrived = clock.now
     clock.now += CONFIG.assembly.quiet_period
-    later = assembler.sweep()
+    later = assembler.sweep().finalized
     # each run's verdict latency counts from its workflow-run span's arrival, as the first run's
     # does: turn 2's counted the human's 40 s too, then the turn's own run time
     assert [f.root_arrived for f in first + later] == [turn1_arrived, turn2_arrived]
@@ -134,7 +134,7 @@ def test_dotnet_runs_complete_without_the_session_span_that_is_never_exported():
                           span_name="invoke_agent planner(1)")
     offer(assembler, rec.take(drop={"workflow.session"}))
     clock.now += CONFIG.assembly.quiet_period  # long before max_trace_wait
-    finalized = assembler.sweep()
+    finalized = assembler.sweep().finalized
     assert len(finalized) == 2
     for item in finalized:
         # .NET's workflow_invoke has no workflow name: the run is named by its service (docs/design.md §3),
@@ -160,7 +160,7 @@ def test_a_run_still_in_progress_during_a_quiet_gap_is_not_split():
                         pass
                     offer(assembler, rec.take())  # run 2's first call is exported; its agent is still running
                     clock.now += CONFIG.assembly.quiet_period  # a slow model call: the trace is quiet
-                    first = assembler.sweep()
+                    first = assembler.sweep().finalized
                     with rec.tracer.start_as_current_span("chat m", attributes={"gen_ai.operation.name": "chat",
                                                                                 **_usage(40, 4)}):
                         pass
@@ -169,7 +169,7 @@ def test_a_run_still_in_progress_during_a_quiet_gap_is_not_split():
                         pass
     offer(assembler, rec.take())
     clock.now += CONFIG.assembly.quiet_period
-    later = assembler.sweep()
+    later = assembler.sweep().finalized
     trace_id = format(run1.get_span_context().trace_id, "032x")
     assert verdicts(first) == {f"{trace_id}-{run1.get_span_context().span_id:016x}": {"a": "Agree"}}
     (item,) = later
@@ -190,7 +190,7 @@ def test_a_sub_workflow_run_span_belongs_to_its_outer_run():
                 rec.agent("checker", "checker", [(30, 3)], (30, 3))
     offer(assembler, list(reversed(rec.take())))  # parents first this time
     clock.now += CONFIG.assembly.quiet_period
-    (item,) = assembler.sweep()
+    (item,) = assembler.sweep().finalized
     assert item.run.subject == "outer" and item.run.non_agent_executors == ("inner",)
     assert {e.executor_id: e.verdict.value for e in reconcile(item.run).executors} == {
         "intake": "Agree", "drafter": "Agree", "checker": "Agree"}
@@ -249,7 +249,7 @@ def test_the_next_sweep_is_due_when_the_earliest_quiet_period_ends():
     offer(assembler, rec.take())
     assert assembler.next_deadline(clock.now) == min(started + quiet, clock.now + cap)
     clock.now = started + quiet
-    assert len(assembler.sweep()) == 1  # at that deadline exactly, the first trace completes
+    assert len(assembler.sweep().finalized) == 1  # at that deadline exactly, the first trace completes
     assert assembler.next_deadline(clock.now) == min(started + quiet / 2 + quiet, clock.now + cap)
 
 
@@ -265,10 +265,10 @@ def test_a_trace_that_became_due_during_a_sweep_is_swept_at_once():
         offer(assembler, rec.take())
     start_b = clock.now
     clock.now = start_b - 0.1 + quiet + 0.05  # a is due, b not yet
-    assert len(assembler.sweep()) == 1
+    assert len(assembler.sweep().finalized) == 1
     clock.now = start_b + quiet + 0.01  # b became due after that sweep
     assert assembler.next_deadline(clock.now) == clock.now
-    assert len(assembler.sweep()) == 1
+    assert len(assembler.sweep().finalized) == 1
 
 
 
@@ -286,11 +286,11 @@ def test_an_incomplete_run_says_why_in_its_notes():
         drop = {"shutdown": set(), "no root": {"caller", "workflow.run"}}[case]
         offer(assembler, rec.take(drop))
         if case == "shutdown":
-            (item,) = assembler.drain()  # before the quiet period ends
+            (item,) = assembler.drain().finalized  # before the quiet period ends
         else:
-            assert assembler.sweep() == []
+            assert assembler.sweep().finalized == []
             clock.now += CONFIG.assembly.max_trace_wait
-            (item,) = assembler.sweep()
+            (item,) = assembler.sweep().finalized
         assert item.run.incomplete and reconcile(item.run).notes == item.run.notes
         notes[case] = item.run.notes
     assert notes == {
@@ -305,7 +305,7 @@ def test_an_incomplete_run_says_why_in_its_notes():
         rec.agent("a", "a", [(10, 1)], (10, 1))
     offer(assembler, rec.take())
     clock.now += CONFIG.assembly.quiet_period
-    (item,) = assembler.sweep()
+    (item,) = assembler.sweep().finalized
     assert not item.run.incomplete and item.run.notes == ()
 
 
@@ -353,7 +353,7 @@ def _in_order_verdict(spans: list) -> dict:
     assembler = Assembler(CONFIG.assembly, MATCHER, clock)
     offer(assembler, spans)
     clock.now += CONFIG.assembly.quiet_period
-    (item,) = assembler.sweep()
+    (item,) = assembler.sweep().finalized
     return _summary(reconcile(item.run, revision=item.revision))
 
 
@@ -376,12 +376,12 @@ def test_a_parent_arriving_after_its_trace_was_finalized_gives_the_in_order_verd
     offer(assembler, children)  # the writer's agent, chat and ledger spans wait for their executor span
     offer(assembler, [root])
     clock.now += CONFIG.assembly.quiet_period
-    (first,) = [i for i in assembler.sweep() if i.run.run_id == run_id]
+    (first,) = [i for i in assembler.sweep().finalized if i.run.run_id == run_id]
     assert _summary(reconcile(first.run))["status"] != "PASS"  # units are missing: never a pass
     clock.now += CONFIG.assembly.quiet_period  # the parent comes later than the quiet period
     offer(assembler, [late])
     clock.now += CONFIG.assembly.quiet_period
-    (item,) = [i for i in assembler.sweep() if i.run.run_id == run_id]
+    (item,) = [i for i in assembler.sweep().finalized if i.run.run_id == run_id]
     assert item.revision == 2
     assert _summary(reconcile(item.run, revision=item.revision)) == expected
 
@@ -399,7 +399,7 @@ def test_a_parent_cycle_through_the_root_is_reconciled_at_the_quiet_period_not_t
     assembler = Assembler(CONFIG.assembly, MATCHER, clock)
     offer(assembler, spans)
     clock.now += CONFIG.assembly.quiet_period
-    (item,) = assembler.sweep()  # at once: nothing outside a cycle can ever resolve it
+    (item,) = assembler.sweep().finalized  # at once: nothing outside a cycle can ever resolve it
     assert {e.executor_id: e.verdict.value for e in reconcile(item.run).executors} == {"writer": "Agree"}
 
 
@@ -421,7 +421,7 @@ def _bench_runs(traces: int) -> list:
     for body in workload.encode([workload.trace_spans(random.Random(seed)) for seed in range(traces)]):
         assembler.offer(decode_bytes(body, MATCHER).spans)
     clock.now += CONFIG.assembly.max_trace_wait + 1
-    return [item.run for item in assembler.sweep()]
+    return [item.run for item in assembler.sweep().finalized]
 
 
 def test_the_bench_workload_traces_pass():
@@ -487,7 +487,7 @@ def test_a_run_starts_with_its_workflow_run_span_and_lasts_until_its_last_span_e
     span("chat m", direct, 19_750, 20_900, {"gen_ai.operation.name": "chat", **_usage(5, 1)})
     offer(assembler, rec.take())
     clock.now += CONFIG.assembly.quiet_period
-    verdicts_by_subject = {v.subject: v for v in (reconcile(item.run) for item in assembler.sweep())}
+    verdicts_by_subject = {v.subject: v for v in (reconcile(item.run) for item in assembler.sweep().finalized)}
     timed, solo = verdicts_by_subject["timed"], verdicts_by_subject["app"]
     assert datetime.fromisoformat(timed.started_at) == datetime(2026, 1, 1, 0, 0, 1, tzinfo=timezone.utc)
     assert timed.duration_s == 6.25

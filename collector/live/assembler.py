@@ -66,6 +66,32 @@ class Finalized:
     parts: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """What one :meth:`Assembler.sweep` found, for the pipeline to act on (filled by that sweep)."""
+
+    #: Runs finalized, each a new revision.
+    finalized: list[Finalized] = field(default_factory=list)
+    #: Traces that could not be finalized (the pipeline reports them).
+    failures: list[Failure] = field(default_factory=list)
+    #: Traces whose first finalization held no run (no agent ran).
+    ignored: list[bytes] = field(default_factory=list)
+    #: Traces finalized with nothing left waiting: once their runs are stored, the span log may let
+    #: their spans go.
+    settled: list[bytes] = field(default_factory=list)
+    #: Traces cut short by a forced sweep (shutdown) at their first finalization: the journal keeps
+    #: their spans, so the spans that reach the next collector (a rolling restart) complete their
+    #: runs. One re-opened by late spans is not: its earlier spans are gone.
+    cut: list[bytes] = field(default_factory=list)
+    #: Traces handed over (the pipeline stores them as parts): a trace held without its root or any
+    #: workflow-run span, once quiet for ``handover_after``, or at shutdown. Their span records, in
+    #: arrival order.
+    handed: list[tuple[bytes, list[SpanRecord]]] = field(default_factory=list)
+    #: Parts merged whose trace's finalization made no run (or failed): the pipeline drops them from
+    #: the store.
+    spent: list[str] = field(default_factory=list)
+
+
 #: Memory a finalized trace keeps per span it received (its compact state for late spans), as
 #: measured by bench/late_memory.py (194-377 B); the late-window byte bound counts with this.
 LATE_BYTES_PER_SPAN = 400
@@ -121,25 +147,6 @@ class Assembler:
         self._expired: OrderedDict[bytes, str] = OrderedDict()
         self._last_timeout_scan = 0.0
         self.spans_in_flight = 0
-        #: Traces that could not be finalized since the last look (the pipeline drains and reports them).
-        self.failures: list[Failure] = []
-        #: Traces whose first finalization held no run (no agent ran) since the last look (the
-        #: pipeline counts and drains them).
-        self.ignored: list[bytes] = []
-        #: Traces finalized with nothing left waiting since the last look (the pipeline drains them:
-        #: once their runs are stored, the journal may let their spans go).
-        self.settled: list[bytes] = []
-        #: Traces cut short by a forced sweep (shutdown) at their first finalization since the last
-        #: look: the journal keeps their spans, so the spans that reach the next collector (a rolling
-        #: restart) complete their runs. One re-opened by late spans is not: its earlier spans are gone.
-        self.cut: list[bytes] = []
-        #: Traces handed over since the last look (the pipeline stores them as parts): a trace held
-        #: without its root or any workflow-run span, once quiet for ``handover_after``, or at
-        #: shutdown. Their span records, in arrival order.
-        self.handed: list[tuple[bytes, list[SpanRecord]]] = []
-        #: Parts merged since the last look whose trace's finalization made no run (or failed): the
-        #: pipeline drops them from the store.
-        self.spent: list[str] = []
 
     @property
     def traces_in_flight(self) -> int:
@@ -227,7 +234,7 @@ class Assembler:
             # quiet but rootless: it waits for max_trace_wait (within the cap), later ones may be due
         return cap
 
-    def sweep(self, force: bool = False, hold: frozenset[bytes] = frozenset()) -> list[Finalized]:
+    def sweep(self, force: bool = False, hold: frozenset[bytes] = frozenset()) -> Sweep:
         """Finalize every trace that is complete (every open trace when ``force``); ``hold``: traces
         not finalized yet (parts of them are being claimed)."""
         now = self.clock()
@@ -253,9 +260,10 @@ class Assembler:
             )
         if hold and not force:
             ready = [tid for tid in ready if tid not in hold]
+        swept = Sweep()
         if self.handover:
-            ready = self._hand_over(ready)
-        out: list[Finalized] = []
+            ready = self._hand_over(ready, swept)
+        out = swept.finalized
         for tid in ready:
             trace = self._open[tid]
             if trace.revision and not trace.spans and not trace.parts:  # re-opened by duplicates only
@@ -266,18 +274,18 @@ class Assembler:
             timed_out = trace.root_arrived is None and now - trace.first_seen >= cfg.max_trace_wait
             cut = force and not complete
             try:
-                out.extend(self._finalize(tid, now, cut=_SHUTDOWN if cut else None,
+                out.extend(self._finalize(tid, now, swept, cut=_SHUTDOWN if cut else None,
                                           everything=force or complete or timed_out or trace.adopted))
                 if cut and trace.revision == 1:
-                    self.cut.append(tid)
-            except Exception as exc:  # noqa: BLE001 - one trace that cannot be finalized costs no other
-                self._drop(tid, trace)
-                self.failures.append(Failure(tid.hex(), "finalize", f"{type(exc).__name__}: {exc}"[:200]))
-        out.extend(self._expire(now))
-        return out
+                    swept.cut.append(tid)
+            except Exception as exc:  # one trace that cannot be finalized costs no other
+                self._drop(tid, trace, swept)
+                swept.failures.append(Failure(tid.hex(), "finalize", f"{type(exc).__name__}: {exc}"[:200]))
+        out.extend(self._expire(now, swept))
+        return swept
 
-    def _hand_over(self, ready: list[bytes]) -> list[bytes]:
-        """Of the traces ``ready``, hand over those still without their root (:attr:`handed`);
+    def _hand_over(self, ready: list[bytes], swept: Sweep) -> list[bytes]:
+        """Of the traces ``ready``, hand over those still without their root (:attr:`Sweep.handed`);
         returns the rest, to finalize. A part is handed over once quiet for ``handover_after``, or
         its trace's ``max_trace_wait`` passed, or at shutdown: its spans may be the first of a trace
         whose root another replica gets (a scale event moved the trace). Not kept in the late window
@@ -290,8 +298,8 @@ class Assembler:
                 continue
             del self._open[tid]
             self.spans_in_flight -= trace.spans
-            self.handed.append((tid, trace.records))
-            self.settled.append(tid)
+            swept.handed.append((tid, trace.records))
+            swept.settled.append(tid)
         return rest
 
     def merge(self, tid: bytes, spans: list[SpanRecord], held_by: str, adopt: bool, part_id: str) -> int | None:
@@ -333,14 +341,14 @@ class Assembler:
         trace = self._open.get(tid) or self._late.get(tid)
         return trace is not None and (trace.root_arrived is not None or trace.revision > 0) and not trace.adopted
 
-    def _drop(self, tid: bytes, trace: _Trace) -> None:
+    def _drop(self, tid: bytes, trace: _Trace, swept: Sweep) -> None:
         self._open.pop(tid, None)
         self.spans_in_flight -= trace.spans
-        self.spent.extend(trace.parts or ())
+        swept.spent.extend(trace.parts or ())
         self._remember_expired(tid, _FAILED)
-        self.settled.append(tid)
+        swept.settled.append(tid)
 
-    def _finalize(self, tid: bytes, now: float, cut: str | None, everything: bool) -> list[Finalized]:
+    def _finalize(self, tid: bytes, now: float, swept: Sweep, cut: str | None, everything: bool) -> list[Finalized]:
         """The runs of a trace that changed, as new revisions; without ``everything`` only runs whose
         workflow-run span has arrived (spans still waiting for a parent keep waiting). ``cut``: why
         the trace is finalized before it could be complete."""
@@ -357,20 +365,20 @@ class Assembler:
         if trace.revision == 1:
             trace.finalized_at = now
             if not runs:  # no agent ran in it (e.g. MAF's separate workflow.build trace)
-                self.ignored.append(tid)
+                swept.ignored.append(tid)
         if late:
             self._to_late(tid, trace)
         else:
             self._remember_expired(tid, _NO_LATE_WINDOW)
         if not trace.state.waiting or trace.state.provisional:  # published whole, as far as it can be
-            self.settled.append(tid)
+            swept.settled.append(tid)
         arrived = trace.root_arrived if trace.revision == 1 else trace.reopened
         out = [Finalized(run, revision, arrived if revision == 1 else None, trace.merged, trace.adopted)
                for run, revision in runs]
         if parts and out:
             out[-1].parts = tuple(parts)
         elif parts:
-            self.spent.extend(parts)
+            swept.spent.extend(parts)
         return out
 
     def discard(self, tids: Iterable[bytes]) -> int:
@@ -401,7 +409,7 @@ class Assembler:
         """Estimated memory of the late window's state."""
         return self._late_spans * LATE_BYTES_PER_SPAN
 
-    def _expire(self, now: float) -> list[Finalized]:
+    def _expire(self, now: float, swept: Sweep) -> list[Finalized]:
         """Traces leaving the late window (by age, count or estimated bytes, oldest first); spans of
         theirs still waiting for a parent that never came are reconciled now (flagged incomplete)."""
         out: list[Finalized] = []
@@ -416,7 +424,7 @@ class Assembler:
             if trace.state.waiting and not trace.state.provisional:
                 runs = trace.state.run_inputs(cut=_LATE_WINDOW_CLOSED, everything=True)
                 out.extend(Finalized(run, revision, None) for run, revision in runs)
-                self.settled.append(tid)
+                swept.settled.append(tid)
         return out
 
     def _let_go(self, trace: _Trace, now: float) -> str | None:
@@ -437,6 +445,6 @@ class Assembler:
         while len(self._expired) > max(self.config.max_late_traces, 1_000):
             self._expired.popitem(last=False)
 
-    def drain(self) -> list[Finalized]:
+    def drain(self) -> Sweep:
         """Shutdown: finalize everything still open; incomplete where it was not yet complete."""
         return self.sweep(force=True)

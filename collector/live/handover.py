@@ -73,6 +73,9 @@ class Handover:
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="handover", daemon=True)
+
+    def start(self) -> None:
+        """Start polling the store (the thread)."""
         self._thread.start()
 
     def request(self, trace_id: str, adopt: bool) -> None:
@@ -175,7 +178,8 @@ class Handover:
         """Stop polling, once the claims asked for are answered (:meth:`claimed`)."""
         self._closing.set()
         self._wake.set()
-        self._thread.join(10)
+        if self._thread.is_alive():
+            self._thread.join(10)
 
     def finish(self) -> None:
         """Last, once the store writer has stored what it could: what was spent is dropped, and the

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from collector.live.pipeline import StoreWriter
+from collector.live.store_writer import StoreWriter
 
 #: Why a collector is not ready, by the run store's state.
 NOT_READY = {

@@ -94,6 +94,9 @@ def _facts(value: list | dict, name: str, matcher: Matcher) -> Facts:
 
 
 class Journal:
+    """The :class:`~collector.live.spanlog.SpanLog` of the OTLP receivers; also keeps traces cut
+    short at shutdown for the next start (:meth:`cut`, :meth:`replay`)."""
+
     def __init__(self, directory: Path, segment_bytes: int, max_bytes: int, keep_cut_for: float = 0.0) -> None:
         self.directory = directory
         #: Seconds from its first cut that a trace cut short at shutdown stays whole here.
@@ -136,6 +139,9 @@ class Journal:
         self._file = self._start_segment(self._number)
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="journal", daemon=True)
+
+    def start(self) -> None:
+        """Start the group commits (the writer thread)."""
         self._thread.start()
 
     # --- files ---------------------------------------------------------------------------------
@@ -147,7 +153,7 @@ class Journal:
 
     def _lock(self) -> IO[str]:
         """The directory's lock, taken (held for the journal's life)."""
-        handle = open(self.directory / "LOCK", "w")  # noqa: SIM115
+        handle = open(self.directory / "LOCK", "w")  # held open for the journal's life
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -159,7 +165,7 @@ class Journal:
     def _start_segment(self, number: int) -> IO[bytes]:
         """Segment ``number``, open for appending (unbuffered: what a failed write left is known)
         and counted; nothing changes if it cannot be."""
-        handle = open(self._path(number), "a+b", buffering=0)  # noqa: SIM115
+        handle = open(self._path(number), "a+b", buffering=0)
         try:
             _fsync_dir(self.directory)
         except OSError:
@@ -199,7 +205,7 @@ class Journal:
                 _copy(source.fileno(), out.fileno())
                 os.fsync(out.fileno())
             os.replace(tmp, path)
-            handle = open(path, "a+b" if number == self._number else "rb", buffering=0)  # noqa: SIM115
+            handle = open(path, "a+b" if number == self._number else "rb", buffering=0)
             source.close()
             self._handles[number] = handle
             if number == self._number:
@@ -281,7 +287,7 @@ class Journal:
             if number == self._number:
                 continue
             path = self._path(number)
-            handle = self._handles[number] = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by _collect
+            handle = self._handles[number] = open(path, "rb", buffering=0)  # closed by _collect
             self._open.setdefault(number, set())
             self._sizes[number] = os.fstat(handle.fileno()).st_size
             named = kept_upto is not None and number <= kept_upto
@@ -301,15 +307,15 @@ class Journal:
             self._collect(number)
 
     # --- append / commit ------------------------------------------------------------------------
-    def append(self, spans: list[SpanRecord], line: bytes | None = None,
-               idle: frozenset[bytes] = frozenset()) -> asyncio.Future | None:
+    def append(self, spans: list[SpanRecord], line: bytes | None = None, idle: frozenset[bytes] = frozenset(),
+               at: tuple[int, int] | None = None) -> asyncio.Future | None:
         """Queue ``spans`` for the next group commit; the future resolves once they are on disk (or
         fails with :class:`JournalError`). Call from the event loop, or off it once it appends no
         more (the pipeline's close, before :meth:`close` writes them): then nothing waits (None).
         ``line``: the spans already encoded (by the compiled decoder, sparing the event loop
-        :func:`_encode`). ``idle``: traces of these spans that nothing will release
+        :func:`encode`). ``idle``: traces of these spans that nothing will release
         (:attr:`collector.live.assembler.Offer.idle`): not waited for, or they would keep the
-        segment needed for good."""
+        segment needed for good. ``at`` is not needed: the journal keeps the spans themselves."""
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -360,7 +366,7 @@ class Journal:
                 except Exception:
                     self._cut(number, handle, start, len(data))
                     raise
-            except Exception as exc:  # noqa: BLE001 - the group fails; left unsettled, its requests would hang
+            except Exception as exc:  # the group fails; left unsettled, its requests would hang
                 error = JournalError(f"{self.directory}: journal write failed: "
                                      f"{getattr(exc, 'strerror', None) or exc}")
                 log.error("journal_write_failed", error=str(error), requests=len(group))
@@ -483,7 +489,8 @@ class Journal:
         with self._wakeup:
             self._closing = True
             self._wakeup.notify()
-        self._thread.join(30)
+        if self._thread.is_alive():
+            self._thread.join(30)
         with self._mutex:
             ours = True
             try:

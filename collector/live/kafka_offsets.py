@@ -1,7 +1,7 @@
 """Offsets as a promise about what was handled (docs/scale-out.md "Kafka, exact").
 
-With the kafka receiver, Kafka is the durable log: :class:`KafkaOffsets` stands in for the crash
-journal in the pipeline (the same ``append`` / ``mark`` / ``release`` calls), and instead of deleting
+With the kafka receiver, Kafka is the durable log: :class:`KafkaOffsets` is the pipeline's
+:class:`~collector.live.spanlog.SpanLog` in place of the crash journal, and instead of deleting
 segments it tells the receiver, per partition, what may be committed:
 
 - the offset: the oldest message holding a trace whose runs are not all stored yet (the
@@ -16,14 +16,12 @@ several traces, and a trace's spans may be in several messages.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from collector.core.facts import SpanRecord
-from collector.core.profiles import Matcher
 
 #: Prefix of the commit metadata this receiver writes (its format's version).
 METADATA_PREFIX = "agenteval1:"
@@ -77,26 +75,18 @@ class CommitPoint:
 
 
 class KafkaOffsets:
-    """What each owned partition's commit may say. ``append`` runs on the event loop while the
-    receiver has set :attr:`at` to the message being ingested; ``release`` may come from the store
-    writer's thread."""
-
-    #: The journal's attributes the pipeline reads: nothing is kept across a shutdown here (the
-    #: receiver drops its open traces before the pipeline closes; Kafka keeps their messages).
-    keep_cut_for = 0.0
-    size = 0
-    directory = None
+    """What each owned partition's commit may say. ``append`` runs on the event loop, with the
+    message being ingested; ``release`` may come from the store writer's thread. Nothing is kept
+    across a shutdown here: the receiver drops its open traces before the pipeline closes, and
+    Kafka keeps their messages."""
 
     def __init__(self, max_metadata_bytes: int) -> None:
-        self.first_cut: dict[bytes, float] = {}
         self.max_metadata_bytes = max_metadata_bytes
         self._lock = threading.Lock()
         self._partitions: dict[int, _Partition] = {}
         #: trace id -> (append number, partition, offset) of its messages not yet done
         self._traces: dict[bytes, list[tuple[int, int, int]]] = {}
         self._appended = 0
-        #: (partition, offset) of the message being ingested.
-        self.at: tuple[int, int] | None = None
 
     # --- the receiver's side ----------------------------------------------------------------------
     def assign(self, partition: int, offset: int | None, metadata: str | None) -> None:
@@ -158,31 +148,26 @@ class KafkaOffsets:
         metadata, unnamed = encode_metadata(keys, self.max_metadata_bytes)
         return CommitPoint(watermark, metadata, unnamed)
 
-    # --- the pipeline's side (as the journal's) ----------------------------------------------------
-    def full(self) -> bool:
-        return False
-
-    def append(self, spans: list[SpanRecord], line: bytes | None = None,
-               idle: frozenset[bytes] = frozenset()) -> asyncio.Future:
+    # --- the pipeline's side (its SpanLog) -----------------------------------------------------------
+    def append(self, spans: list[SpanRecord], line: bytes | None = None, idle: frozenset[bytes] = frozenset(),
+               at: tuple[int, int] | None = None) -> None:
         """The traces of ``spans`` (but ``idle`` ones, which nothing will settle) now have a message
-        at :attr:`at` not yet done. Resolved at once: Kafka holds the message."""
-        future = asyncio.get_running_loop().create_future()
-        future.set_result(None)
-        if self.at is None:
-            return future
-        partition, offset = self.at
+        ``at`` (partition, offset) not yet done; spans from no message (``at`` None) are not
+        tracked. Nothing to wait for: Kafka holds the message (``line`` is not needed)."""
+        if at is None:
+            return
+        partition, offset = at
         with self._lock:
             self._appended += 1
             part = self._partitions.get(partition)
             if part is None:
-                return future
+                return
             for tid in {span.trace_id for span in spans} - idle:
                 entries = self._traces.setdefault(tid, [])
                 if entries and entries[-1][1:] == (partition, offset):
                     continue  # a second batch of the same message (never, but harmless)
                 entries.append((self._appended, partition, offset))
                 part.pending[offset] = part.pending.get(offset, 0) + 1
-        return future
 
     def mark(self) -> int:
         return self._appended
@@ -213,15 +198,3 @@ class KafkaOffsets:
                     self._traces[tid] = kept
                 else:
                     del self._traces[tid]
-
-    def cut(self, first_cut: object) -> None:
-        """Nothing is kept across a shutdown here (see :attr:`first_cut`)."""
-
-    def unpin(self, traces: list[bytes]) -> None:
-        """Nothing is pinned here."""
-
-    def replay(self, matcher: Matcher) -> Iterator[list[SpanRecord]]:
-        return iter(())
-
-    def close(self) -> int:
-        return 0

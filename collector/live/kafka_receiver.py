@@ -168,13 +168,10 @@ class KafkaTraceReceiver:
             self.offsets.taken(partition, offset)
             return True
         if decoded.spans or decoded.rejected or decoded.own:
-            self.offsets.at = (partition, offset)
             try:
-                self.pipeline.ingest_decoded(decoded, TRANSPORT)
+                self.pipeline.ingest_decoded(decoded, TRANSPORT, at=(partition, offset))
             except Backpressure:
                 return False
-            finally:
-                self.offsets.at = None
         self.offsets.taken(partition, offset)
         return True
 

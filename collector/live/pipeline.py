@@ -24,6 +24,9 @@ from collector.live.assembler import Assembler, Backpressure, Finalized
 from collector.live.handover import Handover, merged_note, split_note
 from collector.live.journal import Journal, decode, encode
 from collector.live.kafka_offsets import KafkaOffsets
+from collector.live.retry import Backoff
+from collector.live.spanlog import SpanLog
+from collector.live.store_writer import StoreWriter
 from collector.outputs.emit_spans import VerdictSpans
 from collector.outputs.metrics import Metrics
 from collector.outputs.pricing import Pricing
@@ -42,7 +45,7 @@ CHECK_RETRY = (1.0, 30.0)
 class IngestResult:
     rejected: int
     message: str
-    #: Resolves once the accepted spans are journaled (None without a journal): answer only then.
+    #: Resolves once the accepted spans are durable (None: nothing to wait for): answer only then.
     durable: asyncio.Future | None = None
 
 
@@ -51,182 +54,17 @@ class _Unstored:
     """A trace's runs published but not yet stored."""
 
     runs: int = 0
-    #: The journal's mark when the trace was last settled.
+    #: The span log's mark when the trace was last settled.
     mark: int = 0
     settled: bool = False
-
-
-class StoreWriter:
-    """Writes verdicts on a thread of its own, in batches, so the event loop never waits on SQLite.
-
-    A batch the database refuses (StoreError: down, locked) is retried with backoff until it lands
-    (:meth:`close` waits for that at most its timeout). While the store is not open yet (it could
-    not be reached at start), batches wait for it, unlogged (its opener logs why). Any other failure
-    is about the data: the batch is then written run by run and a run the store cannot take is
-    reported to ``on_failed``, so it never stops the others. ``on_stored`` is called once per batch
-    written.
-    """
-
-    #: Runs written per transaction at most; also the smallest backlog :meth:`queue_limit` allows.
-    BATCH = 256
-
-    def __init__(self, store: RunStore, on_stored: Callable[[list[tuple[StoredRun, float | None]]], None],
-                 on_error: Callable[[], None] = lambda: None,
-                 on_failed: Callable[[StoredRun, str], None] = lambda run, error: None,
-                 on_handed: Callable[[list[Part]], None] = lambda parts: None) -> None:
-        self.store = store
-        self._on_handed = on_handed
-        #: Parts of traces to hand over (docs/scale-out.md), written before the runs queued with them.
-        self._parts: deque[Part] = deque()
-        #: Runs per second the store took in recent full batches (EWMA): how fast it clears a
-        #: backlog; None until the first full batch.
-        self.rate: float | None = None
-        self._on_stored = on_stored
-        self._on_error = on_error
-        self._on_failed = on_failed
-        self._queue: deque[tuple[StoredRun, float | None]] = deque()
-        self._ready = threading.Condition()
-        self._closing = False
-        self._in_batch = 0
-        #: Whether the last write failed (StoreError) and is being retried: the store is not reachable.
-        self.failing = False
-        self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
-        self._thread.start()
-
-    @property
-    def backlog(self) -> int:
-        """Verdicts not yet durable: queued plus the batch being written."""
-        return len(self._queue) + self._in_batch + len(self._parts)
-
-    def queue_limit(self, seconds: float, cap: int) -> int:
-        """The backlog the store clears in ``seconds`` at its measured rate, within [BATCH, cap]."""
-        if self.rate is None:
-            return cap
-        return min(cap, max(self.BATCH, int(self.rate * seconds)))
-
-    def _measured(self, runs: int, elapsed: float) -> None:
-        """Only a full batch measures the rate: a smaller one is written as soon as it is queued
-        (no backlog to clear), and its time is mostly the transaction's fixed cost (a cold store, a
-        wait behind the sweeper's batch), which read as a store ten times slower (issue 42)."""
-        if runs == self.BATCH and elapsed > 0:
-            rate = runs / elapsed
-            self.rate = rate if self.rate is None else 0.7 * self.rate + 0.3 * rate
-
-    def put_parts(self, parts: list[Part]) -> None:
-        with self._ready:
-            self._parts.extend(parts)
-            self._ready.notify()
-
-    def _write_parts(self) -> bool:
-        """Hand over the queued parts, retried like a batch of runs; False: closing with the store
-        not open (the journal keeps their spans)."""
-        with self._ready:
-            parts = list(self._parts)
-            self._parts.clear()
-        delay = 0.05
-        while parts:
-            if not self.store.wait_open(1.0):
-                if self._closing:
-                    return False
-                continue
-            try:
-                self.store.hand_over(parts)
-            except StoreError as exc:
-                log.error("store_write_failed", error=str(exc), parts=len(parts), retry_in=delay)
-                self.failing = True
-                self._on_error()
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
-                continue
-            except Exception:  # noqa: BLE001 - parts the store cannot take: their spans stay journaled
-                log.exception("handover_failed", parts=len(parts))
-                return True
-            try:
-                self._on_handed(parts)
-            except Exception:  # noqa: BLE001
-                log.exception("store_callback_failed", parts=len(parts))
-            parts = []
-        return True
-
-    def put(self, runs: list[tuple[StoredRun, float | None]]) -> None:
-        """Queue verdicts, each with the monotonic time its verdict latency counts from."""
-        with self._ready:
-            self._queue.extend(runs)
-            self._ready.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._ready:
-                while not self._queue and not self._parts and not self._closing:
-                    self._ready.wait()
-            if self._parts and not self._write_parts():
-                return
-            with self._ready:
-                if not self._queue:
-                    if self._closing and not self._parts:
-                        return  # closing, and everything queued before is written
-                    continue
-                self._in_batch = min(self.BATCH, len(self._queue))  # counted before it leaves the queue
-                batch = [self._queue.popleft() for _ in range(self._in_batch)]
-            delay = 0.05
-            while batch:
-                if not self.store.wait_open(1.0):
-                    if self._closing:  # nothing to flush to: the journal keeps these runs' spans
-                        return
-                    continue
-                try:
-                    started = time.monotonic()
-                    self.store.save_many(run for run, _ in batch)
-                except StoreError as exc:
-                    log.error("store_write_failed", error=str(exc), runs=len(batch), retry_in=delay)
-                    self.failing = True
-                    self._on_error()
-                    time.sleep(delay)
-                    delay = min(delay * 2, 5.0)
-                    continue
-                except Exception:  # noqa: BLE001 - a run the store cannot take: find it, keep the rest
-                    batch = self._one_by_one(batch)
-                    continue
-                self.failing = False
-                self._measured(len(batch), time.monotonic() - started)
-                self._stored(batch)
-                batch = []
-            self._in_batch = 0
-
-    def _stored(self, batch: list[tuple[StoredRun, float | None]]) -> None:
-        """``on_stored``, once: a failure there is logged, never taken for a failed write (which
-        would write the batch again and report it stored twice)."""
-        try:
-            self._on_stored(batch)
-        except Exception:  # noqa: BLE001
-            log.exception("store_callback_failed", runs=len(batch))
-
-    def _one_by_one(self, batch: list[tuple[StoredRun, float | None]]) -> list[tuple[StoredRun, float | None]]:
-        """Write runs singly; returns what is left to retry when the database itself fails."""
-        for index, item in enumerate(batch):
-            try:
-                self.store.save_many([item[0]])
-            except StoreError:
-                return batch[index:]
-            except Exception as exc:  # noqa: BLE001
-                self._on_failed(item[0], f"{type(exc).__name__}: {exc}"[:200])
-                continue
-            self._stored([item])
-        return []
-
-    def close(self, timeout: float = 30.0) -> None:
-        """Flush everything queued, then stop (within a second if the store is not open yet)."""
-        with self._ready:
-            self._closing = True
-            self._ready.notify()
-        self._thread.join(timeout)
 
 
 class Pipeline:
     def __init__(self, config: CollectorConfig, store: RunStore, metrics: Metrics | None,
                  spans: VerdictSpans | None, store_url: str = "", offsets: KafkaOffsets | None = None) -> None:
-        """``offsets``: with the kafka receiver, Kafka is the durable log and its offsets stand in
-        for the journal (settled, stored traces release their messages instead of journal records)."""
+        """``offsets``: with the kafka receiver, Kafka is the durable log and its offsets are the span
+        log in place of the journal (settled, stored traces release their messages instead of journal
+        records). Nothing runs until :meth:`start`."""
         self.config = config
         self.instance = config.instance or instance_name()
         self.matcher = config.matcher()
@@ -245,17 +83,15 @@ class Pipeline:
                                   (lambda: metrics.store_errors.add(1)) if metrics else (lambda: None),
                                   self._store_failed, lambda parts: self._done(p.trace_id for p in parts))
         self.store = store
-        kept = config.store.retention
-        store.start_sweeping(Retention(kept.max_age, kept.max_size, config.assembly.late_window, kept.sweep_interval,
-                                       kept.batch), metrics.runs_deleted.add if metrics else lambda deleted: None)
         #: The most recent traces or runs that could not be finalized, published or stored (run page).
         self.failures: deque[Failure] = deque(maxlen=100)
         # A trace cut short at shutdown stays journaled as long as its late spans would be taken.
-        self.journal: Journal | KafkaOffsets | None = (
-            offsets if offsets is not None
-            else Journal(config.journal.directory(store_url), config.journal.segment_bytes, config.journal.max_bytes,
-                         keep_cut_for=max(config.assembly.late_window, config.assembly.max_trace_wait))
-            if config.journal.enabled else None)
+        self.journal = (Journal(config.journal.directory(store_url), config.journal.segment_bytes,
+                                config.journal.max_bytes,
+                                keep_cut_for=max(config.assembly.late_window, config.assembly.max_trace_wait))
+                        if offsets is None and config.journal.enabled else None)
+        #: Where accepted spans stay until their runs are stored: Kafka's offsets, or the journal.
+        self.spanlog: SpanLog | None = offsets if offsets is not None else self.journal
         #: Called after spans are accepted with the deadline of their traces' quiet period, so a
         #: sweeper sleeping past it can wake (set by the server; the pipeline knows no event loop).
         self.on_deadline: Callable[[float], None] = lambda due: None
@@ -274,7 +110,20 @@ class Pipeline:
         #: and when to ask it again.
         self._unchecked: dict[str, list[Finalized]] = {}
         self._check_at = 0.0
-        self._check_delay = CHECK_RETRY[0]
+        self._check_backoff = Backoff(*CHECK_RETRY)
+
+    def start(self) -> None:
+        """Start the threads the pipeline owns (the journal's, the store writer's, the hand-over's)
+        and the store's retention sweeper. Then :meth:`replay`, before any receiver opens."""
+        if self.journal is not None:
+            self.journal.start()
+        self.writer.start()
+        if self.handover is not None:
+            self.handover.start()
+        kept, metrics = self.config.store.retention, self.metrics
+        self.store.start_sweeping(Retention(kept.max_age, kept.max_size, self.config.assembly.late_window,
+                                            kept.sweep_interval, kept.batch),
+                                  metrics.runs_deleted.add if metrics else lambda deleted: None)
 
     def gauges(self) -> dict[str, int]:
         a = self.assembler
@@ -311,8 +160,9 @@ class Pipeline:
             self.metrics.refused.add(spans, {"reason": reason, "transport": transport})
         log.warning("request_refused", transport=transport, spans=spans, reason=exc.reason)
 
-    def ingest_decoded(self, decoded: Decoded, transport: str) -> IngestResult:
-        """Accept decoded span records, or raise :class:`Backpressure` having accepted none of them."""
+    def ingest_decoded(self, decoded: Decoded, transport: str, at: tuple[int, int] | None = None) -> IngestResult:
+        """Accept decoded span records, or raise :class:`Backpressure` having accepted none of them.
+        ``at``: the (partition, offset) of the Kafka message they came in (:meth:`SpanLog.append`)."""
         try:
             self._check_backlogs()
             self.assembler.check_capacity(len(decoded.spans), (s.trace_id for s in decoded.spans))
@@ -325,8 +175,8 @@ class Pipeline:
             if self._awaited:  # (a duplicate of a replayed span counts too: it costs a row, not a verdict)
                 self._grown.update(s.trace_id.hex() for s in decoded.spans if s.trace_id in self._awaited)
         # Duplicates are journaled again: an exporter retries a request whose journal write failed.
-        durable = (self._journal(decoded, offer.idle)
-                   if self.journal is not None and (offer.accepted or offer.duplicates) else None)
+        durable = (self._append(decoded, offer.idle, at)
+                   if self.spanlog is not None and (offer.accepted or offer.duplicates) else None)
         rejected = decoded.rejected + offer.expired
         messages = list(decoded.reasons)
         messages.extend(f"{n} span(s) belong to traces {why}" for why, n in offer.expired_why.items())
@@ -382,15 +232,15 @@ class Pipeline:
             try:
                 stored = self.writer.store.revisions(list({item.run.run_id or "" for item in items}))
             except StoreError as exc:
-                log.warning("replay_check_failed", error=str(exc), waiting_runs=len(items), retry_in=self._check_delay)
-                self._check_at = now + self._check_delay
-                self._check_delay = min(self._check_delay * 2, CHECK_RETRY[1])
+                delay = self._check_backoff.failed()
+                log.warning("replay_check_failed", error=str(exc), waiting_runs=len(items), retry_in=delay)
+                self._check_at = now + delay
         if stored is None:
             for item in mine:
                 self._unchecked.setdefault(item.run.trace_id or "", []).append(item)
             return others, finalized
         self._unchecked.clear()
-        self._check_delay = CHECK_RETRY[0]
+        self._check_backoff.reset()
         grown = self._grown & {item.run.trace_id for item in items}
         self._grown -= grown
         grown |= {item.run.trace_id for item in items if item.parts}  # a part claimed holds what the store lacks
@@ -439,8 +289,8 @@ class Pipeline:
                 accepted = assembler.merge(tid, spans, part.held_by, adopt, part.part_id)
                 if accepted is None:
                     handover.release([part.part_id])
-                elif accepted and self.journal is not None:
-                    self.journal.append(spans)  # durable here before its trace is settled
+                elif accepted and self.spanlog is not None:
+                    self.spanlog.append(spans)  # durable here before its trace is settled
             if parts:
                 self.on_deadline(assembler.clock())
                 if self.metrics is not None:
@@ -465,40 +315,32 @@ class Pipeline:
 
     def sweep(self, force: bool = False) -> int:
         hold = self._merge_parts() if self.handover is not None and not force else frozenset()
-        finalized = self.assembler.sweep(force, hold)
-        if self.assembler.spent:
-            self._spend(self.assembler.spent)
-            self.assembler.spent = []
-        handed = self.assembler.handed
-        if handed:
-            self.assembler.handed = []
+        swept = self.assembler.sweep(force, hold)
+        self._spend(swept.spent)
+        if swept.handed:
             self.writer.put_parts([Part(tid.hex(), self.instance, False, len(records), encode(records))
-                                   for tid, records in handed])
+                                   for tid, records in swept.handed])
             if self.metrics is not None:
-                self.metrics.parts.add(len(handed), {"event": "handed_over"})
-        for failure in self.assembler.failures:
+                self.metrics.parts.add(len(swept.handed), {"event": "handed_over"})
+        for failure in swept.failures:
             self._failed(failure)
-        self.assembler.failures.clear()
-        counted = finalized
+        finalized = counted = swept.finalized
         if self._replayed or self._unchecked:
             finalized, counted = self._not_yet_stored(finalized)
-        cut = self._keep(self.assembler.cut)
-        self.assembler.cut.clear()
+        cut = self._keep(swept.cut)
         if self.journal is not None and self.journal.first_cut:  # kept for their rest: it came, or no run will
             self.journal.unpin([bytes.fromhex(item.run.trace_id) for item in finalized
-                                if item.run.trace_id and not item.run.incomplete] + self.assembler.ignored)
-        if self.assembler.ignored:
-            if self.metrics is not None:
-                self.metrics.ignored.add(len(self.assembler.ignored))
-            self.assembler.ignored.clear()
-        if self.journal is not None:
-            self._settle(counted, cut, [tid.hex() for tid, _ in handed])
+                                if item.run.trace_id and not item.run.incomplete] + swept.ignored)
+        if swept.ignored and self.metrics is not None:
+            self.metrics.ignored.add(len(swept.ignored))
+        if self.spanlog is not None:
+            self._settle(counted, swept.settled, cut, [tid.hex() for tid, _ in swept.handed])
         published: list[tuple[StoredRun, float | None]] = []
         try:
             for item in finalized:
                 try:
                     published.append((self._publish(item), item.root_arrived))
-                except Exception as exc:  # noqa: BLE001 - one run that cannot be published costs no other
+                except Exception as exc:  # one run that cannot be published costs no other
                     self._failed(Failure(item.run.run_id or item.run.trace_id or "", "publish",
                                          f"{type(exc).__name__}: {exc}"[:200]))
                     self._done([item.run.trace_id])
@@ -544,36 +386,38 @@ class Pipeline:
         if self.metrics is not None:
             try:
                 self.metrics.record_runs([stored for stored, _ in published])
-            except Exception:  # noqa: BLE001 - failing metrics cost no run its store write or the sweep its rest
+            except Exception:  # failing metrics cost no run its store write or the sweep its rest
                 log.exception("metrics_record_failed", runs=len(published))
         self.writer.put([(stored.for_writer(), arrived) for stored, arrived in published])
 
-    def _journal(self, decoded: Decoded, idle: frozenset[bytes]) -> asyncio.Future | None:
-        """Journal an accepted request. A trace nothing will settle again is not waited for, unless
-        runs of it are still to be stored (a retry of a request whose write failed, arriving after
-        the trace was finalized from memory): then the release it waits for covers this request."""
-        assert self.journal is not None
+    def _append(self, decoded: Decoded, idle: frozenset[bytes], at: tuple[int, int] | None) -> asyncio.Future | None:
+        """Keep an accepted request in the span log. A trace nothing will settle again is not waited
+        for, unless runs of it are still to be stored (a retry of a request whose write failed,
+        arriving after the trace was finalized from memory): then the release it waits for covers
+        this request."""
+        assert self.spanlog is not None
         if not idle:
-            return self.journal.append(decoded.spans, decoded.journal_line)
+            return self.spanlog.append(decoded.spans, decoded.journal_line, at=at)
         with self._unstored_lock:  # against _done letting the trace go meanwhile
             waiting = [tid for tid in idle if tid.hex() in self._unstored]
-            durable = self.journal.append(decoded.spans, decoded.journal_line, idle.difference(waiting))
-            mark = self.journal.mark()
+            durable = self.spanlog.append(decoded.spans, decoded.journal_line, idle.difference(waiting), at)
+            mark = self.spanlog.mark()
             for tid in waiting:
                 self._unstored[tid.hex()].mark = mark
         return durable
 
-    def _settle(self, finalized: list[Finalized], kept: set[bytes], handed: list[str]) -> None:
-        """A trace's spans are let go once it is settled (nothing of it waits for a parent) and every
-        run published from it is stored, up to the journal's mark when it was last settled: spans
-        appended later belong to a revision not yet stored. ``kept``: traces cut short at shutdown,
-        journaled until the rest of them, sent to the next collector, completes their runs."""
-        settled = {tid.hex(): tid for tid in self.assembler.settled if tid not in kept}
-        self.assembler.settled.clear()
+    def _settle(self, finalized: list[Finalized], swept: list[bytes], kept: set[bytes], handed: list[str]) -> None:
+        """A trace's spans are let go once it is settled (nothing of it waits for a parent; ``swept``:
+        the traces this sweep settled) and every run published from it is stored, up to the span
+        log's mark when it was last settled: spans appended later belong to a revision not yet
+        stored. ``kept``: traces cut short at shutdown, journaled until the rest of them, sent to the
+        next collector, completes their runs."""
+        settled = {tid.hex(): tid for tid in swept if tid not in kept}
         self._replayed.difference_update(settled)  # replayed traces that made no run are done too
         self._awaited.difference_update(settled.values())
         self._grown.difference_update(t for t in settled if t not in self._unchecked)
-        mark = self.journal.mark()
+        assert self.spanlog is not None
+        mark = self.spanlog.mark()
         released = []
         with self._unstored_lock:
             for item in finalized:  # settled or not: a trace still waiting can have published runs
@@ -587,12 +431,12 @@ class Pipeline:
                     released.append((tid, mark))
                 else:
                     entry.settled, entry.mark = True, mark
-        self.journal.release(released)  # every sweep, with nothing released too: expired pins go then
+        self.spanlog.release(released)  # every sweep, with nothing released too: expired pins go then
 
     def _done(self, trace_ids: Iterable[str | None]) -> None:
-        """Runs are stored (or failed for good); the journal lets go of a settled trace once all
+        """Runs are stored (or failed for good); the span log lets go of a settled trace once all
         its runs are, in one call per batch."""
-        if self.journal is None:
+        if self.spanlog is None:
             return
         released = []
         with self._unstored_lock:
@@ -606,7 +450,7 @@ class Pipeline:
                     if entry.settled:  # else its settling lets it go
                         released.append((bytes.fromhex(trace_id), entry.mark))
         if released:
-            self.journal.release(released)
+            self.spanlog.release(released)
 
     def _store_failed(self, run: StoredRun, error: str) -> None:
         self._failed(Failure(run.run_id, "store", error))

@@ -101,6 +101,7 @@ class Collector:
         kafka = cfg.receivers.kafka
         offsets = KafkaOffsets(kafka.max_metadata_bytes) if kafka.enabled else None
         self.pipeline = Pipeline(cfg, self.store, self.metrics, self.spans, cfg.store.url or "", offsets)
+        self.pipeline.start()
         if replayed := self.pipeline.replay():  # before any receiver opens: journaled spans first
             log.info("journal_replayed", spans=replayed, journal=str(self.pipeline.journal.directory))
         hub = self.hub

@@ -23,7 +23,7 @@ from collector.live import logs
 from collector.live.assembler import Assembler, Backpressure, Finalized
 from collector.live.handover import Handover, merged_note, split_note
 from collector.live.journal import Journal, decode, encode
-from collector.live.kafka_offsets import KafkaOffsets
+from collector.live.receivers.kafka_offsets import KafkaOffsets
 from collector.outputs.emit_spans import VerdictSpans
 from collector.outputs.metrics import Metrics
 from collector.outputs.pricing import Pricing

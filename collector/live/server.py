@@ -25,9 +25,9 @@ from collector.formats import decode
 from collector.live import logs
 from collector.live.budget import MemoryBudget
 from collector.live.health import Health
-from collector.live.kafka_offsets import KafkaOffsets
 from collector.live.pipeline import Pipeline
-from collector.live.receivers import (
+from collector.live.receivers.kafka_offsets import KafkaOffsets
+from collector.live.receivers.otlp import (
     DISCARDED_SIGNALS,
     GrpcDiscardService,
     GrpcTraceService,
@@ -142,7 +142,7 @@ class Collector:
             prom = f"{split_endpoint(cfg.exporters.prometheus.endpoint)[0]}:{self.metrics.prometheus_port}"
         self._sweeper = asyncio.create_task(self._sweep_forever())
         if offsets is not None:
-            from collector.live.kafka_receiver import KafkaTraceReceiver  # confluent-kafka: the kafka extra
+            from collector.live.receivers.kafka_receiver import KafkaTraceReceiver  # confluent-kafka: the kafka extra
 
             self._kafka = KafkaTraceReceiver(kafka, self.pipeline, offsets)
             await self._kafka.start()
@@ -315,7 +315,7 @@ def check(cfg: CollectorConfig) -> BearerAuth:
     if cfg.receivers.tls.enabled:
         ssl_context(cfg.receivers.tls)  # loads the certificate, key and client CA as both listeners will
     if cfg.receivers.kafka.enabled:
-        from collector.live.kafka_receiver import kafka_client
+        from collector.live.receivers.kafka_receiver import kafka_client
 
         kafka_client()
     return auth

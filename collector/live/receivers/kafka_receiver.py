@@ -5,9 +5,9 @@ cooperative-sticky assignment: a rebalance moves only the partitions it must). E
 decoded with the receivers' decoder and fed to the same :meth:`Pipeline.ingest_decoded`; the rest of
 the pipeline does not learn where spans came from.
 
-Offsets are a promise about what was handled (:mod:`collector.live.kafka_offsets`): a partition is
-committed only up to its oldest message holding a trace not yet stored, with the stored traces past
-that offset named in the commit's metadata. A partition taken away drops its traces in flight
+Offsets are a promise about what was handled (:mod:`collector.live.receivers.kafka_offsets`): a
+partition is committed only up to its oldest message holding a trace not yet stored, with the stored
+traces past that offset named in the commit's metadata. A partition taken away drops its traces in flight
 unpublished: the next owner re-reads them whole from the committed offset and skips the ones named.
 
 A message that is not an OTLP trace request, larger than ``max_message_bytes``, or holding more
@@ -32,9 +32,9 @@ from collector.config import ConfigError
 from collector.config import KafkaReceiver as KafkaConfig
 from collector.formats.decode import DecodeError, decode_bytes
 from collector.live.assembler import Backpressure
-from collector.live.kafka_offsets import KafkaOffsets
 from collector.live.pipeline import Pipeline
-from collector.live.receivers import MAX_REASON_BYTES, OFFLOAD_BYTES, never_fits, clip
+from collector.live.receivers.kafka_offsets import KafkaOffsets
+from collector.live.receivers.otlp import MAX_REASON_BYTES, OFFLOAD_BYTES, never_fits, clip
 
 log = structlog.get_logger("agenteval.collector")
 

@@ -311,8 +311,15 @@ class Pipeline:
             self.metrics.refused.add(spans, {"reason": reason, "transport": transport})
         log.warning("request_refused", transport=transport, spans=spans, reason=exc.reason)
 
-    def ingest_decoded(self, decoded: Decoded, transport: str) -> IngestResult:
-        """Accept decoded span records, or raise :class:`Backpressure` having accepted none of them."""
+    def ingest_decoded(self, decoded: Decoded, transport: str, at: tuple[int, int] | None = None) -> IngestResult:
+        """Accept decoded span records, or raise :class:`Backpressure` having accepted none of them.
+        ``at``: the (partition, offset) of the Kafka message they came in."""
+        if at is not None and isinstance(self.journal, KafkaOffsets):
+            self.journal.at = at
+            try:
+                return self.ingest_decoded(decoded, transport)
+            finally:
+                self.journal.at = None
         try:
             self._check_backlogs()
             self.assembler.check_capacity(len(decoded.spans), (s.trace_id for s in decoded.spans))

@@ -173,6 +173,13 @@ class Receivers(_Section):
                              "grpc.max_message_bytes), or no request of the largest allowed size fits")
         return self
 
+    @model_validator(mode="after")
+    def _one_enabled(self) -> "Receivers":
+        if not (self.grpc.enabled or self.http.enabled or self.kafka.enabled):
+            raise ValueError("no receiver is enabled (grpc, http and kafka all have enabled: false): enable at "
+                             "least one, or the collector receives no spans")
+        return self
+
 
 class Assembly(_Section):
     quiet_period: float = Field(2.0, gt=0)

@@ -435,7 +435,7 @@ def test_a_broker_outage_keeps_reads_working_and_loses_nothing(kafka_broker, tmp
         replica.current.stop()
 
 
-# --- the commit's promise, without a broker (collector/live/kafka_offsets.py) ------------------------
+# --- the commit's promise, without a broker (collector/live/receivers/kafka_offsets.py) ---------------
 
 class _Span:
     def __init__(self, trace_id: bytes) -> None:
@@ -448,7 +448,7 @@ def _append(offsets, partition: int, offset: int, *traces: bytes) -> None:
 
 
 def test_the_commit_stays_at_the_oldest_unstored_trace_and_names_the_stored_ones_past_it():
-    from collector.live.kafka_offsets import KafkaOffsets, decode_metadata
+    from collector.live.receivers.kafka_offsets import KafkaOffsets, decode_metadata
 
     x, y, z = (bytes([n]) * 16 for n in (1, 2, 3))
     offsets = KafkaOffsets(4096)
@@ -468,7 +468,7 @@ def test_the_commit_stays_at_the_oldest_unstored_trace_and_names_the_stored_ones
 
 
 def test_a_late_span_of_a_stored_trace_holds_the_commit_until_its_revision_is_stored():
-    from collector.live.kafka_offsets import KafkaOffsets, decode_metadata
+    from collector.live.receivers.kafka_offsets import KafkaOffsets, decode_metadata
 
     x, y = bytes([1]) * 16, bytes([2]) * 16
     offsets = KafkaOffsets(4096)
@@ -485,7 +485,7 @@ def test_a_late_span_of_a_stored_trace_holds_the_commit_until_its_revision_is_st
 
 
 def test_the_next_owner_skips_the_named_traces_and_keeps_naming_them_while_they_are_past_its_commit():
-    from collector.live.kafka_offsets import KafkaOffsets, decode_metadata, encode_metadata
+    from collector.live.receivers.kafka_offsets import KafkaOffsets, decode_metadata, encode_metadata
 
     x, y = bytes([1]) * 16, bytes([2]) * 16
     metadata, unnamed = encode_metadata([y[:8]], 4096)
@@ -504,7 +504,7 @@ def test_the_next_owner_skips_the_named_traces_and_keeps_naming_them_while_they_
 
 
 def test_commit_metadata_over_its_limit_names_what_fits_and_counts_the_rest():
-    from collector.live.kafka_offsets import METADATA_PREFIX, decode_metadata, encode_metadata
+    from collector.live.receivers.kafka_offsets import METADATA_PREFIX, decode_metadata, encode_metadata
 
     keys = [i.to_bytes(8, "big") for i in range(1000)]
     metadata, unnamed = encode_metadata(keys, 4096)

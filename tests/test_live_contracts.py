@@ -22,7 +22,7 @@ from collector.formats.loader import workflow_trace_run
 from collector.live.assembler import Assembler, Sweep
 from collector.live.handover import Handover
 from collector.live.journal import Journal
-from collector.live.kafka_offsets import KafkaOffsets
+from collector.live.receivers.kafka_offsets import KafkaOffsets
 from collector.live.pipeline import Pipeline
 from collector.live.retry import Backoff, until_stored
 from collector.live.spanlog import SpanLog

@@ -445,6 +445,8 @@ _FREE = {"receivers": {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint":
                                                               "group_id": "g"}}},
      "receivers.kafka.enabled: the kafka receiver needs confluent-kafka, which is not installed: "
      "pip install 'agenteval-collector[kafka]'"),
+    ({"receivers": {"grpc": {"enabled": False}, "http": {"enabled": False}}},
+     "receivers: Value error, no receiver is enabled"),
 ])
 def test_validate_refuses_what_serve_refuses_with_the_same_error(cfg, expected, tmp_path):
     """`agenteval collector validate --config FILE`, as `otelcol validate`: serve's error, exit 1."""

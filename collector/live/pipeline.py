@@ -23,7 +23,6 @@ from collector.live import logs
 from collector.live.assembler import Assembler, Backpressure, Finalized
 from collector.live.handover import Handover, merged_note, split_note
 from collector.live.journal import Journal, decode, encode
-from collector.live.kafka_offsets import KafkaOffsets
 from collector.live.retry import Backoff
 from collector.live.spanlog import SpanLog
 from collector.live.store_writer import StoreWriter
@@ -61,7 +60,7 @@ class _Unstored:
 
 class Pipeline:
     def __init__(self, config: CollectorConfig, store: RunStore, metrics: Metrics | None,
-                 spans: VerdictSpans | None, store_url: str = "", offsets: KafkaOffsets | None = None) -> None:
+                 spans: VerdictSpans | None, store_url: str = "", offsets: SpanLog | None = None) -> None:
         """``offsets``: with the kafka receiver, Kafka is the durable log and its offsets are the span
         log in place of the journal (settled, stored traces release their messages instead of journal
         records). Nothing runs until :meth:`start`."""

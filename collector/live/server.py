@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 
 import structlog
-from aiohttp import web
 from opentelemetry.sdk.resources import Resource
 
 from collector.config import CollectorConfig, ConfigError, split_endpoint
@@ -25,23 +24,19 @@ from collector.formats import decode
 from collector.live import logs
 from collector.live.budget import MemoryBudget
 from collector.live.health import Health
-from collector.live.kafka_offsets import KafkaOffsets
 from collector.live.pipeline import Pipeline
-from collector.live.receivers import (
-    DISCARDED_SIGNALS,
-    GrpcDiscardService,
-    GrpcTraceService,
-    HttpListener,
-    HttpTraceReceiver,
-    grpc_server,
-)
+from collector.live.receivers import Receiver, start_all, stop_all
+from collector.live.receivers.grpc_receiver import GrpcTraceReceiver
+from collector.live.receivers.http_receiver import HttpTraceReceiver
+from collector.live.receivers.kafka_offsets import KafkaOffsets
+from collector.live.receivers.kafka_receiver import KafkaTraceReceiver, kafka_client
 from collector.outputs.emit_spans import VerdictSpans, otlp_span_exporter
 from collector.outputs.export_queue import RetryingSpanExporter
 from collector.outputs.fidelity_service import FidelityService
 from collector.outputs.metrics import Metrics
 from collector.outputs.run_page import RunPage
 from collector.outputs.stream import VerdictHub
-from collector.security import BearerAuth, grpc_credentials, ssl_context
+from collector.security import BearerAuth, ssl_context
 from collector.store import open_store
 
 log = structlog.get_logger("agenteval.collector")
@@ -81,12 +76,12 @@ class Collector:
         self.budget = MemoryBudget(config.receivers.max_inflight_bytes, config.assembly.retry_after)
         self.hub: VerdictHub | None = None
         self.metrics: Metrics | None = None
-        self._grpc = None
-        self._http: web.AppRunner | None = None
-        self._listener: HttpListener | None = None
-        self._sweeper: asyncio.Task | None = None
+        #: The receivers the config enables, once all of them started (see :meth:`_receivers`).
+        self.receivers: list[Receiver] = []
+        self._grpc: GrpcTraceReceiver | None = None
+        self._http: HttpTraceReceiver | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self.health: Health | None = None
-        self._kafka = None
         self.listening: Listening | None = None
 
     async def start(self) -> Listening:
@@ -103,53 +98,23 @@ class Collector:
         self.pipeline = Pipeline(cfg, self.store, self.metrics, self.spans, cfg.store.url or "", offsets)
         self.pipeline.start()
         if replayed := self.pipeline.replay():  # before any receiver opens: journaled spans first
-            log.info("journal_replayed", spans=replayed, journal=str(self.pipeline.journal.directory))
+            log.info("journal_replayed", spans=replayed, journal=str(self.pipeline.journal and self.pipeline.journal.directory))
         hub = self.hub
         self.store.subscribe(hub.publish_threadsafe, lambda: hub.watchers > 0)
-        grpc_addr = http_addr = None
-        tls = cfg.receivers.tls
-        scheme = "https" if tls.enabled else "http"
-        if cfg.receivers.grpc.enabled:
-            grpc_cfg = cfg.receivers.grpc
-            self._grpc = grpc_server(grpc_cfg.max_message_bytes, grpc_cfg.handshake_timeout)
-            service = GrpcTraceService(self.pipeline, auth, self.budget, grpc_cfg.max_message_bytes, grpc_cfg.read_timeout)
-            self._grpc.add_generic_rpc_handlers((service.handler(),
-                                                 *(GrpcDiscardService(signal, service).handler()
-                                                   for signal in DISCARDED_SIGNALS),
-                                                 FidelityService(self.store, self.hub, auth).handler()))
-            endpoint = cfg.receivers.grpc.endpoint
-            port = (self._grpc.add_secure_port(endpoint, grpc_credentials(tls)) if tls.enabled
-                    else self._grpc.add_insecure_port(endpoint))
-            await self._grpc.start()
-            grpc_addr = f"{split_endpoint(endpoint)[0]}:{port}"
-        if cfg.receivers.http.enabled:
-            http = cfg.receivers.http
-            receiver = HttpTraceReceiver(self.pipeline, http.max_body_bytes, auth, self.budget, http.read_timeout)
-            app = receiver.app()
-            self.health = Health(self.pipeline.writer)
-            self.health.register(app)
-            if http.run_page:
-                RunPage(self.store, auth, self.config.ui.trace_url, lambda: self.pipeline.failures,
-                        cfg.store.retention.max_age).register(app)
-            self._http = receiver.runner(app)
-            await self._http.setup()
-            host, port = split_endpoint(http.endpoint)
-            self._listener = HttpListener(self._http, receiver, (host, port),
-                                          ssl_context(tls) if tls.enabled else None)
-            bound = await self._listener.start()
-            http_addr = f"{host}:{bound}"
+        receivers = self._receivers(self.pipeline, hub, auth, offsets)
+        await start_all(receivers)
+        self.receivers = receivers
+        grpc_addr = self._grpc.address if self._grpc else None
+        http_addr = self._http.address if self._http else None
         prom = None
         if self.metrics.prometheus_port is not None:
             prom = f"{split_endpoint(cfg.exporters.prometheus.endpoint)[0]}:{self.metrics.prometheus_port}"
         self._sweeper = asyncio.create_task(self._sweep_forever())
-        if offsets is not None:
-            from collector.live.kafka_receiver import KafkaTraceReceiver  # confluent-kafka: the kafka extra
-
-            self._kafka = KafkaTraceReceiver(kafka, self.pipeline, offsets)
-            await self._kafka.start()
-        directory = getattr(self.pipeline.journal, "directory", None)
+        journal = self.pipeline.journal
+        tls = cfg.receivers.tls
+        scheme = "https" if tls.enabled else "http"
         self.listening = Listening(grpc_addr, http_addr and f"{scheme}://{http_addr}", prom, self.store.display,
-                                   str(directory) if directory is not None else None,
+                                   str(journal.directory) if journal is not None else None,
                                    f"{kafka.topic} @ {','.join(kafka.brokers)}" if kafka.enabled else None)
         log.info("collector_listening", grpc=grpc_addr, http=self.listening.http, prometheus=prom,
                  store=self.store.display, store_open=self.store.is_open, journal=self.listening.journal,
@@ -157,6 +122,28 @@ class Collector:
                  mtls=bool(tls.client_ca_file), auth=auth.enabled, metrics_auth=prometheus.require_auth,
                  open_files_limit=files, decoder="native" if decode.NATIVE else "python")
         return self.listening
+
+    def _receivers(self, pipeline: Pipeline, hub: VerdictHub, auth: BearerAuth,
+                   offsets: KafkaOffsets | None) -> list[Receiver]:
+        """The receivers the config enables, in the order they start; they stop in the reverse order,
+        the kafka receiver first (its open traces are dropped, not finalized as cut short)."""
+        cfg = self.config
+        receivers: list[Receiver] = []
+        if cfg.receivers.http.enabled:
+            self.health = Health(pipeline.writer)
+            routes = [self.health.register]
+            if cfg.receivers.http.run_page:
+                routes.append(RunPage(self.store, auth, cfg.ui.trace_url, lambda: pipeline.failures,
+                                      cfg.store.retention.max_age).register)
+            self._http = HttpTraceReceiver(cfg.receivers.http, cfg.receivers.tls, pipeline, auth, self.budget, routes)
+            receivers.append(self._http)
+        if cfg.receivers.grpc.enabled:
+            self._grpc = GrpcTraceReceiver(cfg.receivers.grpc, cfg.receivers.tls, pipeline, auth, self.budget,
+                                           [FidelityService(self.store, hub, auth).handler()])
+            receivers.append(self._grpc)
+        if offsets is not None:
+            receivers.append(KafkaTraceReceiver(cfg.receivers.kafka, pipeline, offsets))
+        return receivers
 
     def _gauges(self) -> dict[str, int]:
         return {**(self.pipeline.gauges() if self.pipeline else {}),
@@ -206,14 +193,7 @@ class Collector:
     async def stop(self) -> None:
         if self.hub is not None:
             self.hub.close()
-        if self._kafka is not None:  # first: its open traces are dropped, not finalized as cut short
-            await self._kafka.stop()
-        if self._grpc is not None:
-            await self._grpc.stop(grace=2.0)
-        if self._listener is not None:
-            await self._listener.stop()
-        if self._http is not None:
-            await self._http.cleanup()
+        await stop_all(self.receivers)
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
@@ -316,8 +296,6 @@ def check(cfg: CollectorConfig) -> BearerAuth:
     if cfg.receivers.tls.enabled:
         ssl_context(cfg.receivers.tls)  # loads the certificate, key and client CA as both listeners will
     if cfg.receivers.kafka.enabled:
-        from collector.live.kafka_receiver import kafka_client
-
         kafka_client()
     return auth
 

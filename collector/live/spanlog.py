@@ -1,6 +1,6 @@
 """Where accepted spans stay until their runs are stored (docs/design.md §3 Durability): the crash
 journal (:class:`~collector.live.journal.Journal`), or with the kafka receiver Kafka itself, whose
-offsets are committed only past what is stored (:class:`~collector.live.kafka_offsets.KafkaOffsets`,
+offsets are committed only past what is stored (:class:`~collector.live.receivers.kafka_offsets.KafkaOffsets`,
 docs/scale-out.md "Kafka, exact")."""
 
 from __future__ import annotations

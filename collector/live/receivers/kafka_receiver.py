@@ -5,15 +5,16 @@ cooperative-sticky assignment: a rebalance moves only the partitions it must). E
 decoded with the receivers' decoder and fed to the same :meth:`Pipeline.ingest_decoded`; the rest of
 the pipeline does not learn where spans came from.
 
-Offsets are a promise about what was handled (:mod:`collector.live.kafka_offsets`): a partition is
-committed only up to its oldest message holding a trace not yet stored, with the stored traces past
-that offset named in the commit's metadata. A partition taken away drops its traces in flight
+Offsets are a promise about what was handled (:mod:`collector.live.receivers.kafka_offsets`): a
+partition is committed only up to its oldest message holding a trace not yet stored, with the stored
+traces past that offset named in the commit's metadata. A partition taken away drops its traces in flight
 unpublished: the next owner re-reads them whole from the committed offset and skips the ones named.
 
 A message that is not an OTLP trace request, larger than ``max_message_bytes``, or holding more
-spans or traces than the assembly could ever take, is counted and logged with its offset and skipped. Over capacity (:class:`Backpressure`) consumption pauses and
-the message is read again after ``assembly.retry_after``; nothing is skipped. A broker outage only
-stalls ingest: librdkafka reconnects, and the run page and API are served meanwhile.
+spans or traces than the assembly could ever take (:class:`Undecodable`, its fault the reason), is
+counted and logged with its offset and skipped. Over capacity (:class:`Backpressure`) consumption
+pauses and the message is read again after ``assembly.retry_after``; nothing is skipped. A broker
+outage only stalls ingest: librdkafka reconnects, and the run page and API are served meanwhile.
 
 Everything runs on the event loop, rebalance callbacks included (they are called from ``consume``).
 """
@@ -26,15 +27,16 @@ import time
 from typing import Any
 
 import structlog
-from google.protobuf.message import DecodeError as ProtoDecodeError
 
 from collector.config import ConfigError
 from collector.config import KafkaReceiver as KafkaConfig
-from collector.formats.decode import DecodeError, decode_bytes
+from collector.formats.decode import Decoded
 from collector.live.assembler import Backpressure
-from collector.live.kafka_offsets import KafkaOffsets
 from collector.live.pipeline import Pipeline
-from collector.live.receivers import MAX_REASON_BYTES, OFFLOAD_BYTES, never_fits, clip
+from collector.live.receivers.decoding import Fault, Undecodable, check_fits, decode
+from collector.live.receivers.kafka_offsets import KafkaOffsets
+from collector.live.receivers.limits import MAX_REASON_BYTES, OFFLOAD_BYTES, clip
+from collector.live.receivers.telemetry import Telemetry
 
 log = structlog.get_logger("agenteval.collector")
 
@@ -59,15 +61,24 @@ def kafka_client() -> Any:
     return confluent_kafka
 
 
+def _detail(exc: Undecodable) -> str:
+    """What the log says of a message skipped: the decoder's own error where a decoder refused it."""
+    cause = exc.__cause__
+    return exc.message if cause is None else clip(f"{type(cause).__name__}: {cause}", MAX_REASON_BYTES)
+
+
 class KafkaTraceReceiver:
+    """The consumer: made, subscribed and polled from :meth:`start`; :meth:`stop` commits and leaves
+    the group."""
+
     def __init__(self, config: KafkaConfig, pipeline: Pipeline, offsets: KafkaOffsets) -> None:
         self.config = config
         self.pipeline = pipeline
         self.offsets = offsets
-        self._ck = kafka_client()
+        self.telemetry = Telemetry(TRANSPORT, pipeline.metrics)
+        self._ck: Any = None
         self._consumer: Any = None
-        self._task: asyncio.Task | None = None
-        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
         #: (partition, offset) -> metadata of the last commit asked for (forgotten when it fails).
         self._committed: dict[int, tuple[int, str]] = {}
         self._next_commit = 0.0
@@ -91,9 +102,15 @@ class KafkaTraceReceiver:
         }
 
     async def start(self) -> None:
-        self._consumer = self._ck.Consumer(self._client_config())
-        self._consumer.subscribe([self.config.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                 on_lost=self._on_lost)
+        self._ck = kafka_client()
+        consumer = self._ck.Consumer(self._client_config())
+        try:
+            consumer.subscribe([self.config.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                               on_lost=self._on_lost)
+        except BaseException:
+            consumer.close()
+            raise
+        self._consumer = consumer
         self._task = asyncio.create_task(self._run())
         log.info("kafka_receiver_started", brokers=self.config.brokers, topic=self.config.topic,
                  group_id=self.config.group_id)
@@ -103,7 +120,7 @@ class KafkaTraceReceiver:
         while True:
             try:
                 idle = await self._step()
-            except Exception:  # noqa: BLE001 - a bug in one step must not stop ingest for good
+            except Exception:  # a bug in one step must not stop ingest for good
                 log.exception("kafka_receiver_step_failed")
                 idle = True
             await asyncio.sleep(IDLE_SLEEP if idle else 0)  # the receivers and the sweeper run between batches
@@ -122,7 +139,7 @@ class KafkaTraceReceiver:
         for index, message in enumerate(messages):
             try:
                 handled = await self._handle(message)
-            except Exception as exc:  # noqa: BLE001 - one message never stops its partition or the others
+            except Exception as exc:  # one message never stops its partition or the others
                 self._skipped("failed", f"{type(exc).__name__}: {exc}"[:MAX_REASON_BYTES], message.partition(),
                               message.offset())
                 self.offsets.taken(message.partition(), message.offset())
@@ -143,28 +160,15 @@ class KafkaTraceReceiver:
         partition, offset = message.partition(), message.offset()
         if partition not in self.offsets.owned():
             return True  # fetched before its partition was taken away
-        value = message.value()
-        reason = None
-        if value is None:
-            reason, detail = "undecodable", "empty message"
-        elif len(value) > self.config.max_message_bytes:
-            reason, detail = "too_large", f"{len(value)} bytes, over max_message_bytes ({self.config.max_message_bytes})"
-        else:
-            try:
-                decoded = (await asyncio.to_thread(decode_bytes, value, self.pipeline.matcher)
-                           if len(value) >= OFFLOAD_BYTES else decode_bytes(value, self.pipeline.matcher))
-            except (ProtoDecodeError, RuntimeError, ValueError, DecodeError, RecursionError) as exc:
-                reason, detail = "undecodable", clip(f"{type(exc).__name__}: {exc}", MAX_REASON_BYTES)
-        if reason is not None:
-            self._skipped(reason, detail, partition, offset)
-            self.offsets.taken(partition, offset)
-            return True
-        spans = decoded.spans
-        decoded.spans = [s for s in spans if not self.offsets.skips(partition, offset, s.trace_id)]
-        if len(decoded.spans) != len(spans):
-            decoded.journal_line = None
-        if (why := never_fits(self.pipeline, decoded, TRANSPORT)) is not None:  # retrying would block the partition
-            self._skipped("never_fits", why, partition, offset)
+        try:
+            decoded = await self._decode(message.value())
+            spans = decoded.spans
+            decoded.spans = [s for s in spans if not self.offsets.skips(partition, offset, s.trace_id)]
+            if len(decoded.spans) != len(spans):
+                decoded.journal_line = None
+            check_fits(decoded, self.pipeline.config.assembly, self.telemetry)  # retrying would block the partition
+        except Undecodable as exc:
+            self._skipped(exc.fault.value, _detail(exc), partition, offset)
             self.offsets.taken(partition, offset)
             return True
         if decoded.spans or decoded.rejected or decoded.own:
@@ -174,6 +178,16 @@ class KafkaTraceReceiver:
                 return False
         self.offsets.taken(partition, offset)
         return True
+
+    async def _decode(self, value: bytes | None) -> Decoded:
+        if value is None:
+            raise Undecodable(Fault.INVALID, "empty message")
+        if len(value) > self.config.max_message_bytes:
+            raise Undecodable(Fault.TOO_LARGE,
+                              f"{len(value)} bytes, over max_message_bytes ({self.config.max_message_bytes})")
+        if len(value) >= OFFLOAD_BYTES:
+            return await asyncio.to_thread(decode, value, self.pipeline.matcher)
+        return decode(value, self.pipeline.matcher)
 
     def _hold(self, unhandled: list[Any]) -> None:
         """Over capacity: read ``unhandled`` again (from its first message per partition) once
@@ -194,10 +208,7 @@ class KafkaTraceReceiver:
         self._resume_at = time.monotonic() + self.pipeline.config.assembly.retry_after
 
     def _skipped(self, reason: str, detail: str, partition: int, offset: int) -> None:
-        if self.pipeline.metrics is not None:
-            self.pipeline.metrics.kafka_skipped.add(1, {"reason": reason})
-        log.warning("kafka_message_skipped", reason=reason, detail=detail, topic=self.config.topic,
-                    partition=partition, offset=offset)
+        self.telemetry.skipped(reason, detail, self.config.topic, partition, offset)
 
     # --- offsets --------------------------------------------------------------------------------
     def _partitions(self, partitions: list[int]) -> list[Any]:
@@ -272,6 +283,7 @@ class KafkaTraceReceiver:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
         if self._consumer is None:
             return
         owned = self.offsets.owned()
@@ -282,6 +294,7 @@ class KafkaTraceReceiver:
             await asyncio.sleep(0.05)
         self._commit(owned, asynchronous=False)
         self._consumer.close()  # leaves the group (its revoke, on this thread, commits nothing new)
+        self._consumer = None
         log.info("kafka_receiver_stopped", dropped_open_traces=dropped, partitions=sorted(owned))
 
     def _error(self, event: str, error: str) -> None:

@@ -97,8 +97,9 @@ class Collector:
         offsets = KafkaOffsets(kafka.max_metadata_bytes) if kafka.enabled else None
         self.pipeline = Pipeline(cfg, self.store, self.metrics, self.spans, cfg.store.url or "", offsets)
         self.pipeline.start()
-        if replayed := self.pipeline.replay():  # before any receiver opens: journaled spans first
-            log.info("journal_replayed", spans=replayed, journal=str(self.pipeline.journal and self.pipeline.journal.directory))
+        journal = self.pipeline.journal
+        if journal is not None and (replayed := self.pipeline.replay()):  # before any receiver: journaled spans first
+            log.info("journal_replayed", spans=replayed, journal=str(journal.directory))
         hub = self.hub
         self.store.subscribe(hub.publish_threadsafe, lambda: hub.watchers > 0)
         receivers = self._receivers(self.pipeline, hub, auth, offsets)
@@ -110,7 +111,6 @@ class Collector:
         if self.metrics.prometheus_port is not None:
             prom = f"{split_endpoint(cfg.exporters.prometheus.endpoint)[0]}:{self.metrics.prometheus_port}"
         self._sweeper = asyncio.create_task(self._sweep_forever())
-        journal = self.pipeline.journal
         tls = cfg.receivers.tls
         scheme = "https" if tls.enabled else "http"
         self.listening = Listening(grpc_addr, http_addr and f"{scheme}://{http_addr}", prom, self.store.display,

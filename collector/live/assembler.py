@@ -172,20 +172,21 @@ class Assembler:
         now = self.clock()
         result = Offer()
         skipped: set[bytes] = set()
-        tid, trace = None, None
+        tid: bytes | None = None
+        trace: _Trace | None = None
         for span in spans:
             if span.trace_id != tid:
                 tid = span.trace_id
                 trace = self._trace_for(tid, now)
             if trace is None:
                 result.expired += 1
-                why = self._expired[tid]
+                why = self._expired[span.trace_id]
                 result.expired_why[why] = result.expired_why.get(why, 0) + 1
-                skipped.add(tid)
+                skipped.add(span.trace_id)
                 continue
             if not trace.state.add(span):
                 result.duplicates += 1
-                skipped.add(tid)
+                skipped.add(span.trace_id)
                 continue
             if trace.records is not None:
                 trace.records.append(span)

@@ -371,7 +371,7 @@ class Journal:
                                      f"{getattr(exc, 'strerror', None) or exc}")
                 log.error("journal_write_failed", error=str(error), requests=len(group))
             for request in group:
-                if request.loop is not None:
+                if request.loop is not None and request.future is not None:
                     request.loop.call_soon_threadsafe(_settle, request.future, error)
 
     def _place(self, group: list[_Request]) -> tuple[int, int, bytes]:

@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 
 import structlog
 from structlog.tracebacks import ExceptionDictTransformer
+from structlog.typing import EventDict, WrappedLogger
 
 from collector.core.serialize import to_json
 
@@ -76,7 +77,7 @@ def _redacted(value: Any) -> Any:
     return value
 
 
-def _redact_event(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+def _redact_event(logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
     """structlog processor: :func:`redact` every string of the line, its traceback's included."""
     return _redacted(event)
 

@@ -124,7 +124,7 @@ class Pipeline:
                                             kept.sweep_interval, kept.batch),
                                   metrics.runs_deleted.add if metrics else lambda deleted: None)
 
-    def gauges(self) -> dict[str, int]:
+    def gauges(self) -> dict[str, float]:
         a = self.assembler
         return {"traces_in_flight": a.traces_in_flight, "spans_in_flight": a.spans_in_flight,
                 "late_traces": a.late_traces, "late_bytes": a.late_bytes, "store_queued_runs": self.writer.backlog,
@@ -440,8 +440,7 @@ class Pipeline:
         released = []
         with self._unstored_lock:
             for trace_id in trace_ids:
-                entry = self._unstored.get(trace_id) if trace_id is not None else None
-                if entry is None:
+                if trace_id is None or (entry := self._unstored.get(trace_id)) is None:
                     continue
                 entry.runs -= 1
                 if entry.runs <= 0:

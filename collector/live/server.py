@@ -110,7 +110,7 @@ class Collector:
         prom = None
         if self.metrics.prometheus_port is not None:
             prom = f"{split_endpoint(cfg.exporters.prometheus.endpoint)[0]}:{self.metrics.prometheus_port}"
-        self._sweeper = asyncio.create_task(self._sweep_forever())
+        self._sweeper = asyncio.create_task(self._sweep_forever(self.pipeline))
         tls = cfg.receivers.tls
         scheme = "https" if tls.enabled else "http"
         self.listening = Listening(grpc_addr, http_addr and f"{scheme}://{http_addr}", prom, self.store.display,
@@ -145,16 +145,15 @@ class Collector:
             receivers.append(KafkaTraceReceiver(cfg.receivers.kafka, pipeline, offsets))
         return receivers
 
-    def _gauges(self) -> dict[str, int]:
+    def _gauges(self) -> dict[str, float]:
         return {**(self.pipeline.gauges() if self.pipeline else {}),
                 "watchers": self.hub.watchers if self.hub else 0, "inflight_bytes": self.budget.used,
                 "verdict_spans_dropped": self._span_exporter.dropped if self._span_exporter else 0}
 
-    async def _sweep_forever(self) -> None:
+    async def _sweep_forever(self, pipeline: Pipeline) -> None:
         """Sweep when the earliest deadline is due, not on a fixed tick: a verdict waits its trace's
         quiet period and no longer. Accepted spans wake the sweeper when their deadline is earlier
         than the one it sleeps towards (e.g. the first trace after an idle spell)."""
-        pipeline = self.pipeline
         wake = asyncio.Event()
         planned = float("inf")
 

@@ -327,7 +327,7 @@ class Metrics:
     """The collector's instruments; ``gauges`` supplies in-flight figures at collection time."""
 
     def __init__(self, config: CollectorConfig, resource: Resource,
-                 gauges: Callable[[], dict[str, int]], scrape_auth: BearerAuth | None = None) -> None:
+                 gauges: Callable[[], dict[str, float]], scrape_auth: BearerAuth | None = None) -> None:
         readers: list[MetricReader] = []
         self.registry = CollectorRegistry()
         self._http: WSGIServer | None = None

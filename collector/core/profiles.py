@@ -6,6 +6,7 @@ the enabled ones into the few lookups the classifier makes per span.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -210,7 +211,7 @@ class Matcher:
     def agent_span_is_ledger(self, sdk_language: str | None) -> bool:
         return bool(sdk_language) and self.independent_agent_span.get(sdk_language.casefold(), False)
 
-    def is_chat(self, name: str, attrs: dict) -> bool:
+    def is_chat(self, name: str, attrs: Mapping[str, object]) -> bool:
         if name in self.chat_names:
             return True
         for key in self.operation_keys:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from workload import encode, trace_spans  # noqa: E402
+from workload import encode, trace_spans
 
 STAGES = ("parse", "decode", "decode (native, from bytes)", "ingest (decode_bytes+classify)",
           "sweep (finalize+reconcile)", "ingest+sweep", "store (save_many)", "ingest+sweep+store", "classify+assemble",

@@ -35,7 +35,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from workload import Collector, encode, send_streams, trace_spans  # noqa: E402
+from workload import Collector, encode, send_streams, trace_spans
 
 
 def files_bytes(store: Path) -> int:

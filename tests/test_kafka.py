@@ -32,7 +32,7 @@ from collector.store.base import unpack
 from conftest import CollectorProcess
 from kafka import broker_or_reason, require
 from mafshape import SCENARIOS, export_request, record, run_id
-from test_scaleout import ROOT, Acked, Otelcol, otelcol_built, stored_runs, wait_stored  # noqa: F401 - otelcol_built: a fixture
+from test_scaleout import ROOT, Acked, Otelcol, otelcol_built, stored_runs, wait_stored  # otelcol_built: a fixture
 
 CONFIG = ROOT / "config/otelcol-kafka.yaml"
 PARTITIONS = 6

@@ -266,7 +266,7 @@ def _within(seconds: float, call):
     def target() -> None:
         try:
             out["value"] = call()
-        except Exception as exc:  # noqa: BLE001 - handed back to the caller
+        except Exception as exc:  # handed back to the caller
             out["error"] = exc
 
     thread = threading.Thread(target=target, daemon=True)

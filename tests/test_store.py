@@ -353,7 +353,7 @@ def test_concurrent_writers_never_lose_or_duplicate_a_run(url):
         try:
             for rev in revisions:
                 store.save_many([StoredRun(r, "live", _verdict(rev, 100 * rev, executors=rev)) for r in runs])
-        except Exception as exc:  # noqa: BLE001 (reported below)
+        except Exception as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=writer, args=(stores[0], [1, 3, 5])),
@@ -485,7 +485,7 @@ def test_racing_writers_of_the_same_new_runs_neither_deadlock_nor_misreport(url)
                 batch = [StoredRun(r, "live", _verdict(rev, 100)) for r in order]
                 batch += [StoredRun(r, "live", _verdict(rev, 100)) for r in order[:5]]  # repeats: stale
                 reported[k] += stores[k].save_many(batch)
-        except Exception as exc:  # noqa: BLE001 (reported below)
+        except Exception as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=writer, args=(k,)) for k in (0, 1)]

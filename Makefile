@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test demo install proto docs screenshots clean
+.PHONY: run test typecheck pyright demo install proto docs screenshots clean
 
 INSTRUMENTATION := instrumentation/opentelemetry-instrumentation-maf-fidelity
 
@@ -63,7 +63,24 @@ docs:
 screenshots: install
 	AGENTEVAL_SCREENSHOTS=docs AGENTEVAL_REQUIRE_BROWSER=1 $(BIN)/pytest -q tests/test_run_page.py
 
-test: install
+# The type checker, pyright (pyproject.toml [tool.pyright]), pinned in tools/pyright/package-lock.json and
+# installed with npm once per lock file. `make test` runs it first; `make test TYPECHECK=` leaves it out
+# (.ci/run, where npm or its registry is missing).
+PYRIGHT_DIR := tools/pyright
+TYPECHECK := typecheck
+
+$(PYRIGHT_DIR)/node_modules/.installed: $(PYRIGHT_DIR)/package.json $(PYRIGHT_DIR)/package-lock.json
+	@command -v npm >/dev/null || { echo "npm is not installed: make typecheck needs Node.js (make test TYPECHECK= leaves it out)"; exit 1; }
+	cd $(PYRIGHT_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+pyright: $(PYRIGHT_DIR)/node_modules/.installed
+
+# Fails on any error; reads .venv for the dependencies' types.
+typecheck: install pyright
+	$(PYRIGHT_DIR)/node_modules/.bin/pyright
+
+test: install $(TYPECHECK)
 	$(BIN)/pytest
 
 # One MAF release: make test-maf MAF=1.23.0 ORCH=1.4.0 (an environment per release, kept until its
@@ -122,7 +139,7 @@ dist:
 	  else echo "note: no .NET SDK: dist/ has no AgentEval.Instrumentation.MafFidelity package"; fi
 
 clean:
-	rm -rf $(VENV) .venv-maf .pytest_cache .hypothesis dist $(DOTNET_DIR)/bin $(DOTNET_DIR)/obj
+	rm -rf $(VENV) .venv-maf .pytest_cache .hypothesis dist $(DOTNET_DIR)/bin $(DOTNET_DIR)/obj $(PYRIGHT_DIR)/node_modules
 
 # Peers + throughput, this tree beside the collector of commit BASE (each in its own venv; BASE's
 # built once by bench/base.sh), alternating in one sitting, with the ratios: make bench-check BASE=8fe69c1.

@@ -14,12 +14,12 @@ import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
-from workload import encode, trace_spans  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from workload import encode, trace_spans
 
-from collector.config import CollectorConfig  # noqa: E402
-from collector.formats.decode import decode_request  # noqa: E402
-from collector.live.assembler import Assembler  # noqa: E402
+from collector.config import CollectorConfig
+from collector.formats.decode import decode_request
+from collector.live.assembler import Assembler
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from workload import EXPORT, Collector, encode, trace_spans  # noqa: E402
+from workload import EXPORT, Collector, encode, trace_spans
 
 
 def paced_sender(target: str, path: str, rate: float, out: str) -> None:

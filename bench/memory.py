@@ -16,7 +16,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).parent))
-from workload import Collector, encode, send_streams, trace_spans  # noqa: E402
+from workload import Collector, encode, send_streams, trace_spans
 
 
 def gauge(collector: Collector, name: str) -> float:

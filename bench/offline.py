@@ -24,7 +24,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from workload import AGENTEVAL, encode, trace_spans  # noqa: E402
+from workload import AGENTEVAL, encode, trace_spans
 
 READ_ONLY = "import json,sys\nfor line in open(sys.argv[1],'rb'):\n    json.loads(line)\n"
 #: ``python -c PEAK out script args...``: runs ``script`` as ``__main__`` with ``args`` and, at exit

@@ -40,8 +40,8 @@ from pathlib import Path
 import grpc
 
 sys.path.insert(0, str(Path(__file__).parent))
-from throughput import send  # noqa: E402
-from workload import EXPORT, Collector, encode, stored_docs, trace_spans  # noqa: E402
+from throughput import send
+from workload import EXPORT, Collector, encode, stored_docs, trace_spans
 
 #: The receivers section of the ``bodies`` and ``gzip`` runs: the shipped request limits.
 RECEIVERS = {"grpc": {"endpoint": "127.0.0.1:0"}, "http": {"endpoint": "127.0.0.1:0"}}

@@ -22,8 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from conftest import PostgresServer, _pg_bindir  # noqa: E402
-from scale_events import run_round  # noqa: E402
+from conftest import PostgresServer, _pg_bindir
+from scale_events import run_round
 
 KINDS = ["control", "scale up", "scale down + SIGTERM", "kill -9 + restart", "rolling restart"]
 COLUMNS = ["exact", "merged", "flagged", "missing", "wrong", "lost"]

@@ -46,8 +46,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 sys.path.insert(0, str(Path(__file__).parent))
-from throughput import send  # noqa: E402
-from workload import Collector, encode, stored_docs, trace_spans  # noqa: E402
+from throughput import send
+from workload import Collector, encode, stored_docs, trace_spans
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 PROTOBUF, JSON = "application/x-protobuf", "application/json"
@@ -271,7 +271,7 @@ class HostileTraffic(threading.Thread):
             tick += 1
             try:
                 self._one(tick)
-            except Exception as exc:  # noqa: BLE001 - the bench reports, it does not die
+            except Exception as exc:  # the bench reports, it does not die
                 self.stats.answer(f"client error {type(exc).__name__}")
         for _, sock in self.half_open:
             sock.close()

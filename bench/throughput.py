@@ -19,7 +19,7 @@ from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from workload import Collector, encode, export, open_stream, send_streams, trace_spans, walk_limit  # noqa: E402
+from workload import Collector, encode, export, open_stream, send_streams, trace_spans, walk_limit
 
 LIMIT_RUNS = 5
 

@@ -403,7 +403,7 @@ def _sender(transport: str, target: str, shares: list[list[bytes]], go: threadin
         for stream in streams:
             stream.close()
         results.put((finished, refused, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime))
-    except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
+    except BaseException:  # reported to the parent, which raises it
         go.abort()  # release the others waiting to start
         results.put(traceback.format_exc())
 

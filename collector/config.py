@@ -43,9 +43,9 @@ def _check_endpoint(value: str) -> str:
 class GrpcReceiver(_Section):
     enabled: bool = True
     endpoint: str = "127.0.0.1:4317"
-    max_message_bytes: int = Field(4 * 1024 * 1024, gt=0)
-    handshake_timeout: float = Field(10.0, gt=0)
-    read_timeout: float = Field(10.0, gt=0)
+    max_message_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    handshake_timeout: float = Field(default=10.0, gt=0)
+    read_timeout: float = Field(default=10.0, gt=0)
 
     _endpoint = field_validator("endpoint")(_check_endpoint)
 
@@ -53,8 +53,8 @@ class GrpcReceiver(_Section):
 class HttpReceiver(_Section):
     enabled: bool = True
     endpoint: str = "127.0.0.1:4318"
-    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
-    read_timeout: float = Field(10.0, gt=0)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    read_timeout: float = Field(default=10.0, gt=0)
     run_page: bool = True
 
     @model_validator(mode="before")
@@ -134,13 +134,13 @@ class KafkaReceiver(_Section):
 
     enabled: bool = False
     brokers: list[str] = Field(default_factory=lambda: ["127.0.0.1:9092"], min_length=1)
-    topic: str = Field("otlp_spans", min_length=1)
-    group_id: str = Field("agenteval", min_length=1)
-    client_id: str = Field("agenteval", min_length=1)
+    topic: str = Field(default="otlp_spans", min_length=1)
+    group_id: str = Field(default="agenteval", min_length=1)
+    client_id: str = Field(default="agenteval", min_length=1)
     initial_offset: Literal["earliest", "latest"] = "earliest"
-    max_message_bytes: int = Field(4 * 1024 * 1024, gt=0)
-    commit_interval: float = Field(1.0, gt=0)
-    max_metadata_bytes: int = Field(4096, ge=0)
+    max_message_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    commit_interval: float = Field(default=1.0, gt=0)
+    max_metadata_bytes: int = Field(default=4096, ge=0)
     client: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
     _brokers = field_validator("brokers")(lambda value: [_check_endpoint(b) for b in value])
@@ -160,7 +160,7 @@ class Receivers(_Section):
     kafka: KafkaReceiver = KafkaReceiver()
     tls: Tls = Tls()
     auth: Auth = Auth()
-    max_inflight_bytes: int = Field(256 * 1024 * 1024, gt=0)
+    max_inflight_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
 
     @model_validator(mode="after")
     def _bodies_fit(self) -> "Receivers":
@@ -182,21 +182,21 @@ class Receivers(_Section):
 
 
 class Assembly(_Section):
-    quiet_period: float = Field(2.0, gt=0)
-    max_trace_wait: float = Field(30.0, gt=0)
-    late_window: float = Field(300.0, ge=0)
-    max_spans_in_flight: int = Field(500_000, gt=0)
-    max_traces_in_flight: int = Field(20_000, gt=0)
-    max_late_traces: int = Field(10_000, ge=0)
-    max_late_bytes: int = Field(256 * 1024 * 1024, ge=0)
-    sweep_interval: float = Field(1.0, gt=0)
-    retry_after: float = Field(1.0, gt=0)
+    quiet_period: float = Field(default=2.0, gt=0)
+    max_trace_wait: float = Field(default=30.0, gt=0)
+    late_window: float = Field(default=300.0, ge=0)
+    max_spans_in_flight: int = Field(default=500_000, gt=0)
+    max_traces_in_flight: int = Field(default=20_000, gt=0)
+    max_late_traces: int = Field(default=10_000, ge=0)
+    max_late_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    sweep_interval: float = Field(default=1.0, gt=0)
+    retry_after: float = Field(default=1.0, gt=0)
     handover: bool | None = None
-    handover_after: float = Field(10.0, gt=0)
+    handover_after: float = Field(default=10.0, gt=0)
 
 
 class Scoring(_Section):
-    tolerance: float = Field(0.02, ge=0, lt=1)
+    tolerance: float = Field(default=0.02, ge=0, lt=1)
     flag_over_reporting: bool = False
     finish_aliases: dict[str, str] = Field(default_factory=lambda: dict(FINISH_REASON_MAP))
     preset: Preset = "standard"
@@ -213,20 +213,20 @@ class Scoring(_Section):
 
 
 class Retention(_Section):
-    max_age: float | None = Field(14 * 86400.0, gt=0)
-    max_size: int | None = Field(None, gt=0)
-    sweep_interval: float = Field(60.0, gt=0)
-    batch: int = Field(200, gt=0)
+    max_age: float | None = Field(default=14 * 86400.0, gt=0)
+    max_size: int | None = Field(default=None, gt=0)
+    sweep_interval: float = Field(default=60.0, gt=0)
+    batch: int = Field(default=200, gt=0)
 
 
 class Store(_Section):
     url: str | None = None
     password_env: str | None = None
     password_file: str | None = None
-    pool_size: int = Field(4, gt=0)
-    max_queued_runs: int = Field(10_000, gt=0)
-    max_queue_seconds: float = Field(2.0, gt=0)
-    max_span_ids_per_unit: int = Field(MAX_ITEMS, ge=0)
+    pool_size: int = Field(default=4, gt=0)
+    max_queued_runs: int = Field(default=10_000, gt=0)
+    max_queue_seconds: float = Field(default=2.0, gt=0)
+    max_span_ids_per_unit: int = Field(default=MAX_ITEMS, ge=0)
     retention: Retention = Retention()
 
     @model_validator(mode="after")
@@ -245,10 +245,10 @@ class OtlpExporter(_Section):
     protocol: Literal["grpc", "http/protobuf"] = "grpc"
     insecure: bool = True
     push_metrics: bool = True
-    metrics_interval: float = Field(10.0, gt=0)
-    max_backlog_spans: int = Field(100_000, gt=0)
-    retry_interval: float = Field(2.0, gt=0)
-    shutdown_timeout: float = Field(2.0, gt=0)
+    metrics_interval: float = Field(default=10.0, gt=0)
+    max_backlog_spans: int = Field(default=100_000, gt=0)
+    retry_interval: float = Field(default=2.0, gt=0)
+    shutdown_timeout: float = Field(default=2.0, gt=0)
 
 
 class Prometheus(_Section):
@@ -262,19 +262,19 @@ class Prometheus(_Section):
 class Exporters(_Section):
     otlp: OtlpExporter = OtlpExporter()
     prometheus: Prometheus = Prometheus()
-    metric_subjects: int = Field(100, ge=0)
+    metric_subjects: int = Field(default=100, ge=0)
 
 
 class Stream(_Section):
-    max_watchers: int = Field(64, gt=0)
-    buffer: int = Field(1000, gt=0)
+    max_watchers: int = Field(default=64, gt=0)
+    buffer: int = Field(default=1000, gt=0)
 
 
 class Journal(_Section):
     enabled: bool = True
     path: str | None = None
-    segment_bytes: int = Field(16 * 1024 * 1024, gt=0)
-    max_bytes: int = Field(1024 * 1024 * 1024, gt=0)
+    segment_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    max_bytes: int = Field(default=1024 * 1024 * 1024, gt=0)
 
     def directory(self, store_url: str) -> Path:
         """``path``, else beside a SQLite store (``runs.db.journal``), else in the user data dir."""
@@ -329,7 +329,7 @@ class Logging(_Section):
 
 class CollectorConfig(_Section):
     instance: str | None = None
-    shutdown_delay: float = Field(0.0, ge=0)
+    shutdown_delay: float = Field(default=0.0, ge=0)
     receivers: Receivers = Receivers()
     assembly: Assembly = Assembly()
     scoring: Scoring = Scoring()

@@ -49,17 +49,26 @@ def _read(path: str, key: str) -> bytes:
         raise ConfigError(f"receivers.tls.{key}: {exc.strerror or exc}") from exc
 
 
+def _pair(tls: Tls) -> tuple[str, str]:
+    """An enabled Tls's certificate and key files (its validator sets both or neither)."""
+    if not tls.cert_file or not tls.key_file:
+        raise ConfigError("receivers.tls: cert_file and key_file are not set")
+    return tls.cert_file, tls.key_file
+
+
 def grpc_credentials(tls: Tls) -> grpc.ServerCredentials:
+    cert_file, key_file = _pair(tls)
     ca = _read(tls.client_ca_file, "client_ca_file") if tls.client_ca_file else None
     return grpc.ssl_server_credentials(
-        [(_read(tls.key_file, "key_file"), _read(tls.cert_file, "cert_file"))],
+        [(_read(key_file, "key_file"), _read(cert_file, "cert_file"))],
         root_certificates=ca, require_client_auth=ca is not None)
 
 
 def ssl_context(tls: Tls) -> ssl.SSLContext:
+    cert_file, key_file = _pair(tls)
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
-        ctx.load_cert_chain(tls.cert_file, tls.key_file)
+        ctx.load_cert_chain(cert_file, key_file)
         if tls.client_ca_file:
             ctx.load_verify_locations(tls.client_ca_file)
             ctx.verify_mode = ssl.CERT_REQUIRED

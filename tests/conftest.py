@@ -117,7 +117,7 @@ class _MetricsCapture(metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self) -> None:
         self.requests: list[metrics_service_pb2.ExportMetricsServiceRequest] = []
 
-    def Export(self, request, context):  # noqa: N802 (gRPC method name)
+    def Export(self, request, context):
         self.requests.append(request)
         return metrics_service_pb2.ExportMetricsServiceResponse()
 
@@ -139,7 +139,7 @@ class CaptureReceiver(trace_service_pb2_grpc.TraceServiceServicer):
         self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         self.server.start()
 
-    def Export(self, request, context):  # noqa: N802 (gRPC method name)
+    def Export(self, request, context):
         with self.lock:
             self.requests.append(request)
         return trace_service_pb2.ExportTraceServiceResponse()

@@ -90,7 +90,7 @@ class Capture:
         self.grpc.start()
 
         class Http(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (the http.server API)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 if self.path != "/v1/traces" or self.headers.get("Content-Encoding"):
                     self.send_error(400, f"unexpected {self.path} {self.headers.get('Content-Encoding')}")

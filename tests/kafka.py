@@ -86,7 +86,7 @@ class KafkaBroker:
             try:
                 if admin.list_topics(timeout=2).brokers:
                     return
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:  # not up yet
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"kafka did not start in {timeout:g} s:\n{self.log()[-3000:]}")

@@ -429,7 +429,7 @@ async def drive(pattern: Pattern, workflow: Any, stream: bool, *, max_turns: int
                 turn.result = await response_stream.get_final_response()
             else:
                 turn.result = await workflow.run(pattern.task)
-        except Exception as exc:  # noqa: BLE001 - drive reports, never raises
+        except Exception as exc:  # drive reports, never raises
             turn.error = exc
         return [turn]
 
@@ -448,7 +448,7 @@ async def drive(pattern: Pattern, workflow: Any, stream: bool, *, max_turns: int
             else:
                 turn.result = await workflow.run(**kwargs)
                 turn.events = list(turn.result)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             turn.error = exc
             break
         requests = turn.requests

@@ -40,7 +40,7 @@ from mafshape import SCENARIOS, record, run_id
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from otelcol.process import Otelcol, free_port  # noqa: E402
+from otelcol.process import Otelcol, free_port
 
 CONFIG = ROOT / "config/otelcol.yaml"
 HOSTNAME = "agenteval.test"

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from scale_events import run_round
-from test_scaleout import otelcol_built  # noqa: F401 (the fixture)
+from test_scaleout import otelcol_built  # a fixture
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def unshare() -> None:
         pytest.skip("needs root and unshare(1): the load balancer gets its own /etc/hosts in a mount namespace")
 
 
-def test_no_trace_is_silently_wrong_through_every_kind_of_scale_event(otelcol_built, unshare, postgres,  # noqa: F811
+def test_no_trace_is_silently_wrong_through_every_kind_of_scale_event(otelcol_built, unshare, postgres,
                                                                        tmp_path):
     got = run_round(tmp_path, postgres.database(), traces=160, seed=4343, spread=36.0,
                     events=[(5.0, "scale up"), (13.0, "scale down + SIGTERM"), (21.0, "kill -9 + restart"),

@@ -33,7 +33,7 @@ from mafshape import SCENARIOS, record, run_id
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from otelcol.process import Otelcol, binary_path, free_port  # noqa: E402
+from otelcol.process import Otelcol, binary_path, free_port
 
 CONFIG = ROOT / "config/otelcol.yaml"
 TRACES = 1_200

@@ -25,7 +25,7 @@ from collector.demo.maf_fakes import AgentSpec, Turn, chain, keep_last_call_usag
 from collector.ui.watch import run_line
 
 from conftest import AGENTEVAL, CollectorProcess, export_spans
-from test_run_page import _screenshot, browser, page  # noqa: F401 - the run page's Chromium fixtures
+from test_run_page import _screenshot, browser, page  # the run page's Chromium fixtures
 
 #: OpenAI's published price of gpt-4o-mini (https://openai.com/api/pricing): USD per million tokens.
 GPT_4O_MINI_INPUT, GPT_4O_MINI_OUTPUT = 0.15, 0.60

@@ -69,7 +69,7 @@ agenteval_build_or_skip() {
     return 0
   fi
   echo "$out" | tail -n 3
-  if grep -qiE "not installed|no such host|could not resolve|unknownhost|unknown host|network is unreachable|connection refused|dial tcp|could not transfer artifact|no plugin found for prefix|temporary failure in name resolution" <<<"$out"; then
+  if grep -qiE "not installed|no such host|could not resolve|unknownhost|unknown host|network is unreachable|connection refused|dial tcp|could not transfer artifact|no plugin found for prefix|temporary failure in name resolution|getaddrinfo|econnrefused" <<<"$out"; then
     skipped+=("$what: not run, it needs $registry, which this machine lacks or cannot reach")
     unset "$require"
     return 0

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from fractions import Fraction
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
 
 class Verdict(str, enum.Enum):
@@ -602,11 +603,12 @@ def over_reported(delta: int | None, direction: str | None, tolerance: float, tr
         delta, truth_tokens, tolerance)
 
 
-def fmt_over_report(evidence: dict) -> str | None:
+def fmt_over_report(evidence: Mapping[str, Any]) -> str | None:
     """A unit's over-report in a few words (``over-reported +33%``; ``+40 tokens`` over a truth of 0),
     or None where the ledger is not above the truth beyond the tolerance."""
-    delta, truth = evidence.get("delta"), evidence.get("truth_tokens")
-    if not over_reported(delta, evidence.get("direction"), evidence["tolerance"], truth):
+    delta: int | None = evidence.get("delta")
+    truth: int | None = evidence.get("truth_tokens")
+    if delta is None or not over_reported(delta, evidence.get("direction"), evidence["tolerance"], truth):
         return None
     return f"over-reported +{round(100 * delta / truth)}%" if truth else f"over-reported +{delta:,} tokens"
 

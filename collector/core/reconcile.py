@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from operator import attrgetter
+from typing import TypedDict
 
 from collector.core.model import (
     PASS_THRESHOLD,
@@ -108,7 +109,13 @@ def _duration(start: int | None, end: int | None) -> float | None:
     return (end - start) / 1e9
 
 
-def _announcement(said: Announcement | None) -> dict[str, str | None]:
+class _Announced(TypedDict, total=False):
+    maf_release: str | None
+    instrumentation_version: str | None
+    instrumentation_status: str | None
+
+
+def _announcement(said: Announcement | None) -> _Announced:
     if said is None:
         return {}
     return {"maf_release": said.maf_release, "instrumentation_version": said.version,

@@ -11,7 +11,7 @@ import dataclasses
 import enum
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -42,10 +42,11 @@ def _plain(value: Any) -> Any:
     if isinstance(value, _SCALARS):  # before Enum: our enums are str subclasses
         return value.value if isinstance(value, enum.Enum) else value
     if isinstance(value, tuple):
-        return [v if type(v) in _EXACT_SCALARS else _plain(v) for v in value]
-    names = _FIELDS.get(type(value))
+        return [v if type(v) in _EXACT_SCALARS else _plain(v) for v in cast("tuple[Any, ...]", value)]
+    cls: type[Any] = value.__class__
+    names = _FIELDS.get(cls)
     if names is None:
-        names = _FIELDS[type(value)] = tuple(f.name for f in dataclasses.fields(value))
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(value))
     # Most fields are plain scalars: kept without a call (a document has ~25 fields per unit).
     return {name: v if type(v) in _EXACT_SCALARS else _plain(v)
             for name in names for v in (getattr(value, name),)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, final
 
 from collector.core.model import Evidence, ExecutorVerdict, RunSpend, UnitCost, Usage
 
@@ -18,6 +18,7 @@ from collector.core.model import Evidence, ExecutorVerdict, RunSpend, UnitCost, 
 _DIGITS = 9
 
 
+@final  # pricers tell a Quote from Rates with `type(x) is`, which a subclass would defeat
 @dataclass(slots=True)  # not frozen: one is made per chat call of every run (frozen: 2.5x the cost)
 class Quote:
     """One price: ``usd`` None when unknown, ``by`` what priced it or why nobody could. A pricer may
@@ -27,6 +28,7 @@ class Quote:
     by: str
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class Rates:
     """A price affine in the tokens, as a pricer looked it up once for many calls: ``usd`` of a call
@@ -48,11 +50,13 @@ class Pricer(Protocol):
 
     def __call__(self, model: str | None, provider: str | None, usage: Usage, at_ns: int | None) -> Quote:
         """The price of ``usage`` on ``model`` served by ``provider``, at ``at_ns`` (Unix ns; None: now)."""
+        ...
 
     def rates(self, model: str | None, provider: str | None, at_ns: int | None) -> Rates | Quote | None:
         """What prices a call of ``model`` from ``provider`` at ``at_ns`` that reports its input and
         output tokens: rates, one Quote for any such call (an unknown price), or None: ask
         :meth:`__call__` for each call (a price that is not affine in the tokens)."""
+        ...
 
 
 def price_unit(evidence: Evidence, pricer: Pricer) -> UnitCost:

@@ -19,10 +19,12 @@ from agent_framework import (
     ChatResponse,
     ChatResponseUpdate,
     Content,
+    FinishReason,
     FunctionExecutor,
     FunctionInvocationLayer,
     Message,
     ResponseStream,
+    UsageDetails,
     Workflow,
     WorkflowBuilder,
     WorkflowContext,
@@ -57,7 +59,7 @@ class ScriptedChatClient(BaseChatClient):
         self.turns = list(turns)
         self.model = model
         self.calls = 0
-        self.last_usage: dict[str, int] | None = None
+        self.last_usage: UsageDetails | None = None
 
     def _next(self) -> Turn:
         turn = self.turns[self.calls % len(self.turns)]
@@ -71,9 +73,9 @@ class ScriptedChatClient(BaseChatClient):
         return [Content.from_text("ok")]
 
     @staticmethod
-    def _usage(turn: Turn) -> dict[str, int]:
-        return {"input_token_count": turn.input_tokens, "output_token_count": turn.output_tokens,
-                "total_token_count": turn.input_tokens + turn.output_tokens}
+    def _usage(turn: Turn) -> UsageDetails:
+        return UsageDetails(input_token_count=turn.input_tokens, output_token_count=turn.output_tokens,
+                            total_token_count=turn.input_tokens + turn.output_tokens)
 
     def _inner_get_response(self, *, messages: Sequence[Message], stream: bool, options: Any, **kwargs: Any):
         turn = self._next()
@@ -81,7 +83,7 @@ class ScriptedChatClient(BaseChatClient):
             raise ChatClientException(turn.error)
         usage = self._usage(turn) if turn.report else None
         self.last_usage = usage
-        finish = turn.finish_reason if turn.report else None
+        finish = FinishReason(turn.finish_reason) if turn.report else None
         if stream:
             async def updates():
                 yield ChatResponseUpdate(role="assistant", contents=self._contents(turn))
@@ -136,7 +138,9 @@ def keep_last_call_usage() -> Callable[..., Awaitable[None]]:
     response keeps only the last chat call's usage instead of the sum."""
 
     def rewrite(context: AgentContext, response: Any) -> None:
-        response.usage_details = dict(context.agent.client.last_usage or {})
+        agent = context.agent
+        assert isinstance(agent, Agent) and isinstance(agent.client, ScriptedChatClient)  # make_agent's
+        response.usage_details = dict(agent.client.last_usage or {})
 
     return _rewrite_response(rewrite)
 
@@ -184,9 +188,8 @@ class AgentSpec:
 
 
 def make_agent(spec: AgentSpec) -> Agent:
-    client_cls = InstrumentedChatClient if spec.instrumented else UninstrumentedChatClient
-    telemetry = {"otel_provider_name": spec.provider} if spec.instrumented else {}
-    client = client_cls(turns=spec.turns, model=spec.model, **telemetry)
+    client = (InstrumentedChatClient(turns=spec.turns, model=spec.model, otel_provider_name=spec.provider)
+              if spec.instrumented else UninstrumentedChatClient(turns=spec.turns, model=spec.model))
     return Agent(client, name=spec.name, instructions=f"You are {spec.name}.",
                  middleware=list(spec.middleware), tools=list(spec.tools) or None)
 

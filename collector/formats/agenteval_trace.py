@@ -21,6 +21,7 @@ from importlib import resources
 from typing import Any
 
 import jsonschema
+from jsonschema.exceptions import best_match
 
 from collector.core.model import LEDGER_SOURCE_AGENTEVAL, ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
 
@@ -46,7 +47,7 @@ def looks_like(doc: dict[str, Any]) -> bool:
 
 def schema_error(doc: dict[str, Any]) -> str | None:
     """``"$.path: problem"`` for the first thing AgentEval's deserializer would reject, else None."""
-    error = jsonschema.exceptions.best_match(_validator().iter_errors(doc))
+    error = best_match(_validator().iter_errors(doc))
     if error is None:
         return None
     where = error.absolute_path

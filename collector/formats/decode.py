@@ -514,7 +514,7 @@ def decode_otlp_json(doc: Any, matcher: Matcher, location: str = "", strict: boo
             for kv in _list(rs.get("resource") or {}, "attributes", path):
                 key = kv.get("key") if isinstance(kv, dict) else None
                 value = kv.get("value") if key in found else None
-                if isinstance(value, dict) and isinstance(value.get("stringValue"), str):
+                if isinstance(key, str) and isinstance(value, dict) and isinstance(value.get("stringValue"), str):
                     found[key] = clean_text(value["stringValue"]) or None
             resources[id(rs)] = (found[SERVICE_NAME], found[SDK_LANGUAGE])
         subject, language = resources[id(rs)]

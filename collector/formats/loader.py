@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import jsonschema
+from jsonschema.exceptions import best_match
 
 from collector.core.classify import TraceState
 from collector.core.model import LEDGER_SOURCE_V1, ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
@@ -77,7 +78,7 @@ def _v1_turns(turns: list[dict[str, Any]]) -> tuple[ChatTurn, ...]:
 
 def workflow_trace_run(doc: dict[str, Any], where: str) -> RunInput:
     validator = jsonschema.Draft202012Validator(workflow_trace_schema())
-    error = jsonschema.exceptions.best_match(validator.iter_errors(doc))
+    error = best_match(validator.iter_errors(doc))
     if error is not None:
         raise TraceFileError(f"{where}: {error.json_path}: {error.message}")
     if not doc["steps"] and not doc["executor_traces"]:

@@ -70,7 +70,7 @@ class RetryingSpanExporter(SpanExporter):
                 batch = self._backlog[0]
             try:
                 result = self._inner.export(batch)
-            except Exception as exc:  # noqa: BLE001 - e.g. the OTLP/gRPC exporter's channel, closed by its
+            except Exception as exc:  # e.g. the OTLP/gRPC exporter's channel, closed by its
                 # shutdown under a call past its checks: a failed try, never the end of this thread
                 log.warning("verdict_spans_export_failed", error=f"{type(exc).__name__}: {exc}"[:200],
                             spans=len(batch))

@@ -6,7 +6,7 @@ Store reads run on a worker thread so a slow disk never stalls OTLP ingest on th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
@@ -28,9 +28,8 @@ T = TypeVar("T")
 M = TypeVar("M", bound=Message)
 
 
-def _filter(subject: str | None, statuses) -> RunFilter:
-    names = {status_name(s) for s in statuses} - {None}
-    return RunFilter(subject or None, frozenset(names))  # type: ignore[arg-type]
+def _filter(subject: str | None, statuses: Iterable[int]) -> RunFilter:
+    return RunFilter(subject or None, frozenset(name for s in statuses if (name := status_name(s)) is not None))
 
 
 class FidelityService:

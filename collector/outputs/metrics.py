@@ -10,10 +10,11 @@ import sys
 import threading
 import time
 from bisect import bisect_left
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import TypeAlias
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import structlog
@@ -49,7 +50,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.samples import Exemplar as PromExemplar
 
 from collector.config import CollectorConfig, split_endpoint
-from collector.core.model import over_reported
+from collector.core.model import RunVerdict, over_reported
 from collector.security import BearerAuth
 from collector.store import StoredRun
 
@@ -61,6 +62,8 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 OTHER_SUBJECT = "_other"
 #: Distinct ``maf_release`` label values (MAF ships every few weeks: a process sees a handful).
 MAX_RELEASES = 20
+#: A run counter's labels as :meth:`Metrics.record_runs` counts them: its own label's value, subject, MAF release.
+_Labels: TypeAlias = tuple[str, str | None, str | None]
 
 
 @dataclass(slots=True)
@@ -96,14 +99,14 @@ class RunExemplar:
     time_ns: int
 
     @classmethod
-    def of(cls, stored: StoredRun) -> RunExemplar | None:
+    def of(cls, run: RunVerdict, run_id: str) -> RunExemplar | None:
         """None for a run without a usable trace id (nothing to link to)."""
-        trace_id = stored.verdict.trace_id
+        trace_id = run.trace_id
         if not trace_id or len(trace_id) != 32 or not _is_hex(trace_id) or not int(trace_id, 16):
             return None
-        span_id = stored.verdict.root_span_id
+        span_id = run.root_span_id
         span_id = span_id if span_id and len(span_id) == 16 and _is_hex(span_id) and int(span_id, 16) else None
-        return cls(trace_id, span_id, stored.run_id, time.time_ns())
+        return cls(trace_id, span_id, run_id, time.time_ns())
 
     def prometheus(self, value: float) -> PromExemplar:
         """As an OpenMetrics exemplar: ``trace_id`` and ``run_id`` (the latter left out where the two
@@ -232,7 +235,7 @@ class _PrometheusHistograms:
                 for le, count, seen in zip(h.le, series.counts, series.exemplars):
                     running += count
                     buckets.append((le, running) if seen is None else (le, running, seen[1].prometheus(seen[0])))
-                family.add_metric([key] if h.label else [], buckets, series.total)
+                family.add_metric([key] if h.label and key is not None else [], buckets, series.total)
             yield family
 
 
@@ -273,11 +276,11 @@ class _WithHistograms(MetricExporter):
     cumulative or delta as the exporter prefers for histograms."""
 
     def __init__(self, inner: MetricExporter, histograms: Sequence[Histogram], resource: Resource) -> None:
-        super().__init__(preferred_temporality=inner._preferred_temporality,  # noqa: SLF001 - the reader reads them
-                         preferred_aggregation=inner._preferred_aggregation)  # noqa: SLF001
+        # the inner exporter's preferences, read through its private attributes: the reader reads them here
+        super().__init__(preferred_temporality=inner._preferred_temporality,
+                         preferred_aggregation=inner._preferred_aggregation)
         self.inner, self.histograms, self.resource = inner, histograms, resource
-        self.temporality = inner._preferred_temporality.get(SdkHistogram,  # noqa: SLF001
-                                                            AggregationTemporality.CUMULATIVE)
+        self.temporality = (inner._preferred_temporality or {}).get(SdkHistogram, AggregationTemporality.CUMULATIVE)
         self._last: dict[tuple[str, str | None], list[int]] = {}  # cumulative counts at the last export
         self._last_ns: int | None = None
 
@@ -474,17 +477,17 @@ class Metrics:
         each carrying the latest run of its set as its exemplar; scores and deltas go to our own
         histograms, each with its run. ``runs`` as published, verdicts included (the pipeline records
         them before :meth:`StoredRun.for_writer` lets the verdicts go)."""
-        Labels = tuple[str, str | None, str | None]
-        statuses: Counter[Labels] = Counter()
-        verdicts: Counter[Labels] = Counter()
-        reasons: Counter[Labels] = Counter()
-        over: Counter[Labels] = Counter()
-        tokens: Counter[Labels] = Counter()
-        cost: Counter[Labels] = Counter()
-        latest: dict[tuple[str, Labels], RunExemplar | None] = {}
+        statuses: Counter[_Labels] = Counter()
+        verdicts: Counter[_Labels] = Counter()
+        reasons: Counter[_Labels] = Counter()
+        over: Counter[_Labels] = Counter()
+        tokens: Counter[_Labels] = Counter()
+        cost: defaultdict[_Labels, float] = defaultdict(float)
+        latest: dict[tuple[str, _Labels], RunExemplar | None] = {}
         for stored in runs:
             run = stored.verdict
-            exemplar = RunExemplar.of(stored)
+            assert run is not None  # published runs, not yet for_writer's
+            exemplar = RunExemplar.of(run, stored.run_id)
             subject, release = self._subject(run.subject), self._release(run.maf_release)
             statuses[run.status.value, subject, release] += 1
             latest["status", (run.status.value, subject, release)] = exemplar
@@ -520,8 +523,7 @@ class Metrics:
                 # a label whose value is not known (no release announced, subjects off) is left out
                 labels = {name: v for name, v in ((label, value), ("maf_release", release), ("subject", subject))
                           if name is not None and v is not None}
-                exemplar = latest.get((kind, labels_key)) if family else None
-                if exemplar is None:
+                if family is None or (exemplar := latest.get((kind, labels_key))) is None:
                     counter.add(n, labels)
                     continue
                 counter.add(n, labels | {"run_id": exemplar.run_id}, context=exemplar.context())
@@ -540,7 +542,7 @@ class Metrics:
 class _ScrapeHandler(WSGIRequestHandler):
     """Quiet; a client that does not send its request within ``timeout`` is disconnected."""
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
     def handle(self) -> None:

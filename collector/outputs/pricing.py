@@ -88,7 +88,7 @@ class Pricing:
         if not model:
             return _NO_MODEL
         found = self._entry(model, provider, _minute(at_ns))
-        return None if type(found) is tuple else found
+        return None if isinstance(found, tuple) else found
 
     def _entry(self, model: str, provider: str | None, minute: int) -> Rates | Quote | tuple[Any, Any, str]:
         found = self._by_minute.get((model, provider, minute))

@@ -52,6 +52,10 @@ RANGES: dict[str, float | None] = {"15m": 900.0, "1h": 3600.0, "6h": 21600.0, "2
 DEFAULT_RANGE = "all"
 
 
+async def _to_runs(_: web.Request) -> web.StreamResponse:
+    return web.HTTPFound("/runs")
+
+
 class RunPage:
     def __init__(self, store: RunStore, auth: BearerAuth, trace_url: str | None,
                  failures: Callable[[], Iterable[Failure]] = tuple, max_age: float | None = None) -> None:
@@ -64,9 +68,9 @@ class RunPage:
         self.failures = failures
 
     def register(self, app: web.Application) -> None:
-        app.router.add_get("/", lambda _: web.HTTPFound("/runs"))
+        app.router.add_get("/", _to_runs)
         app.router.add_get("/runs", self.runs)
-        app.router.add_get("/runs/", lambda _: web.HTTPFound("/runs"))
+        app.router.add_get("/runs/", _to_runs)
         app.router.add_get("/runs/{run_id}.json", self.run_json)  # before /runs/{run_id}, which would take it
         app.router.add_get("/runs/{run_id}", self.run)
 
@@ -108,7 +112,8 @@ class RunPage:
         if span not in RANGES:
             return self._page("error.html", 400, title="bad request",
                               message=f"unknown range {span!r}: use {', '.join(RANGES)}")
-        since = time.time() - RANGES[span] if RANGES[span] is not None else None
+        seconds = RANGES[span]
+        since = time.time() - seconds if seconds is not None else None
         rows = await self._read(self.store.list_runs, [status] if status else (), subject, limit,
                                 True, None, prefix, since)  # with each run's units and reasons
         counts = await self._read(self.store.count_by_status, subject, since)

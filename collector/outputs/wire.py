@@ -8,14 +8,23 @@ field names are the document's keys. Enums carry buf-style prefixes on the wire 
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
-from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.core.model import NoTruthReason, Status, Verdict
+
+if TYPE_CHECKING:
+    # A message's descriptors are the C implementation's (upb) where it is loaded, as the stubs say.
+    from google._upb import _message as upb
+    from google.protobuf.descriptor import EnumDescriptor, FieldDescriptor
+
+    _Field: TypeAlias = FieldDescriptor | upb.FieldDescriptor
+    _Enum: TypeAlias = EnumDescriptor | upb.EnumDescriptor
+
+M = TypeVar("M", bound=Message)
 
 #: proto enum name -> (wire prefix, domain enum)
 _ENUMS: dict[str, tuple[str, type[enum.Enum]]] = {
@@ -25,19 +34,20 @@ _ENUMS: dict[str, tuple[str, type[enum.Enum]]] = {
 }
 
 
-def status_number(status: str) -> int:
+def status_number(status: str) -> pb.Status:
     """``"FAIL"`` (any case) -> ``pb.STATUS_FAIL``; ValueError for an unknown status."""
-    return pb.Status.Value("STATUS_" + Status(status.upper()).name)
+    # the generated stub types an enum's values as pb.Status, its Value() as int: the same values
+    return cast("pb.Status", pb.Status.Value("STATUS_" + Status(status.upper()).name))
 
 
-def _domain_to_wire(field: FieldDescriptor, value: Any) -> Any:
-    if field.type == FieldDescriptor.TYPE_ENUM:
-        prefix, domain = _ENUMS[field.enum_type.name]
-        return field.enum_type.values_by_name[prefix + domain(value).name].number
+def _domain_to_wire(field: _Field, value: Any) -> Any:
+    if (enum_type := field.enum_type) is not None:
+        prefix, domain = _ENUMS[enum_type.name]
+        return enum_type.values_by_name[prefix + domain(value).name].number
     return value
 
 
-def _enum_to_domain(enum_type: EnumDescriptor, number: int) -> str | None:
+def _enum_to_domain(enum_type: _Enum, number: int) -> str | None:
     prefix, domain = _ENUMS[enum_type.name]
     name = enum_type.values_by_number[number].name.removeprefix(prefix)
     return None if name == "UNSPECIFIED" else domain[name].value
@@ -48,15 +58,17 @@ def status_name(number: int) -> str | None:
     return _enum_to_domain(pb.Status.DESCRIPTOR, number)
 
 
-def _wire_to_domain(field: FieldDescriptor, value: Any) -> Any:
-    if field.type == FieldDescriptor.TYPE_ENUM:
-        return _enum_to_domain(field.enum_type, value)
-    if field.message_type is not None:
+def _wire_to_domain(field: _Field, value: Any) -> Any:
+    if (enum_type := field.enum_type) is not None:
+        return _enum_to_domain(enum_type, value)
+    if (message_type := field.message_type) is not None:
+        if message_type.full_name == Timestamp.DESCRIPTOR.full_name:
+            return value.ToNanoseconds() / 1e9
         return to_doc(value)
     return value
 
 
-def fill(message: Message, doc: dict[str, Any]) -> Message:
+def fill(message: M, doc: dict[str, Any]) -> M:
     """Set ``message``'s fields from ``doc``; keys the proto does not know are ignored."""
     for field in message.DESCRIPTOR.fields:
         value = doc.get(field.name)
@@ -85,11 +97,8 @@ _DELIVERY_FIELDS = frozenset({"replayed"})
 
 def to_doc(message: Message) -> dict[str, Any]:
     """The document for a message; optional fields that are unset come back as ``None``."""
-    descriptor: Descriptor = message.DESCRIPTOR
-    if descriptor.full_name == Timestamp.DESCRIPTOR.full_name:
-        return message.ToNanoseconds() / 1e9  # type: ignore[attr-defined, return-value]
     out: dict[str, Any] = {}
-    for field in descriptor.fields:
+    for field in message.DESCRIPTOR.fields:
         if field.name in _DELIVERY_FIELDS:
             continue
         value = getattr(message, field.name)

@@ -197,7 +197,7 @@ def bench_workflow_trace_fidelity(
     # for the table, --json and the reports), never the live collector's default one.
     scratch = None if keep else tempfile.TemporaryDirectory(prefix="agenteval-bench-")
     try:
-        db = _open_store(keep or str(Path(scratch.name) / "runs.db"), cfg)
+        db = _open_store(keep if scratch is None else str(Path(scratch.name) / "runs.db"), cfg)
         try:
             reports = _reports(junit, markdown, cfg.ui.trace_url)
         except _Fatal:
@@ -310,7 +310,7 @@ def runs_list(
     db = _open_store(store, cfg, existing=True)
     try:
         rows = db.list_runs(statuses, subject, limit, with_docs=True, maf_release=maf_release)
-        history = None if as_json else db.history(cfg.store.retention.max_age if cfg else None)
+        history = "" if as_json else db.history(cfg.store.retention.max_age if cfg else None)
     finally:
         db.close()
     if as_json:
@@ -384,7 +384,7 @@ def collector_serve(
         cfg = cfg.model_copy(update={"store": cfg.store.model_copy(update={"url": store})})
     level = log_level or os.environ.get(LOG_LEVEL_ENV) or cfg.logging.level
     try:
-        level = Logging(level=level.lower()).level
+        level = Logging.model_validate({"level": level.lower()}).level
     except ValueError:
         raise _Fatal(f"--log-level / ${LOG_LEVEL_ENV}: {level!r}: expected debug, info, warning or error") from None
     configure(level)

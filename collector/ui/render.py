@@ -9,7 +9,7 @@ import time
 import unicodedata
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
@@ -47,12 +47,13 @@ def _num(value: Any) -> str:
 
 def executor_table(run: dict[str, Any]) -> Table:
     table = Table(title=f"run {run.get('run_id', '')}  trace {run.get('trace_id') or '-'}", title_justify="left")
-    for col, justify in [
+    columns: list[tuple[str, JustifyMethod]] = [
         ("unit", "left"), ("verdict", "left"), ("score", "right"), ("framework tok", "right"),
         ("truth tok", "right"), ("delta", "right"), ("finish fw / truth", "left"), ("ledger", "left"),
         ("no-truth reason", "left"),
-    ]:
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    ]
+    for col, justify in columns:
+        table.add_column(col, justify=justify)
     priced = bool((run.get("spend") or {}).get("units_priced"))  # a run nothing could price: no column of "unknown"
     if priced:
         table.add_column("unreported $", justify="right")

@@ -247,7 +247,7 @@ class MafFidelityInstrumentor(BaseInstrumentor):
         original_init_subclass = vars(base).get("__init_subclass__")
         instrumentor = self
 
-        def __init_subclass__(cls: type, **kw: Any) -> None:  # noqa: N807 (the hook's own name)
+        def __init_subclass__(cls: type, **kw: Any) -> None:
             if original_init_subclass is not None:
                 original_init_subclass.__func__(cls, **kw)
             else:
@@ -503,7 +503,7 @@ _OWN_AGENTS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 def _register_own_agent(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
-    def __init__(executor: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+    def __init__(executor: Any, *args: Any, **kwargs: Any) -> None:
         original(executor, *args, **kwargs)
         agent = getattr(executor, "_agent", None) or getattr(executor, "agent", None)
         with contextlib.suppress(TypeError):  # an agent that cannot be weakly referenced keeps MAF's naming

@@ -152,7 +152,7 @@ class _LibraryRecords(logging.Handler):
             if record.exc_info and record.exc_info[1] is not None:
                 fields["exception"] = redact("".join(traceback.format_exception_only(record.exc_info[1])).strip())
             _OUT.write(to_json(fields, default=_repr), record.levelno >= logging.WARNING)
-        except Exception:  # noqa: BLE001 - a log line must never break the caller
+        except Exception:  # a log line must never break the caller
             self.handleError(record)
 
 

@@ -11,7 +11,7 @@ DEADLINE_EXCEEDED.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -113,15 +113,17 @@ def _not_received(timeout: float) -> _Refusal:
     return _Refusal(grpc.StatusCode.DEADLINE_EXCEEDED, f"request message not received within {timeout}s")
 
 
-async def _message(requests: AsyncGenerator[bytes, None], timeout: float) -> bytes | None:
+async def _message(requests: AsyncIterator[bytes], timeout: float) -> bytes | None:
     """The call's request message (None: the client went away, or half-closed without one); raises
     :class:`TimeoutError` when it has not arrived within ``timeout`` seconds."""
+    messages = aiter(requests)  # grpc's receiver hands out an async generator
     try:
         async with asyncio.timeout(timeout):
-            return await anext(requests, None)
+            return await anext(messages, None)
     finally:
         # Unfinished, grpc's message generator would keep the message until a full collection.
-        await requests.aclose()
+        if isinstance(messages, AsyncGenerator):
+            await messages.aclose()
 
 
 class GrpcTraceService:
@@ -155,13 +157,13 @@ class GrpcTraceService:
             self.telemetry.unauthenticated()
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
 
-    async def read(self, requests: AsyncGenerator[bytes, None], lease: Lease) -> bytes | None:
+    async def read(self, requests: AsyncIterator[bytes], lease: Lease) -> bytes | None:
         """The call's message, read within the budget (``read_hold`` held meanwhile) and ``read_timeout``."""
         with budgeted(self.telemetry):
             await lease.reserve(self.read_hold, "the request message", self.read_timeout)
         return await _message(requests, self.read_timeout)
 
-    async def export(self, requests: AsyncGenerator[bytes, None], context: grpc.aio.ServicerContext) -> ExportTraceServiceResponse:
+    async def export(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> ExportTraceServiceResponse:
         await self.authenticate(context)
         lease = self.budget.lease()
         try:
@@ -175,7 +177,7 @@ class GrpcTraceService:
             await context.abort(answer.code, answer.message, trailing_metadata=answer.trailers)
         return answer
 
-    async def _export(self, requests: AsyncGenerator[bytes, None], lease: Lease) -> ExportTraceServiceResponse | _Refusal:
+    async def _export(self, requests: AsyncIterator[bytes], lease: Lease) -> ExportTraceServiceResponse | _Refusal:
         size = 0
         try:
             payload = await self.read(requests, lease)
@@ -220,7 +222,7 @@ class GrpcDiscardService:
         self.signal = signal
         self.traces = traces
 
-    async def export(self, requests: AsyncGenerator[bytes, None], context: grpc.aio.ServicerContext) -> Message:
+    async def export(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Message:
         traces = self.traces
         await traces.authenticate(context)
         lease = traces.budget.lease()

@@ -71,8 +71,8 @@ def _http(cfg: CollectorConfig, pipeline: Pipeline, routes=()) -> HttpTraceRecei
 
 
 def _kafka(cfg: CollectorConfig, pipeline: Pipeline) -> KafkaTraceReceiver:
-    assert isinstance(pipeline.journal, KafkaOffsets)
-    return KafkaTraceReceiver(cfg.receivers.kafka, pipeline, pipeline.journal)
+    assert isinstance(pipeline.spanlog, KafkaOffsets)
+    return KafkaTraceReceiver(cfg.receivers.kafka, pipeline, pipeline.spanlog)
 
 
 def _threads() -> int:

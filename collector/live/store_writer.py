@@ -55,11 +55,10 @@ class StoreWriter:
         #: Something handed to the writer left it (:meth:`flush`).
         self._left = threading.Condition(lock)
         #: Runs and parts handed to the writer so far, and how many of them left it (written, or
-        #: failed for good).
+        #: failed for good): the difference is the backlog, the batch being written included.
         self._handed = 0
         self._done = 0
         self._closing = False
-        self._in_batch = 0
         #: Whether the last write failed (StoreError) and is being retried: the store is not reachable.
         self.failing = False
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
@@ -69,8 +68,8 @@ class StoreWriter:
 
     @property
     def backlog(self) -> int:
-        """Verdicts not yet durable: queued plus the batch being written."""
-        return len(self._queue) + self._in_batch + len(self._parts)
+        """Runs and parts not yet durable: queued, or being written."""
+        return self._handed - self._done
 
     def queue_limit(self, seconds: float, cap: int) -> int:
         """The backlog the store clears in ``seconds`` at its measured rate, within [BATCH, cap]."""
@@ -151,8 +150,7 @@ class StoreWriter:
                     if self._closing and not self._parts:
                         return  # closing, and everything queued before is written
                     continue
-                self._in_batch = min(self.BATCH, len(self._queue))  # counted before it leaves the queue
-                batch = [self._queue.popleft() for _ in range(self._in_batch)]
+                batch = [self._queue.popleft() for _ in range(min(self.BATCH, len(self._queue)))]
             if not self._write(batch):
                 return  # closing with nothing to flush to: the journal keeps these runs' spans
 
@@ -171,7 +169,6 @@ class StoreWriter:
             self._measured(len(batch), elapsed)
             self._stored(batch)
             batch = []
-        self._in_batch = 0
         self._left_writer(handed)
         return True
 

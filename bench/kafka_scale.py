@@ -32,13 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
-from workload import Collector, cpu_seconds, encode, send_streams, trace_spans
+from otelcol.process import Otelcol, binary_path
 
 from conftest import PostgresServer, _pg_bindir
 from kafka import KafkaBroker, libs_path
 from mafshape import SCENARIOS, run_id
-from otelcol.process import Otelcol, binary_path
 from test_kafka import CONFIG, PacedLoad, group, make_traffic, stored_runs, unit_verdicts
+from workload import Collector, encode, send_streams, trace_spans
 
 
 def exactness(args: argparse.Namespace, broker: KafkaBroker, postgres: PostgresServer, tmp: Path) -> None:

@@ -15,11 +15,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from workload import encode, trace_spans
 
 from collector.config import CollectorConfig
 from collector.formats.decode import decode_request
 from collector.live.assembler import Assembler
+
+from workload import encode, trace_spans
 
 
 def main() -> None:

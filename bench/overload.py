@@ -28,8 +28,8 @@ import multiprocessing as mp
 import pickle
 import random
 import sqlite3
-import sys
 import statistics
+import sys
 import threading
 import time
 import urllib.parse

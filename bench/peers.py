@@ -38,8 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from workload import (Collector, RssSampler, cpu_seconds, encode, free_ports, rss_kib, send_streams,
-                      trace_spans)
+from workload import Collector, RssSampler, cpu_seconds, encode, free_ports, rss_kib, send_streams, trace_spans
 
 #: rotel batches for at most this long (``--batch-timeout``, default 200 ms) before its exporter runs.
 ROTEL_SETTLE = 0.5

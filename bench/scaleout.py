@@ -31,9 +31,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(ROOT))
-from workload import Collector, RssSampler, cpu_seconds, encode, rss_kib, send_streams, trace_spans
-
 from otelcol.process import Otelcol, binary_path
+
+from workload import Collector, RssSampler, cpu_seconds, encode, rss_kib, send_streams, trace_spans
 
 CONFIG = ROOT / "config/otelcol.yaml"
 #: The deployed config without Jaeger (none here): its pipeline's exporter becomes nop.

@@ -21,12 +21,12 @@ import structlog
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 sys.path.insert(0, str(Path(__file__).parent))  # bench/'s own modules, imported below
-from workload import Collector, encode, send_streams, trace_spans
-
 from collector.config import CollectorConfig
 from collector.formats.decode import decode_bytes
 from collector.live.pipeline import Pipeline
 from collector.store import open_store
+
+from workload import Collector, encode, send_streams, trace_spans
 
 #: (executors, chats per executor) for each trace size: a root, and per executor its span, the
 #: agent's, the agent_response span and the chats: 1 + executors * (3 + chats) spans.

@@ -73,7 +73,7 @@ class Tls(_Section):
     client_ca_file: str | None = None
 
     @model_validator(mode="after")
-    def _pair(self) -> "Tls":
+    def _pair(self) -> Tls:
         if bool(self.cert_file) != bool(self.key_file):
             raise ValueError("cert_file and key_file go together")
         if self.client_ca_file and not self.cert_file:
@@ -108,7 +108,7 @@ class Auth(_Section):
     bearer_token_env: str | None = None
 
     @model_validator(mode="after")
-    def _one(self) -> "Auth":
+    def _one(self) -> Auth:
         if self.bearer_token_file and self.bearer_token_env:
             raise ValueError("set bearer_token_file or bearer_token_env, not both")
         return self
@@ -163,7 +163,7 @@ class Receivers(_Section):
     max_inflight_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
 
     @model_validator(mode="after")
-    def _bodies_fit(self) -> "Receivers":
+    def _bodies_fit(self) -> Receivers:
         """Every request within the size limits must fit the budget when nothing else is in flight
         (a request is held twice while it is read: an HTTP body compressed and decompressed, or as read
         and joined; a gRPC message in grpc's buffer and as bytes)."""
@@ -174,7 +174,7 @@ class Receivers(_Section):
         return self
 
     @model_validator(mode="after")
-    def _one_enabled(self) -> "Receivers":
+    def _one_enabled(self) -> Receivers:
         if not (self.grpc.enabled or self.http.enabled or self.kafka.enabled):
             raise ValueError("no receiver is enabled (grpc, http and kafka all have enabled: false): enable at "
                              "least one, or the collector receives no spans")
@@ -230,7 +230,7 @@ class Store(_Section):
     retention: Retention = Retention()
 
     @model_validator(mode="after")
-    def _one_password(self) -> "Store":
+    def _one_password(self) -> Store:
         if self.password_env and self.password_file:
             raise ValueError("set password_env or password_file, not both")
         return self
@@ -343,7 +343,7 @@ class CollectorConfig(_Section):
     ui: Ui = Ui()
 
     @model_validator(mode="after")
-    def _one_durable_log(self) -> "CollectorConfig":
+    def _one_durable_log(self) -> CollectorConfig:
         if self.receivers.kafka.enabled and self.journal.enabled:
             raise ValueError("receivers.kafka.enabled: set journal.enabled: false too (with the kafka receiver, "
                              "Kafka is the durable log: a message's offset is committed only once its traces "

@@ -16,7 +16,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Never
 
 from agent_framework import (
     Agent,
@@ -39,7 +39,6 @@ from agent_framework_orchestrations import (
     MagenticBuilder,
     SequentialBuilder,
 )
-from typing_extensions import Never
 
 from collector.demo.maf_fakes import (
     AgentSpec,

@@ -31,8 +31,8 @@ from typing import Annotated, Any
 
 from agent_framework import (
     Agent,
-    AgentExecutor,
     AgentContext,
+    AgentExecutor,
     AgentExecutorResponse,
     AgentLoopMiddleware,
     AgentMiddleware,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from google.protobuf import json_format
 from opentelemetry import trace
@@ -23,9 +23,9 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import StatusCode
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 
 @dataclass
@@ -152,7 +152,7 @@ def sent_times(spans: list, trace_id: str) -> tuple[datetime, float]:
     how long it took (to its spans' latest end, in seconds), worked out from the spans sent."""
     mine = [s for s in spans if format(s.context.trace_id, "032x") == trace_id]
     (root,) = [s for s in mine if s.parent is None]
-    started = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=root.start_time // 1000)
+    started = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=root.start_time // 1000)
     return started, (max(s.end_time for s in mine) - root.start_time) / 1e9
 
 

@@ -35,6 +35,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from collector.store import unpack
+
 from conftest import CollectorProcess
 from mafshape import SCENARIOS, record, run_id
 

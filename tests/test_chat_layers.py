@@ -36,10 +36,13 @@ from collector.core.serialize import run_to_dict
 from collector.demo.maf_fakes import InstrumentedChatClient, Turn
 from collector.formats.decode import decode_bytes, decode_protobuf
 from collector.formats.loader import iter_runs
-from collector.live.journal import decode as journal_decode, encode as journal_encode
+from collector.live.journal import decode as journal_decode
+from collector.live.journal import encode as journal_encode
 from collector.outputs.wire import run_message, to_doc
+
 from conftest import AGENTEVAL, export_spans, verdicts
-from mafshape import export_request, to_otlp_json, usage_attrs as usage
+from mafshape import export_request, to_otlp_json
+from mafshape import usage_attrs as usage
 
 CONFIG = CollectorConfig()
 MATCHER = CONFIG.matcher()

@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 
 from collector.store import unpack
+
 from conftest import CollectorProcess, free_port, post
 from mafshape import SCENARIOS, export_request, record, run_id, sent_times
 from test_reliability import grpc_raw

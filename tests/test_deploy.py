@@ -24,11 +24,12 @@ import promql_parser
 import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
-from psycopg.conninfo import conninfo_to_dict
 from prometheus_client.parser import text_string_to_metric_families
+from psycopg.conninfo import conninfo_to_dict
 
 from collector.config import load_config, split_endpoint
 from collector.store import open_store
+
 from conftest import CollectorProcess, export_spans, post
 from mafshape import SCENARIOS, export_request, record
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from conftest import AGENTEVAL, CollectorProcess, runs_of
-from llm_server import LLMServer, Reply
 from dotnet_scenarios import RELEASES, dotnet_sdk
+from llm_server import LLMServer, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = (ROOT / "docs" / "dotnet.md").read_text()

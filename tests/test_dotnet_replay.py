@@ -18,6 +18,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collector.core.model import STATUS_EXIT_CODES, Status
+
 from conftest import AGENTEVAL, PROTOBUF, CollectorProcess, post, runs_of
 from dotnet_scenarios import FIXTURES, RELEASES, assert_runs, requests_in
 from mafshape import to_otlp_json

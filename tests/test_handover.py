@@ -18,6 +18,7 @@ from collector.config import CollectorConfig
 from collector.formats.decode import decode_request
 from collector.live.pipeline import Pipeline
 from collector.store import open_store
+
 from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, run_id
 
 #: Quick settings: a trace is quiet after 0.5 s (fake clock), a part handed over after 1 s quiet.

@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from collector.store import unpack
+
 from conftest import CollectorProcess
 from kafka import broker_or_reason, require
 from mafshape import SCENARIOS, export_request, record, run_id

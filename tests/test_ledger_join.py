@@ -18,6 +18,7 @@ from opentelemetry.trace import Span
 
 from collector.core.reconcile import reconcile
 from collector.live.assembler import Assembler
+
 from test_runs import CONFIG, MATCHER, Clock, Recorder, _usage, offer
 
 HOST = "Microsoft.Agents.AI.Workflows.Specialized.AIAgentHostExecutor"
@@ -207,10 +208,9 @@ def test_an_agent_recorded_both_ways_is_counted_once_and_says_so():
     says the other was a second record; an under-report is not hidden by the doubled ledger."""
     for agents, want in (({"drafter": HONEST}, ("Agree", 500, 500)), ({"drafter": HALVED}, ("TokenMismatch", 275, 550))):
         app = DotnetApp()
-        with app.tracer.start_as_current_span("write a note"):
-            with app.session():
-                run = app.turn(agents, decorator=True)
-                app.read_events(None)
+        with app.tracer.start_as_current_span("write a note"), app.session():
+            run = app.turn(agents, decorator=True)
+            app.read_events(None)
         (item,) = deliver(app.rec.take(), 1, 0)
         (unit,) = reconcile(item.run).executors
         assert (item.run.run_id, unit.executor_id) == (run_id(run), "drafter")

@@ -17,6 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
 from collector.store import unpack
+
 from conftest import AGENTEVAL, CollectorProcess, export_spans, post, verdicts
 from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, sent_times, to_otlp_json
 
@@ -241,11 +242,10 @@ def _direct_agent_call(language: str) -> tuple[list, str]:
     with tracer.start_as_current_span("invoke_agent helper", attributes={
             "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "helper",
             "gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 5,
-            "gen_ai.response.finish_reasons": '["stop"]'}) as root:
-        with tracer.start_as_current_span("chat m", attributes={
-                "gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 100, "gen_ai.usage.output_tokens": 50,
-                "gen_ai.response.finish_reasons": '["stop"]'}):
-            pass
+            "gen_ai.response.finish_reasons": '["stop"]'}) as root, tracer.start_as_current_span("chat m", attributes={
+            "gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 100, "gen_ai.usage.output_tokens": 50,
+            "gen_ai.response.finish_reasons": '["stop"]'}):
+        pass
     return list(exporter.get_finished_spans()), format(root.get_span_context().trace_id, "032x")
 
 

@@ -22,13 +22,14 @@ from collector.formats.loader import workflow_trace_run
 from collector.live.assembler import Assembler, Sweep
 from collector.live.handover import Handover
 from collector.live.journal import Journal
-from collector.live.receivers.kafka_offsets import KafkaOffsets
 from collector.live.pipeline import Pipeline
+from collector.live.receivers.kafka_offsets import KafkaOffsets
 from collector.live.retry import Backoff, until_stored
 from collector.live.spanlog import SpanLog
 from collector.live.store_writer import StoreWriter
 from collector.store import StoredRun, StoreError, open_store
 from collector.store.sqlite import SqliteRunStore
+
 from mafshape import SCENARIOS, export_request, record
 
 ROOT = Path(__file__).resolve().parents[1]

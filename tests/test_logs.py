@@ -7,7 +7,7 @@ import io
 import json
 import logging
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import PurePosixPath
 
 import pytest
@@ -118,7 +118,7 @@ def test_a_traceback_carries_neither_locals_nor_the_bytes_its_exception_quotes(o
                                     4_102_444_800_250_000])
 def test_timestamps_are_written_as_structlogs_time_stamper_writes_them(micros: int) -> None:
     """TimeStamper writes ``datetime.now(timezone.utc).isoformat()`` with ``Z`` for ``+00:00``."""
-    expected = (datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=micros)).isoformat()
+    expected = (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)).isoformat()
     assert logs.timestamp(micros) == logs.timestamp(micros) == expected.replace("+00:00", "Z")
 
 

@@ -39,9 +39,10 @@ from opentelemetry.proto.common.v1.common_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
-from collector.formats import decode
-from collector.core.facts import CACHE_READ, CHAT, FINISH, TOTAL, SpanRecord, finish_reason
 from collector.config import CollectorConfig
+from collector.core.facts import CACHE_READ, CHAT, FINISH, TOTAL, SpanRecord, finish_reason
+from collector.core.profiles import LEDGER_SOURCE_BRIDGE
+from collector.formats import decode
 from collector.formats.decode import (
     MAX_ATTR_CHARS,
     MAX_VALUE_DEPTH,
@@ -57,7 +58,7 @@ from collector.formats.decode import (
 )
 from collector.live.journal import decode as journal_decode
 from collector.live.journal import encode as journal_encode
-from collector.core.profiles import LEDGER_SOURCE_BRIDGE
+
 from mafshape import SCENARIOS, export_request, record
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))

@@ -127,9 +127,8 @@ def test_an_ambiguous_prefix_says_so_and_lists_the_matches(tmp_path):
 def test_get_run_says_when_a_prefix_is_ambiguous(live):
     # not hex: no run another test stored in the shared collector can share the prefix
     _store_runs(live.store_path, ["zz01", "zz02"])
-    with grpc.insecure_channel(live.grpc) as channel:
-        with pytest.raises(grpc.RpcError) as caught:
-            FidelityServiceStub(channel).GetRun(pb.GetRunRequest(run_id="zz"))
+    with grpc.insecure_channel(live.grpc) as channel, pytest.raises(grpc.RpcError) as caught:
+        FidelityServiceStub(channel).GetRun(pb.GetRunRequest(run_id="zz"))
     assert caught.value.code() is grpc.StatusCode.NOT_FOUND
     assert "'zz' matches several runs (zz01, zz02)" in caught.value.details()
 

@@ -25,8 +25,9 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from collector.live.budget import decode_working_set
 from collector.config import ConfigError, load_config
+from collector.live.budget import decode_working_set
+
 from conftest import AGENTEVAL, JSON, PROTOBUF, CollectorProcess, post
 from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, to_otlp_json
 from test_reliability import EXPORT, grpc_raw, healthy, valid_request

@@ -33,6 +33,7 @@ from collector.live.receivers.kafka_receiver import KafkaTraceReceiver
 from collector.live.server import Collector
 from collector.security import BearerAuth
 from collector.store import open_store
+
 from conftest import free_port
 
 PROTOBUF = "application/x-protobuf"

@@ -30,17 +30,18 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from collector.live.assembler import Assembler, Backpressure
 from collector.config import CollectorConfig
+from collector.core.reconcile import reconcile
 from collector.formats.decode import decode_request
-from collector.live.journal import Journal, JournalError
 from collector.formats.loader import workflow_trace_run
-from collector.outputs.export_queue import RetryingSpanExporter
-from collector.outputs.metrics import Metrics
+from collector.live.assembler import Assembler, Backpressure
+from collector.live.journal import Journal, JournalError
 from collector.live.pipeline import IngestResult, Pipeline
 from collector.live.store_writer import StoreWriter
-from collector.core.reconcile import reconcile
+from collector.outputs.export_queue import RetryingSpanExporter
+from collector.outputs.metrics import Metrics
 from collector.store import StoredRun, open_store
+
 from conftest import AGENTEVAL, JSON, PROTOBUF, CaptureReceiver, CollectorProcess, free_port, post
 from mafshape import SCENARIOS, export_request, record, run_id
 from test_cli import ROOT
@@ -580,13 +581,14 @@ def test_store_survives_kill_9_mid_write_and_history_is_served_after_restart(tmp
 # --- security -----------------------------------------------------------------------------------
 
 def _certs(tmp_path):
+    import ipaddress
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
-    import ipaddress
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
 
     def name(cn):
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])

@@ -26,6 +26,7 @@ from collector.live.store_writer import StoreWriter
 from collector.store import Retention, StoredRun, open_store, unpack
 from collector.store.retention import _OLDEST, Retainer, RetentionSweeper
 from collector.store.schema import MIGRATIONS
+
 from conftest import AGENTEVAL, CollectorProcess, post
 
 DAY = 86400.0

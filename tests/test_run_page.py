@@ -15,7 +15,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -145,7 +145,7 @@ def _assert_span_ids_link(page, run: dict, template: str) -> None:
 
 def _utc(proc: CollectorProcess, run: dict) -> str:
     updated = proc.store().get_run(run["run_id"])["updated_at"]
-    return datetime.fromtimestamp(updated, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.fromtimestamp(updated, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _screenshot(page, name: str, tmp_path: Path) -> None:
@@ -390,7 +390,7 @@ def test_run_page_states_start_and_links_the_run_document(site, sent, page):
     started, duration = sent_times(sent[0], run["trace_id"])
     assert page.locator("#started").inner_text() == f"{started:%Y-%m-%d %H:%M:%S}.{started.microsecond // 1000:03d} UTC"
     assert shown_seconds(page.locator("#duration").inner_text()) == pytest.approx(duration, rel=5e-3)  # 3 digits
-    first = datetime.fromtimestamp(stored["created_at"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    first = datetime.fromtimestamp(stored["created_at"], UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     assert page.locator('dl.facts dt:text-is("first verdict") + dd').inner_text() == first
     assert stored["service_name"] and page.locator("#service").inner_text() == stored["service_name"]
     link = page.locator("a#json")
@@ -575,7 +575,7 @@ def test_the_runs_page_counts_runs_by_status_over_a_chosen_range_and_shows_each_
         assert re.sub(r"<[^>]+>|\s+", " ", re.search(r'<p id="counts">(.*?)</p>', everything, re.S).group(1)).split()[
             2:] == ["PASS", "1", "·", "WARN", "1", "·", "FAIL", "1", "·", "PENDING", "0"]
         # a count links to that status over the same range
-        assert f'href="/runs?status=FAIL&amp;subject=&amp;range=1h&amp;limit=50"' in recent
+        assert 'href="/runs?status=FAIL&amp;subject=&amp;range=1h&amp;limit=50"' in recent
         assert _get(f"{proc.http}/runs?range=3w")[0] == 400
     finally:
         proc.stop()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from opentelemetry import trace
@@ -280,9 +280,8 @@ def test_an_incomplete_run_says_why_in_its_notes():
     for case in ("shutdown", "no root"):
         clock, rec = Clock(), Recorder()
         assembler = Assembler(CONFIG.assembly, MATCHER, clock)
-        with rec.tracer.start_as_current_span("caller"):
-            with rec.tracer.start_as_current_span("workflow.run"):
-                rec.agent("a", "a", [(10, 1)], (10, 1))
+        with rec.tracer.start_as_current_span("caller"), rec.tracer.start_as_current_span("workflow.run"):
+            rec.agent("a", "a", [(10, 1)], (10, 1))
         drop = {"shutdown": set(), "no root": {"caller", "workflow.run"}}[case]
         offer(assembler, rec.take(drop))
         if case == "shutdown":
@@ -459,7 +458,7 @@ def test_a_run_starts_with_its_workflow_run_span_and_lasts_until_its_last_span_e
     after the workflow-run span included), not of the caller's span around it. A run without a
     workflow-run span (a direct agent call) starts with its earliest span. A file without times
     (workflow-trace/v1) says neither (null)."""
-    
+
     clock, rec = Clock(), Recorder()
     assembler = Assembler(CONFIG.assembly, MATCHER, clock)
     base = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z, in ns
@@ -489,9 +488,9 @@ def test_a_run_starts_with_its_workflow_run_span_and_lasts_until_its_last_span_e
     clock.now += CONFIG.assembly.quiet_period
     verdicts_by_subject = {v.subject: v for v in (reconcile(item.run) for item in assembler.sweep().finalized)}
     timed, solo = verdicts_by_subject["timed"], verdicts_by_subject["app"]
-    assert datetime.fromisoformat(timed.started_at) == datetime(2026, 1, 1, 0, 0, 1, tzinfo=timezone.utc)
+    assert datetime.fromisoformat(timed.started_at) == datetime(2026, 1, 1, 0, 0, 1, tzinfo=UTC)
     assert timed.duration_s == 6.25
-    assert datetime.fromisoformat(solo.started_at) == datetime(2026, 1, 1, 0, 0, 19, 750_000, tzinfo=timezone.utc)
+    assert datetime.fromisoformat(solo.started_at) == datetime(2026, 1, 1, 0, 0, 19, 750_000, tzinfo=UTC)
     assert solo.duration_s == 1.25
     (v1,) = iter_runs(Path(__file__).parents[1] / "examples" / "pass_all_agree.json", MATCHER)
     assert (reconcile(v1).started_at, reconcile(v1).duration_s) == (None, None)

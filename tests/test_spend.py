@@ -12,7 +12,7 @@ import subprocess
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime, timezone
 from pathlib import Path
 
 import jsonschema
@@ -263,7 +263,7 @@ def test_each_call_is_priced_as_genai_prices_own_calculation_prices_it(model, pr
             ours = pricing(model, provider, Usage(input_tokens, output_tokens), when * 10**9)
             theirs = genai_prices.calc_price(
                 genai_prices.Usage(input_tokens=input_tokens, output_tokens=output_tokens), model,
-                provider_id=provider_id, genai_request_timestamp=datetime.fromtimestamp(when, timezone.utc))
+                provider_id=provider_id, genai_request_timestamp=datetime.fromtimestamp(when, UTC))
             assert ours.usd == pytest.approx(float(theirs.total_price), abs=1e-12), (input_tokens, output_tokens, when)
 
 

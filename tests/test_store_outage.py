@@ -22,6 +22,7 @@ import pytest
 from collector.api.v1 import fidelity_pb2 as pb
 from collector.api.v1.fidelity_pb2_grpc import FidelityServiceStub
 from collector.store import open_store
+
 from conftest import AGENTEVAL, CollectorProcess, export_spans
 from mafshape import SCENARIOS, record, run_id
 

@@ -11,7 +11,7 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Literal
@@ -627,7 +627,7 @@ def ledger_package(dotnet: bool) -> str:
 
 def fmt_started(started_at: str) -> str:
     """A run's ``started_at`` (ISO 8601) as people read it: UTC, to the millisecond, said so."""
-    when = datetime.fromisoformat(started_at).astimezone(timezone.utc)
+    when = datetime.fromisoformat(started_at).astimezone(UTC)
     return when.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 

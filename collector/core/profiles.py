@@ -11,7 +11,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-
 #: OpenLLMetry's model-call spans (opentelemetry-instrumentation-openai / -anthropic).
 OPENLLMETRY_CHAT_SPANS = ("openai.chat", "openai.response", "anthropic.chat")
 

@@ -7,7 +7,7 @@ Pure functions over :mod:`collector.core.model` values; the offline CLI and the 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from operator import attrgetter
 from typing import TypedDict
@@ -90,7 +90,7 @@ def _unchecked_spend(run: RunInput) -> tuple[str, ...]:
             "until then it is shown here, never dropped.",)
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _utc(nanos: int | None) -> str | None:

@@ -246,10 +246,9 @@ class Assembler:
                 ready.append(tid)
             elif now - trace.last_seen < cfg.quiet_period:
                 break  # everything after this one was updated more recently still
-            elif trace.root_arrived is not None or trace.revision or trace.adopted:
-                ready.append(tid)
-            elif now - trace.first_seen >= cfg.max_trace_wait or (
-                    trace.records is not None and now - trace.last_seen >= cfg.handover_after):
+            elif (trace.root_arrived is not None or trace.revision or trace.adopted
+                  or now - trace.first_seen >= cfg.max_trace_wait
+                  or (trace.records is not None and now - trace.last_seen >= cfg.handover_after)):
                 ready.append(tid)
         if not force and now - self._last_timeout_scan >= 1.0:
             # Rootless traces that keep receiving spans never become quiet: time them out too.

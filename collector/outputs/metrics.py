@@ -22,8 +22,8 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics import Exemplar as SdkExemplar
+from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -45,7 +45,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
-from prometheus_client.core import HistogramMetricFamily, Metric as PromMetric
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import Metric as PromMetric
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.samples import Exemplar as PromExemplar
 

@@ -8,7 +8,7 @@ Only the bundled snapshot is read: genai-prices fetches newer data only when ask
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -151,4 +151,4 @@ def _minute(at_ns: int | None) -> int:
 
 def _time(minute: int) -> datetime:
     """A minute (Unix ns // 60 s) as the price date: prices change by date, a few by time of day."""
-    return datetime.fromtimestamp(minute * 60, timezone.utc)
+    return datetime.fromtimestamp(minute * 60, UTC)

@@ -17,8 +17,17 @@ import jinja2
 import structlog
 from aiohttp import web
 
-from collector.core.model import (Failure, Status, Usage, fmt_duration, fmt_maf_release, fmt_over_report, fmt_started,
-                                  fmt_usd, ledger_package)
+from collector.core.model import (
+    Failure,
+    Status,
+    Usage,
+    fmt_duration,
+    fmt_maf_release,
+    fmt_over_report,
+    fmt_started,
+    fmt_usd,
+    ledger_package,
+)
 from collector.core.serialize import to_json
 from collector.core.spend import known_spend
 from collector.security import BearerAuth

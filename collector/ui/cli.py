@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -90,8 +90,8 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else _WIDTH)
 #: With several runs in one file, the process exits with the most severe status.
 SEVERITY = (Status.FAIL, Status.PENDING, Status.WARN, Status.PASS)
 
-StoreOpt = Annotated[Optional[str], typer.Option("--store", metavar="<path|url>", help="Run store: a SQLite path or a postgresql:// URL (default: the config's store.url, else $AGENTEVAL_STORE, else the user data dir).")]
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", metavar="<file>", help="Collector YAML config (default: embedded defaults).")]
+StoreOpt = Annotated[str | None, typer.Option("--store", metavar="<path|url>", help="Run store: a SQLite path or a postgresql:// URL (default: the config's store.url, else $AGENTEVAL_STORE, else the user data dir).")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", metavar="<file>", help="Collector YAML config (default: embedded defaults).")]
 
 
 class _Fatal(Exception):
@@ -172,9 +172,9 @@ def bench_workflow_trace_fidelity(
     preset: Annotated[Preset, typer.Option("--preset", help="Informational; never changes scoring.")] = "standard",
     as_json: Annotated[bool, typer.Option("--json", help='Print {"runs": [...], "status", "exit_code"}, one run per line (schema: collector/formats/schemas/run.schema.json).')] = False,
     trace_window: Annotated[int, typer.Option("--trace-window", min=0, metavar="<spans>", help="JSON Lines: spans read after a trace's last span before it is reconciled (its root must have arrived).")] = TRACE_WINDOW,
-    junit: Annotated[Optional[Path], typer.Option("--junit", metavar="<file>", help="Also write a JUnit XML report: each run a test suite, each agent unit a test case (a mismatch a failure with its evidence, NoTruth skipped with its reason and fix).")] = None,
-    markdown: Annotated[Optional[Path], typer.Option("--markdown", metavar="<file>", help="Also write a Markdown report fit for a CI job summary (e.g. $GITHUB_STEP_SUMMARY): status, score, a table of units, the fixes.")] = None,
-    store: Annotated[Optional[str], typer.Option("--store", metavar="<path|url>", help="Keep the runs in this run store: a SQLite path or a postgresql:// URL (default: the --config's store.url, else $AGENTEVAL_STORE, else none: the runs are checked, not kept).")] = None,
+    junit: Annotated[Path | None, typer.Option("--junit", metavar="<file>", help="Also write a JUnit XML report: each run a test suite, each agent unit a test case (a mismatch a failure with its evidence, NoTruth skipped with its reason and fix).")] = None,
+    markdown: Annotated[Path | None, typer.Option("--markdown", metavar="<file>", help="Also write a Markdown report fit for a CI job summary (e.g. $GITHUB_STEP_SUMMARY): status, score, a table of units, the fixes.")] = None,
+    store: Annotated[str | None, typer.Option("--store", metavar="<path|url>", help="Keep the runs in this run store: a SQLite path or a postgresql:// URL (default: the --config's store.url, else $AGENTEVAL_STORE, else none: the runs are checked, not kept).")] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Reconcile a recorded workflow trace; exit 0 PASS, 10 WARN, 9 FAIL, 11 PENDING, 1 error.
@@ -295,9 +295,9 @@ def _close_reports(reports: list, status: str | None = None, code: int | None = 
 
 @runs_app.command("list")
 def runs_list(
-    status: Annotated[Optional[list[str]], typer.Option("--status", metavar="<PASS|WARN|FAIL|PENDING>", help="Only this status: PASS, WARN, FAIL or PENDING (repeatable).")] = None,
-    subject: Annotated[Optional[str], typer.Option("--subject", metavar="<name>", help="Only runs of this subject.")] = None,
-    maf_release: Annotated[Optional[str], typer.Option(
+    status: Annotated[list[str] | None, typer.Option("--status", metavar="<PASS|WARN|FAIL|PENDING>", help="Only this status: PASS, WARN, FAIL or PENDING (repeatable).")] = None,
+    subject: Annotated[str | None, typer.Option("--subject", metavar="<name>", help="Only runs of this subject.")] = None,
+    maf_release: Annotated[str | None, typer.Option(
         "--maf-release", metavar="<version>", help="Only runs whose spans came from this agent-framework-core release (1.26.0, or 1.26 for every 1.26.x).")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, metavar="<n>", help="At most this many runs.")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array of runs (schema: collector/formats/schemas/run.schema.json).")] = False,
@@ -368,7 +368,7 @@ LOG_LEVEL_ENV = "AGENTEVAL_LOG_LEVEL"
 def collector_serve(
     config: ConfigOpt = None,
     store: StoreOpt = None,
-    log_level: Annotated[Optional[str], typer.Option(
+    log_level: Annotated[str | None, typer.Option(
         "--log-level", metavar="LEVEL",
         help=f"debug, info, warning or error (default: ${LOG_LEVEL_ENV}, else the config's logging.level).")] = None,
 ) -> None:
@@ -416,12 +416,12 @@ def collector_validate(
 
 @app.command("demo")
 def demo_command(
-    endpoint: Annotated[Optional[str], typer.Option("--endpoint", metavar="<host:port|url>", help="The collector's OTLP endpoint (default: 127.0.0.1:4317 for grpc, http://127.0.0.1:4318 for http/protobuf).")] = None,
+    endpoint: Annotated[str | None, typer.Option("--endpoint", metavar="<host:port|url>", help="The collector's OTLP endpoint (default: 127.0.0.1:4317 for grpc, http://127.0.0.1:4318 for http/protobuf).")] = None,
     protocol: Annotated[str, typer.Option("--protocol", metavar="<grpc|http/protobuf>", help="The OTLP protocol.")] = "grpc",
-    api: Annotated[Optional[str], typer.Option("--api", metavar="<host:port>", help="The collector's gRPC port (host:port), where the verdicts are read back (default: --endpoint for grpc; for http/protobuf, --endpoint's host on port 4317). Behind an OpenTelemetry Collector, an agenteval replica's port.")] = None,
+    api: Annotated[str | None, typer.Option("--api", metavar="<host:port>", help="The collector's gRPC port (host:port), where the verdicts are read back (default: --endpoint for grpc; for http/protobuf, --endpoint's host on port 4317). Behind an OpenTelemetry Collector, an agenteval replica's port.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", metavar="<seconds>", help="Seconds to wait for the verdicts.")] = 30.0,
     token_env: Annotated[str, typer.Option("--token-env", metavar="<variable>", help="Environment variable holding the bearer token, if auth is on.")] = "AGENTEVAL_TOKEN",
-    ca_file: Annotated[Optional[Path], typer.Option("--ca-file", metavar="<file>", help="CA bundle (PEM): connect with TLS.")] = None,
+    ca_file: Annotated[Path | None, typer.Option("--ca-file", metavar="<file>", help="CA bundle (PEM): connect with TLS.")] = None,
 ) -> None:
     """Run real MAF workflows (scripted chat client, no network) against a running collector and show
     the verdicts it reached, read back over its gRPC API whatever store it uses.
@@ -484,14 +484,14 @@ def demo_command(
 @app.command("watch")
 def watch_command(
     endpoint: Annotated[str, typer.Option("--endpoint", metavar="<host:port>", help="The collector's gRPC port.")] = "127.0.0.1:4317",
-    subject: Annotated[Optional[str], typer.Option("--subject", metavar="<name>", help="Only runs of this subject.")] = None,
-    status: Annotated[Optional[list[str]], typer.Option("--status", metavar="<PASS|WARN|FAIL|PENDING>", help="Only this status (repeatable).")] = None,
+    subject: Annotated[str | None, typer.Option("--subject", metavar="<name>", help="Only runs of this subject.")] = None,
+    status: Annotated[list[str] | None, typer.Option("--status", metavar="<PASS|WARN|FAIL|PENDING>", help="Only this status (repeatable).")] = None,
     rows: Annotated[int, typer.Option("--rows", min=1, metavar="<n>", help="Runs kept in the live table.")] = 20,
-    replay: Annotated[Optional[int], typer.Option("--replay", min=0, metavar="<n>", help="Recent stored runs shown on (re)connect (default: --rows).")] = None,
-    count: Annotated[Optional[int], typer.Option("--count", min=1, metavar="<n>", help="Exit 0 after this many new verdicts (runs replayed on connect are shown but not counted).")] = None,
+    replay: Annotated[int | None, typer.Option("--replay", min=0, metavar="<n>", help="Recent stored runs shown on (re)connect (default: --rows).")] = None,
+    count: Annotated[int | None, typer.Option("--count", min=1, metavar="<n>", help="Exit 0 after this many new verdicts (runs replayed on connect are shown but not counted).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON Lines: one run per line (schema: collector/formats/schemas/run.schema.json).")] = False,
     token_env: Annotated[str, typer.Option("--token-env", metavar="<variable>", help="Environment variable holding the bearer token, if auth is on.")] = "AGENTEVAL_TOKEN",
-    ca_file: Annotated[Optional[Path], typer.Option("--ca-file", metavar="<file>", help="CA bundle (PEM): connect with TLS.")] = None,
+    ca_file: Annotated[Path | None, typer.Option("--ca-file", metavar="<file>", help="CA bundle (PEM): connect with TLS.")] = None,
 ) -> None:
     """Follow run verdicts live as the collector stores them; reconnects if the collector restarts."""
     import os

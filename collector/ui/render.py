@@ -13,8 +13,15 @@ from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
-from collector.core.model import (fmt_duration, fmt_maf_release, fmt_over_report, fmt_score, fmt_started, fmt_usd,
-                                  ledger_package)
+from collector.core.model import (
+    fmt_duration,
+    fmt_maf_release,
+    fmt_over_report,
+    fmt_score,
+    fmt_started,
+    fmt_usd,
+    ledger_package,
+)
 from collector.core.spend import known_spend
 
 STATUS_STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "PENDING": "bold magenta"}

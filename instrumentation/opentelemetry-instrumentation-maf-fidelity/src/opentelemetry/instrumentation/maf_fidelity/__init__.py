@@ -64,7 +64,6 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
-
 from opentelemetry.instrumentation.maf_fidelity.package import TESTED_NEWEST, TESTED_OLDEST, _instruments
 from opentelemetry.instrumentation.maf_fidelity.version import __version__
 

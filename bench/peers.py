@@ -168,14 +168,14 @@ def main() -> None:
     print()
     for streams in args.streams:
         for name in ours:
-            pairs = list(zip(results[(name, streams)], results[("rotel", streams)]))
+            pairs = list(zip(results[(name, streams)], results[("rotel", streams)], strict=True))
             cpu = statistics.median(o["cpu_per_100k"] / r["cpu_per_100k"] for o, r in pairs)
             accepted = statistics.median(o["accepted"] / r["accepted"] for o, r in pairs)
             e2e = statistics.median(o["e2e"] / r["accepted"] for o, r in pairs)
             print(f"{streams} stream{'s' * (streams > 1)}: {name}/rotel CPU per span {cpu:.2f}x; "
                   f"throughput {name}/rotel accepted {accepted:.3f}, end-to-end {e2e:.3f} (medians of {len(pairs)} pairs)")
         for name, base in comparisons(ours, args.unpriced):
-            pairs = list(zip(results[(name, streams)], results[(base, streams)]))
+            pairs = list(zip(results[(name, streams)], results[(base, streams)], strict=True))
             cpu = statistics.median(o["cpu_per_100k"] / b["cpu_per_100k"] for o, b in pairs)
             e2e = statistics.median(o["e2e"] / b["e2e"] for o, b in pairs)
             print(f"{streams} stream{'s' * (streams > 1)}: {name} / {base}: CPU per span {cpu:.2f}x, "

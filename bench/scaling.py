@@ -74,7 +74,7 @@ def interleave(traces: list[list[Span]], k: int) -> list[list[Span]]:
     out = []
     for g in range(0, len(traces), k):
         group = traces[g:g + k]
-        mixed = [s for row in zip(*group) for s in row]
+        mixed = [s for row in zip(*group, strict=False) for s in row]
         mixed += [s for t in group for s in t[len(min(group, key=len)):]]
         out.append(mixed)
     return out

@@ -217,7 +217,7 @@ def hostile_request(rng: random.Random) -> tuple[bytes, str]:
     ss = rs.scope_spans.add()
     ss.scope.name = "agent_framework"
     ss.spans.extend(spans)
-    for span, hostile in zip(ss.spans, values):
+    for span, hostile in zip(ss.spans, values, strict=True):
         kept = [kv for kv in span.attributes if kv.key not in hostile]
         del span.attributes[:]
         span.attributes.extend(kept)
@@ -226,7 +226,7 @@ def hostile_request(rng: random.Random) -> tuple[bytes, str]:
         return req.SerializeToString(), PROTOBUF
     doc = json_format.MessageToDict(req)
     doc["resourceSpans"][0]["resource"]["attributes"] = [{"key": "service.name", "value": _js(service)}]
-    for span_doc, hostile in zip(doc["resourceSpans"][0]["scopeSpans"][0]["spans"], values):
+    for span_doc, hostile in zip(doc["resourceSpans"][0]["scopeSpans"][0]["spans"], values, strict=True):
         for key in ("traceId", "spanId", "parentSpanId"):
             if key in span_doc:
                 span_doc[key] = base64.b64decode(span_doc[key]).hex()

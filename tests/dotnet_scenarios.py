@@ -164,7 +164,7 @@ def assert_runs(stored: list[dict], trace_ids: list[str], expected: list[list[di
     flat = [run for trace in expected for run in trace]
     assert len(stored) == len(flat), [(r["run_id"], r["status"]) for r in stored]
     ordered = sorted(stored, key=lambda r: (trace_ids.index(r["trace_id"]), r["started_at"]))
-    for run, want in zip(ordered, flat):
+    for run, want in zip(ordered, flat, strict=True):
         got = units(run)
         if want.get("unordered"):  # agents started at once: which is unnamed-agent-2 is the run's to say
             assert sorted(got) == sorted(want["units"]), (run["run_id"], got, want["units"])

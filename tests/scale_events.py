@@ -137,7 +137,7 @@ def traffic(traces: int, seed: int) -> tuple[dict[str, list[ReadableSpan]], dict
     by_trace: dict[str, list[ReadableSpan]] = {tid: [] for tid in ids}
     for span in spans:
         by_trace[format(span.context.trace_id, "032x")].append(span)
-    return by_trace, dict(zip(ids, names))
+    return by_trace, dict(zip(ids, names, strict=True))
 
 
 class Feed:

@@ -38,7 +38,7 @@ def table(stdout: str) -> dict[str, tuple[str, dict[str, str]]]:
         if cells[0]:
             rows.append(cells)
         else:  # a wrapped row's continuation line
-            rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], cells)]
+            rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], cells, strict=True)]
     out = {}
     for name, _expected, status, _score, executors, _about in rows:
         units = dict(item.split("=") for item in executors.split()) if executors != "-" else {}

@@ -39,7 +39,7 @@ def test_offline_bench_gives_the_verdicts_and_exit_code_of_each_dotnet_trace(nam
     assert proc.returncode == STATUS_EXIT_CODES[Status(worst)] and out["status"] == worst, proc.stderr
     got = sorted(((r["trace_id"], r["root_span_id"]), r) for r in out["runs"])
     assert len(got) == len(want)
-    for (_, run), w in zip(got, sorted(want, key=lambda r: (r["trace_id"], r["root_span_id"]))):
+    for (_, run), w in zip(got, sorted(want, key=lambda r: (r["trace_id"], r["root_span_id"])), strict=True):
         assert (run["status"], run["score"]) == (w["status"], pytest.approx(w["score"], abs=1e-4) if w["score"] is not None else None)
         assert units(run) == expected_units(w)
         assert run["non_agent_executors"] == w.get("non_agent_executors", [])

@@ -205,7 +205,7 @@ def test_a_native_journal_line_is_written_as_is_and_replayed_as_its_spans(tmp_pa
     matcher = CollectorConfig().matcher()
     keys = sorted(matcher.wanted_keys)
     spans = [Span(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="chat \t", start_time_unix_nano=2**64 - 1,
-                  attributes=[KeyValue(key=k, value=v) for k, v in zip(keys, values)],
+                  attributes=[KeyValue(key=k, value=v) for k, v in zip(keys, values, strict=False)],
                   status=Status(code=Status.STATUS_CODE_ERROR, message="boom")),
              Span(trace_id=b"\x01" * 16, span_id=b"\x03" * 8, parent_span_id=b"\x02" * 8, name="invoke_agent")]
     payload = ExportTraceServiceRequest(resource_spans=[
@@ -454,7 +454,7 @@ def whole_traces(n: int, per_request: int = 1) -> list[tuple[list[tuple[str, str
     by_trace: dict[str, list] = {}
     for span in spans:
         by_trace.setdefault(format(span.context.trace_id, "032x"), []).append(span)
-    traces = list(zip(ids, names))
+    traces = list(zip(ids, names, strict=True))
     return [(traces[i:i + per_request],
              export_request([s for tid, _ in traces[i:i + per_request] for s in by_trace[tid]]).SerializeToString())
             for i in range(0, n, per_request)]

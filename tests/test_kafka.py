@@ -119,7 +119,7 @@ def make_traffic(traces: int, seed: int = SEED) -> Traffic:
     by_trace: dict[str, list[ReadableSpan]] = {tid: [] for tid in ids}
     for span in spans:
         by_trace[format(span.context.trace_id, "032x")].append(span)
-    return Traffic(by_trace, dict(zip(ids, names)))
+    return Traffic(by_trace, dict(zip(ids, names, strict=True)))
 
 
 class PacedLoad:
@@ -319,7 +319,7 @@ def make_traffic_from(scenarios: dict[str, str]) -> Traffic:
     by_trace: dict[str, list[ReadableSpan]] = {tid: [] for tid in ids}
     for span in spans:
         by_trace[format(span.context.trace_id, "032x")].append(span)
-    return Traffic(by_trace, dict(zip(ids, names)))
+    return Traffic(by_trace, dict(zip(ids, names, strict=True)))
 
 
 def _under(span: ReadableSpan, spans: list[ReadableSpan], executor: str) -> bool:

@@ -104,7 +104,7 @@ def test_every_unnamed_agent_is_its_own_unit_and_an_honest_run_passes(maf_spans,
         run = one_run(maf_spans, collector, build(None), stream)
         got = by_unit(run)
         assert not [n for n in got if UUID_LIKE.search(n)], got
-        assert got == {name: ("Agree", tokens, tokens) for name, tokens in zip(names, TOKENS)}, got
+        assert got == {name: ("Agree", tokens, tokens) for name, tokens in zip(names, TOKENS, strict=False)}, got
         assert run["status"] == "PASS" and run["score"] == 1.0
         assert not UUID_LIKE.search(run["subject"] or ""), run["subject"]
         assert not [e for e in run["non_agent_executors"] if UUID_LIKE.search(e)], run["non_agent_executors"]
@@ -121,7 +121,7 @@ def test_the_one_unnamed_agent_under_reporting_is_a_token_mismatch_on_its_own_un
         run = one_run(maf_spans, collector, build(LIAR), stream)
         got = by_unit(run)
         assert not [n for n in got if UUID_LIKE.search(n)], got
-        expected = {name: ("Agree", tokens, tokens) for name, tokens in zip(names, TOKENS)}
+        expected = {name: ("Agree", tokens, tokens) for name, tokens in zip(names, TOKENS, strict=False)}
         expected[names[LIAR]] = ("TokenMismatch", HALF, TOKENS[LIAR])
         assert got == expected, got
         assert unit(run, names[LIAR])["evidence"]["direction"] == "under"

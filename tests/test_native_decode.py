@@ -669,7 +669,7 @@ def test_generated_wanted_attributes_are_journaled_exactly(attributes: list[list
                                                           service: Resource | None, status: Status | None) -> None:
     """Every kind of value under wanted keys (the generated requests above rarely keep a span)."""
     kept = [span(n=2 * i + 1, name=name, attributes=attrs, status=status)
-            for i, (attrs, name) in enumerate(zip(attributes, names))]
+            for i, (attrs, name) in enumerate(zip(attributes, names, strict=False))]
     assert assert_parity(request(*kept, resource=service), native_must_answer=True)[0] == "ok"
 
 

@@ -344,7 +344,7 @@ def test_permuting_entries_or_turns_never_changes_the_verdict(record, rnd: rando
 def test_splitting_framework_tokens_over_more_entries_keeps_the_token_verdict(record, parts, data):
     total = sum(e.usage.total or 0 for e in record.ledger)
     cuts = sorted(data.draw(st.lists(st.integers(0, total), min_size=parts - 1, max_size=parts - 1)))
-    pieces = [b - a for a, b in zip([0, *cuts], [*cuts, total])]
+    pieces = [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
     reason = next((e.finish_reason for e in record.ledger if e.finish_reason is not None), None)
     split = tuple(LedgerEntry(Usage(total_tokens=p), reason if i == 0 else None, i) for i, p in enumerate(pieces))
     merged = ExecutorRecord("e", (LedgerEntry(Usage(total_tokens=total), reason, 0),), record.turns, "test")

@@ -82,7 +82,7 @@ def site(tmp_path_factory, sent):
     more, (hostile_id, long_id, second_id, derived_id, per_call_id, over_id) = record(
         [hostile, long_ids, second_pass, derived, per_call, over])
     export_spans(proc, spans + more)
-    runs = {n: proc.run(i) for n, i in zip(NAMES, ids)}
+    runs = {n: proc.run(i) for n, i in zip(NAMES, ids, strict=True)}
     runs["hostile"] = proc.run(hostile_id)
     runs["long_ids"] = proc.run(long_id)
     runs["second_pass"] = proc.run(second_id)

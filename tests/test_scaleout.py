@@ -137,7 +137,7 @@ def traffic() -> Traffic:
     by_trace: dict[str, list[ReadableSpan]] = {tid: [] for tid in ids}
     for span in spans:
         by_trace[format(span.context.trace_id, "032x")].append(span)
-    return Traffic(by_trace, dict(zip(ids, names)))
+    return Traffic(by_trace, dict(zip(ids, names, strict=True)))
 
 
 def interleaved(traces: list[list[ReadableSpan]], rng: random.Random, window: int = 40) -> Iterator[ReadableSpan]:

@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from itertools import pairwise
 
 import grpc
 import pytest
@@ -102,7 +103,7 @@ def assert_stored_and_ready(proc: CollectorProcess, expected: dict[str, str]) ->
     # One line per change of state, not one per retry.
     assert events[0]["event"] == "store_unavailable" and events[-1]["event"] == "store_opened", events
     errors = [e["error"] for e in events if e["event"] == "store_unavailable"]
-    assert all(a != b for a, b in zip(errors, errors[1:])) and len(events) == len(errors) + 1, events
+    assert all(a != b for a, b in pairwise(errors)) and len(events) == len(errors) + 1, events
     assert "Traceback" not in proc.stderr_path.read_text()
 
 

@@ -294,7 +294,7 @@ def test_watch_table_tells_two_runs_of_one_trace_apart_by_a_prefix_runs_show_tak
     board = Board(rows=5)
     trace = "1517a06608924996" + "0" * 16
     docs = _example_docs()[:3]
-    for doc, run in zip(docs, [f"{trace}-aa11bb22cc33dd44", f"{trace}-aa11ff22cc33dd44", "f" * 32]):
+    for doc, run in zip(docs, [f"{trace}-aa11bb22cc33dd44", f"{trace}-aa11ff22cc33dd44", "f" * 32], strict=True):
         doc["run_id"] = run
         board.add(doc)
     console = Console(record=True, width=260, color_system=None)

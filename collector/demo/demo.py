@@ -128,7 +128,7 @@ def quiet_exporters() -> Iterator[list[str]]:
     try:
         yield kept.messages
     finally:
-        for lg, propagate in zip(loggers, saved):
+        for lg, propagate in zip(loggers, saved, strict=True):
             lg.removeHandler(kept)
             lg.propagate = propagate
 

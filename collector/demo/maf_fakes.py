@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from agent_framework import (
@@ -198,7 +199,7 @@ def chain(name: str, specs: Sequence[AgentSpec]) -> Workflow:
     """A sequential workflow: each agent's response goes to the next."""
     agents = [make_agent(s) for s in specs]
     builder = WorkflowBuilder(start_executor=agents[0], name=name)
-    for a, b in zip(agents, agents[1:]):
+    for a, b in pairwise(agents):
         builder.add_edge(a, b)
     return builder.build()
 

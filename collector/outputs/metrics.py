@@ -233,7 +233,7 @@ class _PrometheusHistograms:
             family = HistogramMetricFamily(h.prometheus_name, h.description, labels=[h.label] if h.label else [])
             for key, series in h.snapshot():
                 running, buckets = 0, []
-                for le, count, seen in zip(h.le, series.counts, series.exemplars):
+                for le, count, seen in zip(h.le, series.counts, series.exemplars, strict=True):
                     running += count
                     buckets.append((le, running) if seen is None else (le, running, seen[1].prometheus(seen[0])))
                 family.add_metric([key] if h.label and key is not None else [], buckets, series.total)
@@ -296,7 +296,7 @@ class _WithHistograms(MetricExporter):
                 if delta:  # what was recorded since the last export
                     before = self._last.get((h.name, key), [0] * len(counts))
                     self._last[(h.name, key)] = counts
-                    counts = [a - b for a, b in zip(counts, before)]
+                    counts = [a - b for a, b in zip(counts, before, strict=True)]
                     start = self._last_ns or h.start_ns
                     if not any(counts):
                         continue

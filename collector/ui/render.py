@@ -275,7 +275,7 @@ def distinct_prefixes(run_ids: list[str], shortest: int = 16) -> dict[str, str]:
     for index, run_id in enumerate(ordered):
         length = shortest
         for other in ordered[max(index - 1, 0):index] + ordered[index + 1:index + 2]:  # the nearest in order
-            common = next((i for i, (a, b) in enumerate(zip(run_id, other)) if a != b), min(len(run_id), len(other)))
+            common = next((i for i, (a, b) in enumerate(zip(run_id, other, strict=False)) if a != b), min(len(run_id), len(other)))
             length = max(length, common + 1)
         out[run_id] = run_id[:length]
     return out

@@ -224,7 +224,7 @@ class MafFidelityInstrumentor(BaseInstrumentor):
         release = maf_release()
         missing = hooks.missing()
         said = status(release, missing)
-        self.announcement = dict(zip(ANNOUNCEMENT_KEYS, (release or "none", __version__, said)))
+        self.announcement = dict(zip(ANNOUNCEMENT_KEYS, (release or "none", __version__, said), strict=True))
         self._active = not missing and release is not None
         provider = kwargs.get("tracer_provider")
         if not self._active:

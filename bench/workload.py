@@ -7,6 +7,7 @@ with 1-5 ``chat`` spans; about ten attributes a span (ids, usage, finish reasons
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import multiprocessing as mp
@@ -422,10 +423,8 @@ def send_streams(transport: str, target: str, bodies: list[bytes], streams: int 
     for worker in workers:
         worker.start()
     try:
-        try:
-            go.wait(60)
-        except threading.BrokenBarrierError:
-            pass  # a sender could not connect: its traceback is among the outcomes
+        with contextlib.suppress(threading.BrokenBarrierError):
+            go.wait(60)  # broken: a sender could not connect, its traceback is among the outcomes
         started = time.monotonic()
         outcomes = [results.get(timeout=3600) for _ in workers]
     finally:

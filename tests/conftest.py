@@ -3,6 +3,7 @@ and an in-test OTLP receiver that captures what the collector exports."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -226,10 +227,8 @@ class CollectorProcess:
     def log_events(self) -> list[dict]:
         events = []
         for line in self.stderr_path.read_text().splitlines():
-            try:
+            with contextlib.suppress(ValueError):
                 events.append(json.loads(line))
-            except ValueError:
-                pass
         return events
 
     def run(self, trace_id: str, revision: int = 1, timeout: float = 15.0) -> dict:

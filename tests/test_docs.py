@@ -138,7 +138,8 @@ def test_every_config_key_named_exists(path):
     config model; named without its section (`quiet_period`) it is checked where the page names it whole."""
     sections = set(CollectorConfig.model_fields)
     known = _config_keys()
-    named = re.findall(r"`((?:%s)(?:\.[\w<>]+)+)`" % "|".join(sections), path.read_text())
+    alternatives = "|".join(sections)
+    named = re.findall(rf"`((?:{alternatives})(?:\.[\w<>]+)+)`", path.read_text())
     named = [re.sub(r"^profiles\.[\w-]+\.", "profiles.<name>.", k) for k in named]
     # a placeholder segment (`pricing.models.<model>`) stands for any key of the map before it
     named = [k.split(".<")[0] if ".<" in k and not k.startswith("profiles.<name>") else k for k in named]

@@ -122,7 +122,7 @@ def test_each_captured_dotnet_trace_gives_its_verdicts_and_exit_code_offline(rel
                            "--subject", name, "--json", "--store", str(tmp_path / "runs.db")],
                           capture_output=True, text=True, timeout=120)
     out = json.loads(proc.stdout)
-    runs = out["runs"] if "runs" in out else [out]
+    runs = out.get("runs", [out])
     worst = min((r["status"] for trace in expected["expected"] for r in trace), key=SEVERITY.index)
     assert (proc.returncode, out["status"]) == (STATUS_EXIT_CODES[Status(worst)], worst), proc.stderr
     assert_runs(runs, expected["trace_ids"]["grpc"], expected["expected"], release)
@@ -194,7 +194,7 @@ def test_a_response_recorded_twice_is_counted_once_and_a_ledger_without_its_run_
         proc = subprocess.run([AGENTEVAL, "bench", "workflow-trace-fidelity", "--workflow-trace", str(trace), "--subject",
                                name, "--json", "--store", str(store)], capture_output=True, text=True, timeout=120)
         out = json.loads(proc.stdout)
-        runs = sorted(out["runs"] if "runs" in out else [out], key=lambda r: r["started_at"])
+        runs = sorted(out.get("runs", [out]), key=lambda r: r["started_at"])
         shown[name] = (runs, subprocess.run([AGENTEVAL, "runs", "show", runs[0]["run_id"], "--store", str(store)],
                                             capture_output=True, text=True, timeout=60).stdout)
 

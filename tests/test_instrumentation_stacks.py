@@ -101,7 +101,7 @@ def expected(scenario: ms.Scenario, lim: str | None) -> tuple[dict[str, tuple], 
     units = dict(scenario.expected)
     if lim == "no_chat_trace":
         return {u: ("NoTruth", fw, None, ff, None) for u, (_, fw, _, ff, _) in units.items()}, "PENDING"
-    for u, (v, fw, tt, ff, tf) in units.items():
+    for u, (v, fw, tt, ff, _) in units.items():
         if v == "FinishMismatch" and lim == "finish_unseen":
             units[u] = ("Agree", fw, tt, ff, None)
         elif v == "FinishMismatch" and lim == "incomplete_unseen":
@@ -178,7 +178,7 @@ def test_the_zero_code_path_gives_the_verdicts_of_the_fidelity_instrumentation_a
     # instrumentation and everything bootstrap added (openai-v2, httpx) activate by entry point.
     client = "chat-completions"
     server.reset()
-    for stream in (False, True):
+    for _stream in (False, True):
         for scenario in ms.scenarios(client):
             ms.script(server, scenario.name, client)
     env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/"),
@@ -207,7 +207,7 @@ def test_cache_and_reasoning_parts_are_shown_never_added_and_disagreeing_layers_
     # tokens, parts of its 120 + 40; MAF's span and OpenLLMetry's say so, openai-v2's beneath them not.
     spans, traces = drive(maf_spans, server, ms.STACKS["all"], "chat-completions", scenarios=("honest",))
     export_spans(collector, spans)
-    for stream, trace_id in [(False, traces["honest", False]), (True, traces["honest", True])]:
+    for trace_id in (traces["honest", False], traces["honest", True]):
         (run,) = runs_of(collector, [trace_id])
         researcher = next(e for e in run["executors"] if e["executor_id"] == "researcher")["evidence"]
         assert (researcher["truth_tokens"], researcher["truth_cache_read_tokens"],

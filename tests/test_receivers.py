@@ -191,11 +191,11 @@ def test_a_request_that_is_not_otlp_gets_the_same_refusal_from_both_otlp_receive
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await _grpc_export(grpc_receiver.address, garbage)
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            async with aiohttp.ClientSession() as session:
-                async with session.post(f"http://{http_receiver.address}/v1/traces", data=garbage,
-                                        headers={"Content-Type": PROTOBUF}) as resp:
-                    assert resp.status == 400
-                    status = status_pb2.Status.FromString(await resp.read())
+            async with (aiohttp.ClientSession() as session,
+                        session.post(f"http://{http_receiver.address}/v1/traces", data=garbage,
+                                     headers={"Content-Type": PROTOBUF}) as resp):
+                assert resp.status == 400
+                status = status_pb2.Status.FromString(await resp.read())
             return refused.value.details() or "", status.message
         finally:
             await grpc_receiver.stop()

@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -232,7 +233,7 @@ def _mutations():
     flips = st.lists(st.tuples(st.integers(0, len(base) - 1), st.integers(0, 255)), min_size=1, max_size=8)
     return st.one_of(
         st.binary(max_size=2048),
-        flips.map(lambda fs: bytes(b if i not in dict(fs) else dict(fs)[i] for i, b in enumerate(base))),
+        flips.map(lambda fs: bytes(dict(fs).get(i, b) for i, b in enumerate(base))),
         st.integers(0, len(base)).map(lambda n: base[:n]),
     )
 
@@ -634,7 +635,7 @@ def test_mtls_on_both_receivers(tmp_path, monkeypatch):
         "cert_file": c["server.crt"], "key_file": c["server.key"], "client_ca_file": c["ca.crt"]}}})
     try:
         assert proc.http.startswith("https://")
-        ca, cert, key = (open(c[k], "rb").read() for k in ("ca.crt", "client.crt", "client.key"))
+        ca, cert, key = (Path(c[k]).read_bytes() for k in ("ca.crt", "client.crt", "client.key"))
         spans, (trace_id,) = record([SCENARIOS["pass"][0]])
         exporter = GrpcExporter(endpoint=proc.grpc, credentials=grpc.ssl_channel_credentials(ca, key, cert))
         assert exporter.export(spans) is SpanExportResult.SUCCESS

@@ -201,7 +201,7 @@ def test_a_whole_run_id_is_looked_up_in_the_index_not_by_scanning_the_store(tmp_
         for size in (200, 4_000):
             store.save_many([StoredRun(f"{size:02x}{i:030x}", "live", _verdict(1, 100)) for i in range(size)])
             wanted = f"{size:02x}{7:030x}"
-            steps.append(_steps(store, lambda: store.get_run(wanted)))
+            steps.append(_steps(store, lambda wanted=wanted: store.get_run(wanted)))
             assert store.get_run(wanted)["run_id"] == wanted
         assert steps[1] < 2 * steps[0], steps  # 4,200 runs cost what 200 do
     finally:

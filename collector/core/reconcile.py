@@ -33,11 +33,14 @@ from collector.core.model import (
 )
 from collector.core.spend import Pricer, price_units
 
+#: The policy of a caller that names none (frozen: one instance serves every call).
+DEFAULT_POLICY = Policy()
+
 #: The reasons that say a unit had chat-boundary truth but no framework ledger to compare with it.
 _NO_LEDGER = (NoTruthReason.LEDGER_MISSING, NoTruthReason.LEDGER_DERIVED)
 
 
-def reconcile(run: RunInput, policy: Policy = Policy(), preset: str = "standard", revision: int = 1,
+def reconcile(run: RunInput, policy: Policy = DEFAULT_POLICY, preset: str = "standard", revision: int = 1,
               pricer: Pricer | None = None) -> RunVerdict:
     """Reconcile every agent unit of one workflow run and derive the run's score and status; with a
     ``pricer``, price each unit and the run (:mod:`collector.core.spend`)."""
@@ -195,7 +198,7 @@ def run_status(score: float | None, unchecked: int, partial: bool = False) -> St
 _SEQ = attrgetter("seq")
 
 
-def reconcile_executor(record: ExecutorRecord, policy: Policy = Policy()) -> ExecutorVerdict:
+def reconcile_executor(record: ExecutorRecord, policy: Policy = DEFAULT_POLICY) -> ExecutorVerdict:
     ledger = sorted(record.ledger, key=_SEQ)
     turns = sorted(record.turns, key=_SEQ)
     responses: list[ChatTurn] = []

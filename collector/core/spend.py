@@ -87,10 +87,10 @@ def price_unit(evidence: Evidence, pricer: Pricer) -> UnitCost:
         elif truth is not None:
             truth += usd
         by.add(how)
-    if pairs:
-        truth = None if truth is None else _round(truth)
-    else:  # no call reported its tokens: free where every call failed (no tokens, nothing spent)
+    if not pairs:  # no call reported its tokens: free where every call failed (no tokens, nothing spent)
         truth = 0.0 if evidence.truth_tokens == 0 else None
+    elif truth is not None:
+        truth = _round(truth)
     models = sorted(pairs, key=str) if len(pairs) > 1 else list(pairs)
     named = _name(*models[0]) if len(models) == 1 else ", ".join([_name(m, p) for m, p in models]) or None
     framework = None

@@ -26,6 +26,7 @@ answers, and replayed on start, so a kill -9 loses no acknowledged span.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import math
@@ -421,7 +422,7 @@ class Journal:
                     self._pinned[tid] = max(upto, self._pinned.get(tid, upto))
             done = [item for item in done if item[0] not in self._pinned]
             expired = [(tid, upto) for tid, upto in self._pinned.items() if now - self.first_cut[tid] >= self.keep_cut_for]
-            for tid, upto in expired:
+            for tid, _ in expired:
                 del self._pinned[tid], self.first_cut[tid]
             if expired:
                 self._forget_first_cuts()
@@ -451,10 +452,8 @@ class Journal:
             self._sizes.pop(number, None)
             if (handle := self._handles.pop(number, None)) is not None:
                 handle.close()
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 self._path(number).unlink()
-            except FileNotFoundError:
-                pass
             self._drop_kept_if_spent()
 
     def cut(self, first_cut: Mapping[bytes, float]) -> None:

@@ -6,6 +6,7 @@ SIGTERM / SIGINT: stop accepting, finalize in-flight traces, flush the store and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import errno
 import gc
@@ -225,10 +226,8 @@ def _tune_malloc() -> None:
     """
     if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
         return
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, MALLOC_ARENAS)
-    except (OSError, AttributeError):
-        pass
 
 
 #: Seconds between the full garbage collections the sweeper runs (see :func:`_tune_gc`).

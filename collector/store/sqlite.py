@@ -7,6 +7,7 @@ is opened.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -54,10 +55,10 @@ class SqliteRunStore(RunStore):
         parent = self.path.parent
         if self.path.is_dir():
             raise StoreError(f"{self.path}: is a directory: the SQLite store is a file, e.g. {self.path / 'runs.db'}")
-        if not parent.is_dir():
-            if self.path != data_dir_store():  # a typo must not silently start a new, empty store
-                raise StoreError(f"{self.path}: directory {parent} does not exist: create it (mkdir -p {parent}) "
-                                 f"or fix the store path (--store, store.url or ${STORE_ENV})")
+        # a typo must not silently start a new, empty store
+        if not parent.is_dir() and self.path != data_dir_store():
+            raise StoreError(f"{self.path}: directory {parent} does not exist: create it (mkdir -p {parent}) "
+                             f"or fix the store path (--store, store.url or ${STORE_ENV})")
         db = None
         try:
             parent.mkdir(parents=True, exist_ok=True)
@@ -141,10 +142,8 @@ class SqliteRunStore(RunStore):
     def size_bytes(self) -> int:
         total = 0
         for suffix in ("", "-wal"):
-            try:
+            with contextlib.suppress(OSError):
                 total += os.stat(f"{self.path}{suffix}").st_size
-            except OSError:
-                pass
         return total
 
     def _usage(self) -> tuple[int, int]:

@@ -95,7 +95,8 @@ class TraceState:
         #: named case-folded, entry, what it announced). Kept: which run each joins is worked out anew
         #: at every publication.
         self._callers: list[CallerLedger] = []
-        #: What each run was last published with of the callers' ledger spans (:func:`~collector.core.ledger_join.share_out`).
+        #: What each run was last published with of the callers' ledger spans
+        #: (:func:`~collector.core.ledger_join.share_out`).
         self._joins: dict[str | None, tuple[object, ...]] = {}
         #: Parent ids of the plain spans outside every workflow run (a caller's, .NET's
         #: ``workflow.session``): how far up a run a caller's ledger span may sit and still join it.
@@ -185,8 +186,8 @@ class TraceState:
         return run
 
     def _classify(self, s: SpanRecord, parent: Context) -> Context:
-        (kind, bridge, chat, agent_id, executor_id, _, hosts_agent, subject, _, i, o, t, finish, _, _, _, model, provider,
-         cache_read, cache_write, reasoning) = s.facts
+        (kind, bridge, chat, agent_id, executor_id, _, hosts_agent, subject, _, i, o, t, finish, _, _, _, model,
+         provider, cache_read, cache_write, reasoning) = s.facts
         run_key, executor, agent, invocation, outer = parent
         if bridge:
             self._ledger_span(s, parent)
@@ -501,7 +502,8 @@ class TraceState:
             spans = run.executors[executor].spans if executor in run.executors else []
             turns = tuple([ChatTurn(Usage(i, o, t, *parts) if parts else Usage(i, o, t), finish, start, invocation,
                                     sid.hex(), error, model, provider)
-                           for i, o, t, finish, start, invocation, sid, error, model, provider, _, parts, _, _ in calls])
+                           for i, o, t, finish, start, invocation, sid, error, model, provider, _, parts, _, _
+                           in calls])
             # positional, in field order (per unit of every run: keywords cost 2.5x the call)
             records.append((keys, ExecutorRecord("", ledger, turns, source, tuple([sid for _, sid in sorted(spans)]),
                                                  derived, stacked, disagree, unjoined.get(key, 0), duplicates)))

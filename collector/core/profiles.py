@@ -205,7 +205,8 @@ class Matcher:
         return known
 
     def is_agent_executor_type(self, executor_type: object) -> bool:
-        return isinstance(executor_type, str) and executor_type.rpartition(".")[2].casefold() in self.agent_executor_types
+        return (isinstance(executor_type, str)
+                and executor_type.rpartition(".")[2].casefold() in self.agent_executor_types)
 
     def agent_span_is_ledger(self, sdk_language: str | None) -> bool:
         return bool(sdk_language) and self.independent_agent_span.get(sdk_language.casefold(), False)

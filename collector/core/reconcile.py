@@ -45,7 +45,8 @@ def reconcile(run: RunInput, policy: Policy = DEFAULT_POLICY, preset: str = "sta
     """Reconcile every agent unit of one workflow run and derive the run's score and status; with a
     ``pricer``, price each unit and the run (:mod:`collector.core.spend`)."""
     verdicts = tuple(
-        reconcile_executor(e, policy) for e in sorted(merge_units(run.executors), key=lambda e: e.executor_id.casefold())
+        reconcile_executor(e, policy)
+        for e in sorted(merge_units(run.executors), key=lambda e: e.executor_id.casefold())
     )
     spend = price_units(verdicts, pricer) if pricer is not None else None
     score = run_score(verdicts)
@@ -176,7 +177,8 @@ def coverage_note(score: float | None, units: int, unchecked: int, no_ledger: in
     no_truth = unchecked - no_ledger
     parts = [f"{no_truth} of {units} executor(s) had no chat-boundary truth"] if no_truth else []
     if no_ledger:
-        parts.append(f"{no_ledger} no framework ledger" if parts else f"{no_ledger} of {units} executor(s) had no framework ledger")
+        parts.append(f"{no_ledger} no framework ledger" if parts
+                     else f"{no_ledger} of {units} executor(s) had no framework ledger")
     head = " and ".join(parts)
     if score >= PASS_THRESHOLD:
         return f"{head}; a pass on the {verified} verified is withheld"

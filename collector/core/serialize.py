@@ -62,7 +62,8 @@ def no_truth_fix(verdict: ExecutorVerdict, run: RunVerdict) -> str | None:
         return _FILE_FIXES[reason]
     dotnet = run.runtime == "dotnet"
     if reason in (NoTruthReason.LEDGER_DERIVED, NoTruthReason.LEDGER_MISSING) and run.instrumentation_status:
-        found = f"{ledger_package(dotnet)} {run.instrumentation_version} is installed ({fmt_maf_release(run.maf_release)})"
+        found = (f"{ledger_package(dotnet)} {run.instrumentation_version} is installed "
+                 f"({fmt_maf_release(run.maf_release)})")
         if not run.instrumentation_status.startswith("active"):
             return (f"{found} but records nothing: {run.instrumentation_status.removeprefix('inactive: ')}; "
                     "upgrade it to a release that supports this MAF, or run a MAF release it supports")

@@ -47,7 +47,8 @@ PROBE_RUN_ID = "agenteval-demo-probe"
 FATAL_CODES = {grpc.StatusCode.UNAUTHENTICATED: "the collector wants its bearer token in ${token_env} "
                                                 "(or name another variable with --token-env)",
                grpc.StatusCode.UNIMPLEMENTED: "no agenteval FidelityService on this port (an OpenTelemetry "
-                                              "Collector in front?): pass --api with an agenteval collector's gRPC port"}
+                                              "Collector in front?): pass --api with an agenteval collector's "
+                                              "gRPC port"}
 
 
 class DemoError(Exception):

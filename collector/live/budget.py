@@ -21,8 +21,8 @@ reads (:meth:`Lease.reserve`). It waits for that room, in a queue of its own beh
 as long as it may take to send its message (``receivers.grpc.read_timeout``); a read takes
 milliseconds once it has begun, so with a large ``max_message_bytes`` (room for two reads) the calls
 of many streams take turns instead of being refused. (A wait as long as ``retry_after`` was not
-enough on a saturated box: the event loop itself stalled that long, and calls were refused.) A waiting read holds nothing: it delays no
-decode and keeps no body out. See docs/design.md §3 (receivers).
+enough on a saturated box: the event loop itself stalled that long, and calls were refused.) A waiting
+read holds nothing: it delays no decode and keeps no body out. See docs/design.md §3 (receivers).
 
 Everything here runs on the event loop: no lock.
 """

@@ -71,8 +71,8 @@ def encode(spans: list[SpanRecord]) -> bytes:
 
 
 def decode(line: bytes, matcher: Matcher) -> list[SpanRecord]:
-    """The records of a journal line (or of a part handed over). A line of an older collector holds a span's wanted attributes (a
-    dict) where its facts now stand: they are worked out from them."""
+    """The records of a journal line (or of a part handed over). A line of an older collector holds a
+    span's wanted attributes (a dict) where its facts now stand: they are worked out from them."""
     return [SpanRecord(bytes.fromhex(t), bytes.fromhex(s), bytes.fromhex(p), name, start, _facts(facts, name, matcher),
                        subject, error, lang, end)
             for t, s, p, name, start, facts, subject, error, lang, end in map(_row, from_json(line))]
@@ -421,7 +421,8 @@ class Journal:
                 if tid in self.first_cut:
                     self._pinned[tid] = max(upto, self._pinned.get(tid, upto))
             done = [item for item in done if item[0] not in self._pinned]
-            expired = [(tid, upto) for tid, upto in self._pinned.items() if now - self.first_cut[tid] >= self.keep_cut_for]
+            expired = [(tid, upto) for tid, upto in self._pinned.items()
+                       if now - self.first_cut[tid] >= self.keep_cut_for]
             for tid, _ in expired:
                 del self._pinned[tid], self.first_cut[tid]
             if expired:

@@ -68,9 +68,9 @@ class Collector:
         self.spans = None
         self._span_exporter: RetryingSpanExporter | None = None
         if otlp.endpoint:
-            exporter = self._span_exporter = RetryingSpanExporter(otlp_span_exporter(otlp.endpoint, otlp.protocol, otlp.insecure),
-                                            max_spans=otlp.max_backlog_spans, retry_interval=otlp.retry_interval,
-                                            shutdown_timeout=otlp.shutdown_timeout)
+            exporter = self._span_exporter = RetryingSpanExporter(
+                otlp_span_exporter(otlp.endpoint, otlp.protocol, otlp.insecure), max_spans=otlp.max_backlog_spans,
+                retry_interval=otlp.retry_interval, shutdown_timeout=otlp.shutdown_timeout)
             self.spans = VerdictSpans(exporter, self.resource, config.store.max_span_ids_per_unit)
         self.pipeline: Pipeline | None = None
         #: Memory of the requests being received and decoded, both receivers (receivers.max_inflight_bytes).
@@ -361,7 +361,8 @@ async def serve(config: CollectorConfig, stop: asyncio.Event | None = None) -> N
     _tune_gc()  # here, not in start(): it sets the process's collector, once everything started is alive
     print(
         "agenteval collector listening:"
-        + (f"\n  OTLP/gRPC  {listening.grpc}  (also FidelityService: agenteval watch --endpoint {listening.grpc})" if listening.grpc else "")
+        + (f"\n  OTLP/gRPC  {listening.grpc}  (also FidelityService: agenteval watch --endpoint {listening.grpc})"
+           if listening.grpc else "")
         + (f"\n  OTLP/HTTP  {listening.http}/v1/traces" if listening.http else "")
         + (f"\n  run page   {listening.http}/runs" if listening.http and config.receivers.http.run_page else "")
         + (f"\n  health     {listening.http}/healthz, {listening.http}/readyz" if listening.http else "")

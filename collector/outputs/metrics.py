@@ -422,8 +422,8 @@ class Metrics:
         self.kafka_skipped = meter.create_counter(
             "agenteval.kafka.messages.skipped",
             description="Kafka messages skipped (the kafka receiver; each logged with its partition and offset), "
-                        "by reason: undecodable (not an OTLP protobuf trace request), too_large, never_fits (more spans or traces "
-                        "than the assembly can hold), failed (an error handling it)")
+                        "by reason: undecodable (not an OTLP protobuf trace request), too_large, never_fits (more "
+                        "spans or traces than the assembly can hold), failed (an error handling it)")
         # Present at 0 from the start, so alerts and dashboards see a series before the first event
         # (a rate over nothing is no data, not 0): each counter an alert watches whose label values are
         # known in advance. The verdict counters' are not (each run's subject and MAF release): their

@@ -125,7 +125,8 @@ class Pricing:
         except LookupError:
             on = f" from {provider}" if provider else ""
             hint = " (a span that names an Azure OpenAI deployment, not its model)" if provider_id == "azure" else ""
-            return Quote(None, f"genai-prices {genai_prices.__version__} does not know model {model!r}{on}{hint}: {fix}")
+            return Quote(None, f"genai-prices {genai_prices.__version__} does not know model {model!r}{on}{hint}: "
+                               f"{fix}")
         when = _time(minute)
         price = info.get_prices(when)
         if id(price) not in self._rates:

@@ -43,7 +43,8 @@ def open_store(url: str | Path | None = None, password: str | None = None, pool_
         try:
             from collector.store.postgres import PostgresRunStore
         except ImportError as exc:
-            raise StoreError(f"a postgresql:// store needs psycopg: pip install 'agenteval-collector[postgres]' ({exc})") from exc
+            raise StoreError(f"a postgresql:// store needs psycopg: pip install 'agenteval-collector[postgres]' "
+                             f"({exc})") from exc
 
         store: RunStore = PostgresRunStore(url, password, pool_size)
     else:

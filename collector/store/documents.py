@@ -131,7 +131,8 @@ def count_by_status(db: Database, subject: str | None, since: float | None) -> d
 
 
 def traces_with_runs(db: Database, trace_ids: list[str]) -> set[str]:
-    return {r["trace_id"] for r in rows_in(db, "SELECT DISTINCT trace_id FROM runs WHERE trace_id IN ({ids})", trace_ids)}
+    return {r["trace_id"]
+            for r in rows_in(db, "SELECT DISTINCT trace_id FROM runs WHERE trace_id IN ({ids})", trace_ids)}
 
 
 def get_run(db: Database, run_id: str) -> dict[str, Any] | None:

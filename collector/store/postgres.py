@@ -166,8 +166,8 @@ class PostgresRunStore(RunStore):
         row = self._query(
             "SELECT (SELECT COUNT(*) FROM runs) AS runs, (SELECT AVG(pg_column_size(newest.*) + (2 * pg_column_size("
             "run_id) + COALESCE(pg_column_size(status), 0) + COALESCE(pg_column_size(subject), 0) + COALESCE("
-            "pg_column_size(maf_release), 0) + 4 * 8 + 5 * 16) / 0.9) FROM (SELECT * FROM runs ORDER BY updated_at DESC "
-            "LIMIT 500) AS newest) AS run_bytes", {})[0]
+            "pg_column_size(maf_release), 0) + 4 * 8 + 5 * 16) / 0.9) FROM (SELECT * FROM runs ORDER BY updated_at "
+            "DESC LIMIT 500) AS newest) AS run_bytes", {})[0]
         runs = row["runs"]
         return (int(runs * float(row["run_bytes"])) if runs else 0), runs
 

@@ -121,7 +121,8 @@ class Retainer:
             started = time.perf_counter()
             with db._transaction() as execute:
                 db._lock_keys(execute, ids)  # a revision being written finishes first (then is young)
-                gone: int = execute(_DELETE.format(ids=marks(db._mark, len(ids)), mark=db._mark), [*ids, before]).rowcount
+                gone: int = execute(_DELETE.format(ids=marks(db._mark, len(ids)), mark=db._mark),
+                                    [*ids, before]).rowcount
             db._reclaim()
             self.longest_batch = max(self.longest_batch, time.perf_counter() - started)
             deleted += gone

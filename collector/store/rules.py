@@ -113,7 +113,8 @@ def _plan(rows: list[Row], current: dict[str, Held]) -> tuple[list[int], list[_G
         current[run_id] = Held(revision if before is None or revision > before.revision else before.revision + 1,
                                incomplete, finalized_by, held)
         cut = current.get(trace_id) if trace_id and trace_id != run_id and not incomplete else None
-        supersedes = trace_id if cut is not None and cut.incomplete and cut.units is not None and cut.units <= held else None
+        supersedes = (trace_id if cut is not None and cut.incomplete and cut.units is not None and cut.units <= held
+                      else None)
         group = groups[-1]
         if run_id in group.run_ids or run_id in group.superseded:  # its order against the group's would matter
             group = _Group()

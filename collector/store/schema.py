@@ -34,7 +34,8 @@ def _compress_documents(execute: Callable[..., Any], mark: str) -> None:
                           (after,)).fetchall():
         values = ", ".join([f"({mark}, {mark})"] * len(rows))
         execute(f"WITH packed (run_id, body) AS (VALUES {values}) UPDATE runs SET doc = '', body = "
-                f"(SELECT body FROM packed WHERE packed.run_id = runs.run_id) WHERE run_id IN (SELECT run_id FROM packed)",
+                f"(SELECT body FROM packed WHERE packed.run_id = runs.run_id) "
+                f"WHERE run_id IN (SELECT run_id FROM packed)",
                 [v for r in rows for v in (r["run_id"], pack(r["doc"].encode()))])
         after = rows[-1]["run_id"]
 
@@ -118,7 +119,8 @@ def _none() -> None:
 _ADDED_KEYS: dict[str, Callable[[], Any]] = {
     "non_agent_executors": list, "workflow_errors": list, "coverage_note": _none, "unattributed_chat": list,
     "maf_release": _none, "instrumentation_version": _none, "instrumentation_status": _none, "service_name": _none,
-    "runtime": _none, "started_at": _none, "duration_s": _none, "split": bool, "spend": _none, **{f"{name}_more": int for name in BOUNDED_RUN}}
+    "runtime": _none, "started_at": _none, "duration_s": _none, "split": bool, "spend": _none,
+    **{f"{name}_more": int for name in BOUNDED_RUN}}
 #: Likewise, evidence keys (an older document left nothing out of its lists).
 _ADDED_EVIDENCE: dict[str, Callable[[], Any]] = {
     "chat_calls": list, "ledger": list, "framework_input_tokens": _none, "framework_output_tokens": _none,

@@ -65,8 +65,8 @@ class SqliteRunStore(RunStore):
             db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             db.row_factory = sqlite3.Row
             # these two first: they take effect on a new file only (an older one: _incremental_vacuum)
-            for pragma in (f"page_size={PAGE_SIZE}", "auto_vacuum=INCREMENTAL", "journal_mode=WAL", "synchronous=NORMAL",
-                           "foreign_keys=ON", "busy_timeout=5000",
+            for pragma in (f"page_size={PAGE_SIZE}", "auto_vacuum=INCREMENTAL", "journal_mode=WAL",
+                           "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=5000",
                            "wal_autocheckpoint=0"):  # checkpoints run beside the writer: _checkpoint_forever
                 db.execute(f"PRAGMA {pragma}")
             self._migrate(db)
@@ -124,7 +124,8 @@ class SqliteRunStore(RunStore):
                 db.execute("PRAGMA journal_mode=WAL")
         except sqlite3.Error as exc:
             log.warning("store_vacuum_failed", store=self.display, error=str(exc),
-                        detail="deleted runs' space is reused but not given back; retried when the store is next opened")
+                        detail="deleted runs' space is reused but not given back; retried when the store is next "
+                               "opened")
             return
         log.info("store_vacuumed", store=self.display, auto_vacuum="incremental",
                  page_size=db.execute("PRAGMA page_size").fetchone()[0], alone=alone,
@@ -148,7 +149,8 @@ class SqliteRunStore(RunStore):
 
     def _usage(self) -> tuple[int, int]:
         pages, free, size, runs = (self._query(sql, {})[0]["n"] for sql in (
-            "SELECT page_count AS n FROM pragma_page_count()", "SELECT freelist_count AS n FROM pragma_freelist_count()",
+            "SELECT page_count AS n FROM pragma_page_count()",
+            "SELECT freelist_count AS n FROM pragma_freelist_count()",
             "SELECT page_size AS n FROM pragma_page_size()", "SELECT COUNT(*) AS n FROM runs"))
         return (pages - free) * size, runs
 

@@ -74,7 +74,8 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _logging(
-    _: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+    _: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
 ) -> None:
     """Log lines (JSON) go to stderr, never into a command's output; warnings and up by default."""
     from collector.live.logs import configure
@@ -90,8 +91,12 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else _WIDTH)
 #: With several runs in one file, the process exits with the most severe status.
 SEVERITY = (Status.FAIL, Status.PENDING, Status.WARN, Status.PASS)
 
-StoreOpt = Annotated[str | None, typer.Option("--store", metavar="<path|url>", help="Run store: a SQLite path or a postgresql:// URL (default: the config's store.url, else $AGENTEVAL_STORE, else the user data dir).")]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", metavar="<file>", help="Collector YAML config (default: embedded defaults).")]
+StoreOpt = Annotated[str | None, typer.Option(
+    "--store", metavar="<path|url>",
+    help="Run store: a SQLite path or a postgresql:// URL (default: the config's store.url, else $AGENTEVAL_STORE, "
+         "else the user data dir).")]
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", metavar="<file>", help="Collector YAML config (default: embedded defaults).")]
 
 
 class _Fatal(Exception):
@@ -109,7 +114,8 @@ def _check_grpc(option: str, endpoint: str, ca_file: Path | None) -> None:
     except ValueError as exc:
         raise _Fatal(f"{option}: {exc} (the collector's gRPC port, e.g. 127.0.0.1:4317)") from None
     if ca_file is not None and not ca_file.is_file():
-        raise _Fatal(f"--ca-file {ca_file}: no such file: give the PEM CA bundle that signed the collector's certificate")
+        raise _Fatal(f"--ca-file {ca_file}: no such file: give the PEM CA bundle that signed the collector's "
+                     "certificate")
 
 
 def _statuses(values: list[str] | None) -> tuple[str, ...]:
@@ -167,14 +173,33 @@ STORE_BATCH = 500
 
 @bench_app.command("workflow-trace-fidelity")
 def bench_workflow_trace_fidelity(
-    workflow_trace: Annotated[Path, typer.Option("--workflow-trace", metavar="<file|->", help="AgentEval WorkflowTrace JSON, workflow-trace/v1 JSON, OTLP JSON or OTLP JSON Lines (detected by content); - reads standard input.")],
-    subject: Annotated[str, typer.Option("--subject", metavar="<name>", help="What is being evaluated (recorded on the run).")],
+    workflow_trace: Annotated[Path, typer.Option(
+        "--workflow-trace", metavar="<file|->",
+        help="AgentEval WorkflowTrace JSON, workflow-trace/v1 JSON, OTLP JSON or OTLP JSON Lines (detected by "
+             "content); - reads standard input.")],
+    subject: Annotated[str, typer.Option(
+        "--subject", metavar="<name>", help="What is being evaluated (recorded on the run).")],
     preset: Annotated[Preset, typer.Option("--preset", help="Informational; never changes scoring.")] = "standard",
-    as_json: Annotated[bool, typer.Option("--json", help='Print {"runs": [...], "status", "exit_code"}, one run per line (schema: collector/formats/schemas/run.schema.json).')] = False,
-    trace_window: Annotated[int, typer.Option("--trace-window", min=0, metavar="<spans>", help="JSON Lines: spans read after a trace's last span before it is reconciled (its root must have arrived).")] = TRACE_WINDOW,
-    junit: Annotated[Path | None, typer.Option("--junit", metavar="<file>", help="Also write a JUnit XML report: each run a test suite, each agent unit a test case (a mismatch a failure with its evidence, NoTruth skipped with its reason and fix).")] = None,
-    markdown: Annotated[Path | None, typer.Option("--markdown", metavar="<file>", help="Also write a Markdown report fit for a CI job summary (e.g. $GITHUB_STEP_SUMMARY): status, score, a table of units, the fixes.")] = None,
-    store: Annotated[str | None, typer.Option("--store", metavar="<path|url>", help="Keep the runs in this run store: a SQLite path or a postgresql:// URL (default: the --config's store.url, else $AGENTEVAL_STORE, else none: the runs are checked, not kept).")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json",
+        help='Print {"runs": [...], "status", "exit_code"}, one run per line (schema: '
+             'collector/formats/schemas/run.schema.json).')] = False,
+    trace_window: Annotated[int, typer.Option(
+        "--trace-window", min=0, metavar="<spans>",
+        help="JSON Lines: spans read after a trace's last span before it is reconciled (its root "
+             "must have arrived).")] = TRACE_WINDOW,
+    junit: Annotated[Path | None, typer.Option(
+        "--junit", metavar="<file>",
+        help="Also write a JUnit XML report: each run a test suite, each agent unit a test case (a mismatch "
+             "a failure with its evidence, NoTruth skipped with its reason and fix).")] = None,
+    markdown: Annotated[Path | None, typer.Option(
+        "--markdown", metavar="<file>",
+        help="Also write a Markdown report fit for a CI job summary (e.g. $GITHUB_STEP_SUMMARY): status, "
+             "score, a table of units, the fixes.")] = None,
+    store: Annotated[str | None, typer.Option(
+        "--store", metavar="<path|url>",
+        help="Keep the runs in this run store: a SQLite path or a postgresql:// URL (default: the --config's "
+             "store.url, else $AGENTEVAL_STORE, else none: the runs are checked, not kept).")] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Reconcile a recorded workflow trace; exit 0 PASS, 10 WARN, 9 FAIL, 11 PENDING, 1 error.
@@ -266,7 +291,8 @@ def bench_workflow_trace_fidelity(
         err.print(f"[dim]not stored: {stored} run(s) checked; to keep them for `agenteval runs`, give --store "
                   f"<path|url> (or $AGENTEVAL_STORE)[/]")
     else:
-        again = f" --store {shlex.quote(db.display)}" if store else f" --config {shlex.quote(str(config))}" if config else ""
+        again = (f" --store {shlex.quote(db.display)}" if store
+                 else f" --config {shlex.quote(str(config))}" if config else "")
         err.print(f"[dim]stored {stored} run(s) in {escape(db.display)} (`agenteval runs list{escape(again)}`)[/]")
     raise typer.Exit(code)
 
@@ -295,12 +321,18 @@ def _close_reports(reports: list, status: str | None = None, code: int | None = 
 
 @runs_app.command("list")
 def runs_list(
-    status: Annotated[list[str] | None, typer.Option("--status", metavar="<PASS|WARN|FAIL|PENDING>", help="Only this status: PASS, WARN, FAIL or PENDING (repeatable).")] = None,
-    subject: Annotated[str | None, typer.Option("--subject", metavar="<name>", help="Only runs of this subject.")] = None,
+    status: Annotated[list[str] | None, typer.Option(
+        "--status", metavar="<PASS|WARN|FAIL|PENDING>",
+        help="Only this status: PASS, WARN, FAIL or PENDING (repeatable).")] = None,
+    subject: Annotated[str | None, typer.Option(
+        "--subject", metavar="<name>", help="Only runs of this subject.")] = None,
     maf_release: Annotated[str | None, typer.Option(
-        "--maf-release", metavar="<version>", help="Only runs whose spans came from this agent-framework-core release (1.26.0, or 1.26 for every 1.26.x).")] = None,
+        "--maf-release", metavar="<version>",
+        help="Only runs whose spans came from this agent-framework-core release (1.26.0, or 1.26 for every "
+             "1.26.x).")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, metavar="<n>", help="At most this many runs.")] = 50,
-    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON array of runs (schema: collector/formats/schemas/run.schema.json).")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print a JSON array of runs (schema: collector/formats/schemas/run.schema.json).")] = False,
     store: StoreOpt = None,
     config: ConfigOpt = None,
 ) -> None:
@@ -319,7 +351,8 @@ def runs_list(
         out.print(runs_table(rows, out.width))
         out.print(f"[dim]{escape(history)}[/]")
     else:
-        given = [f"{flag} {value}" for flag, values in (("--status", statuses), ("--subject", [subject] if subject else []),
+        given = [f"{flag} {value}" for flag, values in (("--status", statuses),
+                                                         ("--subject", [subject] if subject else []),
                                                          ("--maf-release", [maf_release] if maf_release else []))
                  for value in values]
         out.print(f"no stored run matches {' '.join(given)}" if given else "no runs stored", markup=False)
@@ -329,8 +362,14 @@ def runs_list(
 def runs_show(
     # described in the docstring: typer would label the argument with its Python type, <str>
     run_id: Annotated[str, typer.Argument(metavar="RUN_ID", hidden=True)],
-    as_json: Annotated[bool, typer.Option("--json", help="Print the run as JSON (schema: collector/formats/schemas/run.schema.json); the same as --format json.")] = False,
-    output: Annotated[str, typer.Option("--format", metavar="<table|json|junit|markdown>", help="table (default), json, junit (JUnit XML: the run a suite, each unit a test case) or markdown (a CI job summary).")] = "table",
+    as_json: Annotated[bool, typer.Option(
+        "--json",
+        help="Print the run as JSON (schema: collector/formats/schemas/run.schema.json); the same as "
+             "--format json.")] = False,
+    output: Annotated[str, typer.Option(
+        "--format", metavar="<table|json|junit|markdown>",
+        help="table (default), json, junit (JUnit XML: the run a suite, each unit a test case) or "
+             "markdown (a CI job summary).")] = "table",
     store: StoreOpt = None,
     config: ConfigOpt = None,
 ) -> None:
@@ -398,7 +437,8 @@ def collector_serve(
 def collector_validate(
     config: Annotated[Path, typer.Option("--config", metavar="<file>", help="The collector YAML config to check.")],
 ) -> None:
-    """Check a config as `serve` does before it starts, starting nothing (as `otelcol validate`): exit 0, or 1 with the error `serve` would give.
+    """Check a config as `serve` does before it starts, starting nothing (as `otelcol validate`): exit 0,
+    or 1 with the error `serve` would give.
 
     Keys, values and ${env:...} references, secrets (token and password files or variables), TLS
     files, the kafka receiver's client. Not checked: whether the ports are free and the store
@@ -416,12 +456,24 @@ def collector_validate(
 
 @app.command("demo")
 def demo_command(
-    endpoint: Annotated[str | None, typer.Option("--endpoint", metavar="<host:port|url>", help="The collector's OTLP endpoint (default: 127.0.0.1:4317 for grpc, http://127.0.0.1:4318 for http/protobuf).")] = None,
-    protocol: Annotated[str, typer.Option("--protocol", metavar="<grpc|http/protobuf>", help="The OTLP protocol.")] = "grpc",
-    api: Annotated[str | None, typer.Option("--api", metavar="<host:port>", help="The collector's gRPC port (host:port), where the verdicts are read back (default: --endpoint for grpc; for http/protobuf, --endpoint's host on port 4317). Behind an OpenTelemetry Collector, an agenteval replica's port.")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", metavar="<seconds>", help="Seconds to wait for the verdicts.")] = 30.0,
-    token_env: Annotated[str, typer.Option("--token-env", metavar="<variable>", help="Environment variable holding the bearer token, if auth is on.")] = "AGENTEVAL_TOKEN",
-    ca_file: Annotated[Path | None, typer.Option("--ca-file", metavar="<file>", help="CA bundle (PEM): connect with TLS.")] = None,
+    endpoint: Annotated[str | None, typer.Option(
+        "--endpoint", metavar="<host:port|url>",
+        help="The collector's OTLP endpoint (default: 127.0.0.1:4317 for grpc, http://127.0.0.1:4318 for "
+             "http/protobuf).")] = None,
+    protocol: Annotated[str, typer.Option(
+        "--protocol", metavar="<grpc|http/protobuf>", help="The OTLP protocol.")] = "grpc",
+    api: Annotated[str | None, typer.Option(
+        "--api", metavar="<host:port>",
+        help="The collector's gRPC port (host:port), where the verdicts are read back (default: --endpoint "
+             "for grpc; for http/protobuf, --endpoint's host on port 4317). Behind an OpenTelemetry "
+             "Collector, an agenteval replica's port.")] = None,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", metavar="<seconds>", help="Seconds to wait for the verdicts.")] = 30.0,
+    token_env: Annotated[str, typer.Option(
+        "--token-env", metavar="<variable>",
+        help="Environment variable holding the bearer token, if auth is on.")] = "AGENTEVAL_TOKEN",
+    ca_file: Annotated[Path | None, typer.Option(
+        "--ca-file", metavar="<file>", help="CA bundle (PEM): connect with TLS.")] = None,
 ) -> None:
     """Run real MAF workflows (scripted chat client, no network) against a running collector and show
     the verdicts it reached, read back over its gRPC API whatever store it uses.
@@ -441,7 +493,8 @@ def demo_command(
     except ImportError as exc:
         if (exc.name or "").startswith("opentelemetry.instrumentation"):
             raise _Fatal(f"agenteval demo needs the MAF fidelity instrumentation ({exc}): pip install "
-                         "./instrumentation/opentelemetry-instrumentation-maf-fidelity (in the agenteval source tree)") from None
+                         "./instrumentation/opentelemetry-instrumentation-maf-fidelity (in the agenteval source "
+                         "tree)") from None
         raise _Fatal(f"agenteval demo needs the [maf] extra ({exc}): pip install 'agenteval-collector[maf]'") from None
     if protocol not in ("grpc", "http/protobuf"):
         raise _Fatal(f"--protocol: expected grpc or http/protobuf, got {protocol!r}")
@@ -483,15 +536,25 @@ def demo_command(
 
 @app.command("watch")
 def watch_command(
-    endpoint: Annotated[str, typer.Option("--endpoint", metavar="<host:port>", help="The collector's gRPC port.")] = "127.0.0.1:4317",
-    subject: Annotated[str | None, typer.Option("--subject", metavar="<name>", help="Only runs of this subject.")] = None,
-    status: Annotated[list[str] | None, typer.Option("--status", metavar="<PASS|WARN|FAIL|PENDING>", help="Only this status (repeatable).")] = None,
+    endpoint: Annotated[str, typer.Option(
+        "--endpoint", metavar="<host:port>", help="The collector's gRPC port.")] = "127.0.0.1:4317",
+    subject: Annotated[str | None, typer.Option(
+        "--subject", metavar="<name>", help="Only runs of this subject.")] = None,
+    status: Annotated[list[str] | None, typer.Option(
+        "--status", metavar="<PASS|WARN|FAIL|PENDING>", help="Only this status (repeatable).")] = None,
     rows: Annotated[int, typer.Option("--rows", min=1, metavar="<n>", help="Runs kept in the live table.")] = 20,
-    replay: Annotated[int | None, typer.Option("--replay", min=0, metavar="<n>", help="Recent stored runs shown on (re)connect (default: --rows).")] = None,
-    count: Annotated[int | None, typer.Option("--count", min=1, metavar="<n>", help="Exit 0 after this many new verdicts (runs replayed on connect are shown but not counted).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON Lines: one run per line (schema: collector/formats/schemas/run.schema.json).")] = False,
-    token_env: Annotated[str, typer.Option("--token-env", metavar="<variable>", help="Environment variable holding the bearer token, if auth is on.")] = "AGENTEVAL_TOKEN",
-    ca_file: Annotated[Path | None, typer.Option("--ca-file", metavar="<file>", help="CA bundle (PEM): connect with TLS.")] = None,
+    replay: Annotated[int | None, typer.Option(
+        "--replay", min=0, metavar="<n>", help="Recent stored runs shown on (re)connect (default: --rows).")] = None,
+    count: Annotated[int | None, typer.Option(
+        "--count", min=1, metavar="<n>",
+        help="Exit 0 after this many new verdicts (runs replayed on connect are shown but not counted).")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="JSON Lines: one run per line (schema: collector/formats/schemas/run.schema.json).")] = False,
+    token_env: Annotated[str, typer.Option(
+        "--token-env", metavar="<variable>",
+        help="Environment variable holding the bearer token, if auth is on.")] = "AGENTEVAL_TOKEN",
+    ca_file: Annotated[Path | None, typer.Option(
+        "--ca-file", metavar="<file>", help="CA bundle (PEM): connect with TLS.")] = None,
 ) -> None:
     """Follow run verdicts live as the collector stores them; reconnects if the collector restarts."""
     import os

@@ -127,7 +127,8 @@ def run_unreported(run: dict[str, Any]) -> str:
     spend = known_spend(run)
     if spend is None:
         return "-"
-    unknown = f" +{spend['units_unknown']} unknown" if spend["units_unknown"] and spend["unreported_usd"] is not None else ""
+    unknown = (f" +{spend['units_unknown']} unknown" if spend["units_unknown"] and spend["unreported_usd"] is not None
+               else "")
     return fmt_usd(spend["unreported_usd"]) + unknown
 
 
@@ -139,7 +140,8 @@ def spend_line(run: dict[str, Any]) -> str | None:
         return None
     tokens = "not compared" if spend["unreported_tokens"] is None else f"{spend['unreported_tokens']:,} tokens"
     if not spend["units_priced"]:
-        return f"spend  unknown: no unit's model could be priced ({spend['units_unknown']} unit(s); {tokens} unreported)"
+        return (f"spend  unknown: no unit's model could be priced ({spend['units_unknown']} unit(s); {tokens} "
+                "unreported)")
     line = (f"spend  framework {fmt_usd(spend['framework_usd'])}, truth {fmt_usd(spend['truth_usd'])}, "
             f"unreported spend {fmt_usd(spend['unreported_usd'])} ({tokens})")
     if spend["units_unknown"]:
@@ -275,7 +277,8 @@ def distinct_prefixes(run_ids: list[str], shortest: int = 16) -> dict[str, str]:
     for index, run_id in enumerate(ordered):
         length = shortest
         for other in ordered[max(index - 1, 0):index] + ordered[index + 1:index + 2]:  # the nearest in order
-            common = next((i for i, (a, b) in enumerate(zip(run_id, other, strict=False)) if a != b), min(len(run_id), len(other)))
+            common = next((i for i, (a, b) in enumerate(zip(run_id, other, strict=False)) if a != b),
+                          min(len(run_id), len(other)))
             length = max(length, common + 1)
         out[run_id] = run_id[:length]
     return out

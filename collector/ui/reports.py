@@ -45,7 +45,8 @@ def evidence_text(unit: dict[str, Any]) -> str:
              f"tokens: framework {ev['framework_tokens']} / truth {ev['truth_tokens']} (delta {ev['delta']})",
              f"finish: framework {finish_text(ev['framework_finish'], ev['truth_finish'])} / truth "
              f"{finish_text(ev['truth_finish'])}",
-             f"ledger: {ev['ledger_source']}, {ev['ledger_entries']} {'entry' if ev['ledger_entries'] == 1 else 'entries'}; "
+             f"ledger: {ev['ledger_source']}, {ev['ledger_entries']} "
+             f"{'entry' if ev['ledger_entries'] == 1 else 'entries'}; "
              f"chat calls: {ev['response_turns']} "
              f"answered, {ev.get('failed_turns') or 0} failed, {ev['request_turns']} without a response"]
     if ev.get("cost"):
@@ -134,7 +135,8 @@ def markdown_run(doc: dict[str, Any], trace_url: str | None = None) -> str:
     lines = [f"### {STATUS_MARK[status]} {status}: {_cell(doc.get('subject') or '(no subject)')}", ""]
     trace = doc.get("trace_id")
     if trace and trace_url:
-        trace_text = f", trace [{_code(trace)}]({trace_url.format(trace_id=trace, span_id=doc.get('root_span_id') or '')})"
+        trace_text = (f", trace [{_code(trace)}]"
+                      f"({trace_url.format(trace_id=trace, span_id=doc.get('root_span_id') or '')})")
     else:
         trace_text = f", trace {_code(trace)}" if trace else ""
     lines.append(f"Score **{fmt_score(doc['score'])}** over {doc['checked']} of {len(units)} agent unit(s), "
@@ -151,7 +153,8 @@ def markdown_run(doc: dict[str, Any], trace_url: str | None = None) -> str:
             delta = "-" if ev["delta"] is None else f"{ev['delta']:+,} {ev['direction']}"
             reason = f" `{u['no_truth_reason']}`" if u["no_truth_reason"] else ""
             lines.append(f"| {_code(u['executor_id'])} | {u['verdict']}{reason} | {fmt_score(u['score'])} | "
-                         f"{'-' if ev['ledger_missing'] else _num(ev['framework_tokens'])} | {_num(ev['truth_tokens'])} "
+                         f"{'-' if ev['ledger_missing'] else _num(ev['framework_tokens'])} | "
+                         f"{_num(ev['truth_tokens'])} "
                          f"| {delta} | {_cell(finish_text(ev['framework_finish'], ev['truth_finish']))} / "
                          f"{_cell(finish_text(ev['truth_finish']))} | "
                          f"{unit_unreported(ev.get('cost'))} |")

@@ -163,7 +163,8 @@ class GrpcTraceService:
             await lease.reserve(self.read_hold, "the request message", self.read_timeout)
         return await _message(requests, self.read_timeout)
 
-    async def export(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> ExportTraceServiceResponse:
+    async def export(self, requests: AsyncIterator[bytes],
+                     context: grpc.aio.ServicerContext) -> ExportTraceServiceResponse:
         await self.authenticate(context)
         lease = self.budget.lease()
         try:

@@ -206,7 +206,8 @@ def status(release: str | None, missing: list[str]) -> str:
     if missing:
         return f"inactive: {MAF_DISTRIBUTION} {release} lacks {', '.join(missing)}"
     if not _release(TESTED_OLDEST) <= _release(release) <= _release(TESTED_NEWEST):
-        return f"active, untested: {MAF_DISTRIBUTION} {release} is outside the tested {TESTED_OLDEST} to {TESTED_NEWEST}"
+        return (f"active, untested: {MAF_DISTRIBUTION} {release} is outside the tested {TESTED_OLDEST} to "
+                f"{TESTED_NEWEST}")
     return "active"
 
 

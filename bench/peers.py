@@ -90,7 +90,8 @@ def measure(peer: str, streams: int, bodies: list[bytes], traces: int, spans: in
             unpriced: bool = False) -> dict:
     """One run against a fresh server (ours: the collector of source tree ``code``, None: the installed
     one; ``unpriced``: with pricing off)."""
-    with Collector(code=code, pricing={"enabled": False} if unpriced else None) if peer == "ours" else Rotel() as server:
+    with (Collector(code=code, pricing={"enabled": False} if unpriced else None) if peer == "ours"
+          else Rotel()) as server:
         pid = server.proc.pid
         idle = rss_kib(pid)[0]
         cpu0 = cpu_seconds(pid)
@@ -102,7 +103,8 @@ def measure(peer: str, streams: int, bodies: list[bytes], traces: int, spans: in
         cpu = cpu_seconds(pid) - cpu0
         peak = rss_kib(pid)[1]
     name = peer if peer == "rotel" or code is None else f"ours {code}"
-    return {"peer": f"{name} (pricing off)" if unpriced else name, "streams": streams, "accepted": spans / sent.seconds, "e2e": e2e,
+    return {"peer": f"{name} (pricing off)" if unpriced else name, "streams": streams,
+            "accepted": spans / sent.seconds, "e2e": e2e,
             "cpu_per_100k": cpu / spans * 1e5, "sender_cpu_per_100k": sent.cpu / spans * 1e5,
             "idle_mib": idle / 1024, "steady_mib": sampler.steady_kib / 1024, "peak_mib": peak / 1024,
             "refused": sent.refused}
@@ -173,7 +175,8 @@ def main() -> None:
             accepted = statistics.median(o["accepted"] / r["accepted"] for o, r in pairs)
             e2e = statistics.median(o["e2e"] / r["accepted"] for o, r in pairs)
             print(f"{streams} stream{'s' * (streams > 1)}: {name}/rotel CPU per span {cpu:.2f}x; "
-                  f"throughput {name}/rotel accepted {accepted:.3f}, end-to-end {e2e:.3f} (medians of {len(pairs)} pairs)")
+                  f"throughput {name}/rotel accepted {accepted:.3f}, end-to-end {e2e:.3f} "
+                  f"(medians of {len(pairs)} pairs)")
         for name, base in comparisons(ours, args.unpriced):
             pairs = list(zip(results[(name, streams)], results[(base, streams)], strict=True))
             cpu = statistics.median(o["cpu_per_100k"] / b["cpu_per_100k"] for o, b in pairs)

@@ -5,8 +5,8 @@ over a private hosts file, tests/scale_events.py) to agenteval replicas sharing 
 and the event in the middle of the load; plus a control round without one. Per round: of the traces
 in flight at the event, how many were stored exactly (one run, the truth), merged exactly (the
 same, with parts handed over between replicas), flagged (split or incomplete: honest, not exact),
-wrong (a clean-looking run better than the truth), missing (no better, but a unit missing unflagged) or lost; and published
-verdicts the store no longer holds. Needs root (unshare -m) and `make otelcol`.
+wrong (a clean-looking run better than the truth), missing (no better, but a unit missing unflagged) or
+lost; and published verdicts the store no longer holds. Needs root (unshare -m) and `make otelcol`.
 
     .venv/bin/python bench/scale_events.py [--traces 300] [--rounds 1] [--spread 40]
     .venv/bin/python bench/scale_events.py --code /tmp/base   # the replicas of a worktree of another commit

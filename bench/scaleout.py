@@ -40,7 +40,8 @@ CONFIG = ROOT / "config/otelcol.yaml"
 NO_JAEGER = ["yaml:exporters::nop: {}", "yaml:service::pipelines::traces/jaeger::exporters: [nop]"]
 #: The peer: the collector's own per-trace grouping, then nothing.
 PEER = {
-    "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "${env:OTELCOL_GRPC_ENDPOINT}", "max_recv_msg_size_mib": 64},
+    "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "${env:OTELCOL_GRPC_ENDPOINT}",
+                                                  "max_recv_msg_size_mib": 64},
                                          "http": {"endpoint": "${env:OTELCOL_HTTP_ENDPOINT}"}}}},
     "processors": {"groupbytrace": {"wait_duration": "200ms", "num_workers": 2}},
     "exporters": {"nop": {}},

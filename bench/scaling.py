@@ -113,7 +113,8 @@ def main() -> None:
         print()
     if "live" in args.parts:
         print(f"The collector process, over gRPC ({args.streams} stream{'s' * (args.streams > 1)}):\n")
-        print("| trace size (spans) | traces | spans | collector CPU s /100K spans | end-to-end spans/s | vs smallest |")
+        print("| trace size (spans) | traces | spans | collector CPU s /100K spans | end-to-end spans/s "
+              "| vs smallest |")
         print("|---|---|---|---|---|---|")
         costs = []
         for size in SHAPES:

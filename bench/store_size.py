@@ -115,7 +115,8 @@ def throughput(code: str, bodies: list[bytes], runs: int, spans: int, store: dic
             time.sleep(0.02)
         finished = time.monotonic()
         deleted = scrape(collector.prometheus, "agenteval_store_runs_deleted_total") if store else 0.0
-        swept = [json.loads(line) for line in (collector.dir / "log").read_text().splitlines() if '"store_swept"' in line]
+        swept = [json.loads(line) for line in (collector.dir / "log").read_text().splitlines()
+                 if '"store_swept"' in line]
     finally:
         collector.stop()
     return {"code": code, "cap": (store or {}).get("retention", {}).get("max_size"),
@@ -137,7 +138,8 @@ def delete_cost(backend: str, rows: int, body: bytes, pg=None) -> dict:
         open_store(url).close()
         con = sqlite3.connect(url)
         with con:
-            con.executemany(insert + "VALUES (?, ?, 'bench', 'PASS', 1.0, 'standard', 'live', 1, 0, 6, 0, ?, ?, ?, 'b', NULL)",
+            con.executemany(insert + "VALUES (?, ?, 'bench', 'PASS', 1.0, 'standard', 'live', 1, 0, 6, 0, ?, ?, ?, "
+                                     "'b', NULL)",
                             ((f"r{i:09d}", f"{i:032x}", now - rows + i, now - rows + i, body) for i in range(rows)))
         con.close()
     else:
@@ -146,8 +148,9 @@ def delete_cost(backend: str, rows: int, body: bytes, pg=None) -> dict:
         url = pg.database()
         open_store(url).close()
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(insert + "SELECT 'r' || lpad(g::text, 9, '0'), md5(g::text), 'bench', 'PASS', 1.0, 'standard', "
-                         "'live', 1, 0, 6, 0, %(now)s - %(rows)s + g, %(now)s - %(rows)s + g, %(body)s, 'b', NULL "
+            conn.execute(insert + "SELECT 'r' || lpad(g::text, 9, '0'), md5(g::text), 'bench', 'PASS', 1.0, "
+                         "'standard', 'live', 1, 0, 6, 0, %(now)s - %(rows)s + g, %(now)s - %(rows)s + g, %(body)s, "
+                         "'b', NULL "
                          "FROM generate_series(0, %(rows)s - 1) AS g", {"now": now, "rows": rows, "body": body})
             conn.execute("VACUUM ANALYZE runs")
     store = open_store(url)

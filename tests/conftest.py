@@ -240,7 +240,8 @@ class CollectorProcess:
                 doc.pop("created_at"), doc.pop("updated_at")
                 return doc
             time.sleep(0.05)
-        raise AssertionError(f"no stored run for {trace_id} revision {revision}; log:\n{self.stderr_path.read_text()[-3000:]}")
+        raise AssertionError(f"no stored run for {trace_id} revision {revision}; log:\n"
+                             f"{self.stderr_path.read_text()[-3000:]}")
 
     def store(self) -> RunStore:
         """The collector's run store, opened the way `agenteval runs` opens it."""

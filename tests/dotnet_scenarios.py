@@ -77,7 +77,8 @@ class Capture:
             if forward is None:
                 return b""  # an empty ExportTraceServiceResponse: everything accepted
             if transport == "grpc":
-                return channel.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)(body, timeout=30)
+                return channel.unary_unary(EXPORT, request_serializer=None,
+                                           response_deserializer=None)(body, timeout=30)
             request = urllib.request.Request(f"{forward.http}/v1/traces", data=body, method="POST",
                                              headers={"Content-Type": "application/x-protobuf"})
             with urllib.request.urlopen(request, timeout=30) as answer:
@@ -139,7 +140,8 @@ def run_scenario(program: Path, name: str, endpoint: str, transport: str, model_
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def capture(program: Path, name: str, transport: str, receiver: Capture, model_server: LLMServer) -> tuple[dict, list[bytes]]:
+def capture(program: Path, name: str, transport: str, receiver: Capture,
+            model_server: LLMServer) -> tuple[dict, list[bytes]]:
     said = run_scenario(program, name, receiver.endpoint(transport), transport, model_server)
     return said, receiver.take()
 

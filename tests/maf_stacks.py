@@ -236,8 +236,9 @@ def scenarios(kind: str) -> list[Scenario]:
         Scenario("honest", {"researcher": ("Agree", RESEARCHER_TOKENS, RESEARCHER_TOKENS, "stop", "stop"),
                             "writer": ("Agree", WRITER_TOKENS, WRITER_TOKENS, "stop", "stop")}, "PASS"),
         # the researcher's middleware halves its reported usage; the writer's response loses its finish
-        Scenario("injected", {"researcher": ("TokenMismatch", RESEARCHER_TOKENS // 2, RESEARCHER_TOKENS, "stop", "stop"),
-                              "writer": ("FinishMismatch", WRITER_TOKENS, WRITER_TOKENS, None, dropped)}, "FAIL"),
+        Scenario("injected", {
+            "researcher": ("TokenMismatch", RESEARCHER_TOKENS // 2, RESEARCHER_TOKENS, "stop", "stop"),
+            "writer": ("FinishMismatch", WRITER_TOKENS, WRITER_TOKENS, None, dropped)}, "FAIL"),
         Scenario("direct", {"assistant": ("Agree", RESEARCHER_TOKENS, RESEARCHER_TOKENS, "stop", "stop")}, "PASS"),
     ]
 

@@ -92,7 +92,8 @@ def emit(tracer: trace.Tracer, sc: Scenario) -> str:
                     attributes={"executor.id": executor_id, "executor.type": "AgentExecutor"},
                 ):
                     reported = inv.reported or inv.honest()
-                    agent_name = f"invoke_agent {executor_id}({executor_id}-id)" if sc.dotnet else f"invoke_agent {executor_id}"
+                    agent_name = (f"invoke_agent {executor_id}({executor_id}-id)" if sc.dotnet
+                                  else f"invoke_agent {executor_id}")
                     agent_attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": executor_id,
                                    "gen_ai.agent.id": f"{executor_id}-id"}
                     # .NET: the AgentResponse's own usage; Python: re-summed from the chat spans.
@@ -107,9 +108,11 @@ def emit(tracer: trace.Tracer, sc: Scenario) -> str:
                                 if call.error:
                                     attrs["error.type"] = call.error
                                 if sc.sensitive:
-                                    attrs["gen_ai.input.messages"] = json.dumps([{"role": "user", "parts": [{"content": "SECRET-PROMPT"}]}])
+                                    attrs["gen_ai.input.messages"] = json.dumps(
+                                        [{"role": "user", "parts": [{"content": "SECRET-PROMPT"}]}])
                                     if call.input is not None:
-                                        attrs["gen_ai.output.messages"] = json.dumps([{"role": "assistant", "parts": [{"content": "SECRET-ANSWER"}]}])
+                                        attrs["gen_ai.output.messages"] = json.dumps(
+                                            [{"role": "assistant", "parts": [{"content": "SECRET-ANSWER"}]}])
                                 with tracer.start_as_current_span("chat fake-model", attributes=attrs) as chat:
                                     if call.error:
                                         chat.set_status(StatusCode.ERROR, "429 Too Many Requests")

@@ -349,7 +349,8 @@ class Round:
     refused: int
 
     def table(self) -> dict[str, Counter]:
-        rows = {event: Counter(self.outcome[t].split(":")[0] for t in traces) for event, traces in self.in_flight.items()}
+        rows = {event: Counter(self.outcome[t].split(":")[0] for t in traces)
+                for event, traces in self.in_flight.items()}
         rows["all traces"] = Counter(v.split(":")[0] for v in self.outcome.values())
         return rows
 

@@ -130,8 +130,8 @@ def trace_of(*agents: Agent, functions: dict[str, list[Span]] | None = None,
                             **usage(*agent.reported)}):
                         pass
         for executor, calls in (functions or {}).items():
-            with tracer.start_as_current_span(f"executor.process {executor}",
-                                              attributes={"executor.id": executor, "executor.type": "FunctionExecutor"}):
+            with tracer.start_as_current_span(f"executor.process {executor}", attributes={
+                    "executor.id": executor, "executor.type": "FunctionExecutor"}):
                 for call in calls:
                     emit(call)
     provider.shutdown()
@@ -304,7 +304,8 @@ def test_a_provider_only_stack_of_two_records_side_by_side_counts_each_call_once
 def test_same_named_calls_side_by_side_stay_two_calls():
     """A client's concurrent calls each get their own span of the same name: never merged (that
     would under-count the truth and could hide an under-report)."""
-    writer = Agent("writer", [side_by_side(openai_v2(i=100, o=10, finish="stop"), openai_v2(i=100, o=10, finish="stop"))],
+    writer = Agent("writer",
+                   [side_by_side(openai_v2(i=100, o=10, finish="stop"), openai_v2(i=100, o=10, finish="stop"))],
                    (100, 10, "stop"))
     run = the_run(trace_of(writer)[0])
     assert verdicts(run) == {"writer": "TokenMismatch"}

@@ -149,14 +149,16 @@ def test_a_unit_without_a_ledger_shows_no_framework_tokens_not_zero(tmp_path):
     writer = next(line for line in proc.stdout.splitlines() if "writer" in line)
     cells = [cell.strip() for cell in writer.split("│")[1:-1]]
     assert cells[1:5] == ["NoTruth", "-", "-", "600"], cells
-    assert cells[6] == "- / stop", cells  # no framework finish either: "none (suppressed)" blamed a ledger that is not there
+    # no framework finish either: "none (suppressed)" blamed a ledger that is not there
+    assert cells[6] == "- / stop", cells
 
 
 def test_units_with_the_same_reason_are_explained_once(tmp_path):
     """Three agents without the instrumentation: one explanation and one fix naming the three, as
     the run page's card does, not the same two lines three times."""
     agents = ("researcher", "writer", "editor")
-    spans, _ = record([Scenario({a: [Invocation([ok(420, 180)])] for a in agents}, name="derived", ledger="invoke_agent")])
+    spans, _ = record([Scenario({a: [Invocation([ok(420, 180)])] for a in agents}, name="derived",
+                                ledger="invoke_agent")])
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps(to_otlp_json(export_request(spans))))
     out = bench(trace, tmp_path / "runs.db").stdout
@@ -213,7 +215,8 @@ INVALID = {
     "schema_violation": (json.dumps({"schema": "workflow-trace/v1", "steps": [{"executor_id": "a", "input_tokens": -3}],
                                      "executor_traces": {}}), "$.steps[0].input_tokens", "minimum"),
     "unknown_schema": (json.dumps({"schema": "workflow-trace/v9", "steps": []}), "unknown schema", "workflow-trace/v9"),
-    "not_a_trace": (json.dumps({"hello": 1}), "not a trace this command reads (top-level keys: hello)", "resourceSpans"),
+    "not_a_trace": (json.dumps({"hello": 1}), "not a trace this command reads (top-level keys: hello)",
+                    "resourceSpans"),
     "non_hex_trace_id": (json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
         {"traceId": "not-hex-at-all-0123456789abcdef", "spanId": "0011223344556677", "name": "x"}]}]}]}),
         "$.resourceSpans[0].scopeSpans[0].spans[0].traceId", "not hex"),

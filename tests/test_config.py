@@ -54,7 +54,8 @@ def test_bad_config_names_the_key(tmp_path, text, named):
 
 def test_profiles_are_data_a_user_can_extend(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("profiles:\n  custom:\n    executor_span_prefixes: [step.run]\n    chat_span_prefixes: ['llm.call']\n")
+    path.write_text("profiles:\n  custom:\n    executor_span_prefixes: [step.run]\n"
+                    "    chat_span_prefixes: ['llm.call']\n")
     matcher = load_config(path).matcher()
     assert matcher.kind("step.run planner") == EXECUTOR and matcher.is_chat("llm.call", {})
     assert matcher.kind("executor.process x") != EXECUTOR

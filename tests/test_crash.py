@@ -58,7 +58,8 @@ def make_traces(rng: random.Random, n: int) -> list[Trace]:
     for tid, name in zip(ids, names, strict=True):
         ss = by_trace[tid]
         cuts = sorted(rng.sample(range(1, len(ss)), rng.choice([1, 2])))
-        chunks = [export_request(ss[a:b]).SerializeToString() for a, b in zip([0, *cuts], [*cuts, len(ss)], strict=True)]
+        chunks = [export_request(ss[a:b]).SerializeToString()
+                  for a, b in zip([0, *cuts], [*cuts, len(ss)], strict=True)]
         traces.append(Trace(tid, name, chunks, [None] * len(chunks), sent_times(ss, tid)))
     return traces
 

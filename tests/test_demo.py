@@ -169,7 +169,8 @@ def test_demo_help_names_the_maf_extra():
     proc = demo("--help", timeout=60)
     assert proc.returncode == 0
     text = " ".join(proc.stdout.split())
-    assert "[maf] extra" in text and "pip install '.[maf]' \\ ./instrumentation/opentelemetry-instrumentation-maf-fidelity" in text
+    assert "[maf] extra" in text
+    assert "pip install '.[maf]' \\ ./instrumentation/opentelemetry-instrumentation-maf-fidelity" in text
     assert "--store" not in proc.stdout and "--api" in proc.stdout
 
 

@@ -179,7 +179,8 @@ def test_the_kafka_profile_replicas_consume_the_topic_its_load_balancer_writes(r
     assert exporter["partition_traces_by_id"] and exporter["traces"]["encoding"] == "otlp_proto"
     assert exporter["traces"]["topic"] == kafka.topic
     assert [_host_port(b) for b in kafka.brokers] == [_host_port(b) for b in exporter["brokers"]]
-    assert {_host_port(b)[0] for b in kafka.brokers} <= {n for n, s in SERVICES.items() if "kafka" in s.get("profiles", [])}
+    assert {_host_port(b)[0] for b in kafka.brokers} <= {n for n, s in SERVICES.items()
+                                                          if "kafka" in s.get("profiles", [])}
     assert _mounted_config("otelcol-kafka", SERVICES["otelcol-kafka"]["command"][0].split("=", 1)[1]) == \
         ROOT / "config/otelcol-kafka.yaml"
     assert len({SERVICES[r]["hostname"] for r in KAFKA_REPLICAS}) == len(KAFKA_REPLICAS) >= 2
@@ -216,10 +217,12 @@ def test_prometheus_and_grafana_configs_point_at_real_services_and_files():
         assert _mounted_config("prometheus", rule_file).exists()
     prom_config = SERVICES["prometheus"]["command"][0].split("=", 1)[1]
     assert _mounted_config("prometheus", prom_config) == ROOT / "config/prometheus.yml"
-    source = yaml.safe_load(_mounted_config("grafana", "/etc/grafana/provisioning/datasources/prometheus.yaml").read_text())
+    source = yaml.safe_load(
+        _mounted_config("grafana", "/etc/grafana/provisioning/datasources/prometheus.yaml").read_text())
     (datasource,) = source["datasources"]
     assert re.fullmatch(r"http://prometheus:9090", datasource["url"])
-    provider = yaml.safe_load(_mounted_config("grafana", "/etc/grafana/provisioning/dashboards/agenteval.yaml").read_text())
+    provider = yaml.safe_load(
+        _mounted_config("grafana", "/etc/grafana/provisioning/dashboards/agenteval.yaml").read_text())
     dashboards_dir = _mounted_config("grafana", provider["providers"][0]["options"]["path"])
     assert (dashboards_dir / "fidelity.json").exists()
     for panel in DASHBOARD["panels"]:
@@ -229,7 +232,8 @@ def test_prometheus_and_grafana_configs_point_at_real_services_and_files():
 def test_alert_rules_cover_fail_pending_and_refused_spans():
     rules = [r for group in ALERTS["groups"] for r in group["rules"]]
     names = {r["alert"] for r in rules}
-    assert {"FidelityFailRateHigh", "FidelityWorkflowFailing", "FidelityPendingRateHigh", "CollectorRefusingSpans"} <= names
+    assert {"FidelityFailRateHigh", "FidelityWorkflowFailing", "FidelityPendingRateHigh",
+            "CollectorRefusingSpans"} <= names
     for rule in rules:
         assert rule["for"] and rule["labels"]["severity"] and rule["annotations"]["summary"]
 
@@ -331,7 +335,8 @@ def test_a_fresh_collector_says_what_runs_and_how_the_process_does(fresh):
     assert info.value == 1 and info.labels["decoder"] in ("native", "python") and info.labels["version"]
     for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"):
         assert fresh[name][0].value > 0, name
-    assert {s.labels["reason"] for s in fresh["agenteval_spans_refused_total"]} == {"capacity", "journal", "store_backlog"}
+    assert {s.labels["reason"] for s in fresh["agenteval_spans_refused_total"]} == {"capacity", "journal",
+                                                                                    "store_backlog"}
     assert all(s.value == 0 for s in fresh["agenteval_spans_refused_total"])
 
 
@@ -392,7 +397,8 @@ def test_the_image_runs_as_its_non_root_user_with_everything_it_writes_on_its_vo
 
 def test_the_dockerfiles_pass_hadolint():
     result = subprocess.run([str(Path(sys.executable).parent / "hadolint"), "--failure-threshold", "info",
-                             "--no-color", "Dockerfile", "otelcol/Dockerfile"], cwd=ROOT, capture_output=True, text=True)
+                             "--no-color", "Dockerfile", "otelcol/Dockerfile"], cwd=ROOT, capture_output=True,
+                            text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -517,7 +523,8 @@ def test_the_image_layout_starts_as_its_user_with_the_compiled_decoder_and_store
         # the image's HEALTHCHECK, run as docker runs it (exec form), on the port chosen here
         check = json.loads(_instruction("HEALTHCHECK").split("CMD", 1)[1])
         port = listening["http"].rsplit(":", 1)[1]
-        healthy = subprocess.run([str(image.venv / "bin" / check[0]), *[a.replace(":4318/", f":{port}/") for a in check[1:]]],
+        healthy = subprocess.run([str(image.venv / "bin" / check[0]),
+                                  *[a.replace(":4318/", f":{port}/") for a in check[1:]]],
                                  capture_output=True, text=True, timeout=30, env=env)
         assert healthy.returncode == 0, healthy.stderr
     finally:
@@ -558,7 +565,8 @@ KUBERNETES = kubernetes_validate.latest_version()
 PG_URL = "postgresql://agenteval@db.example.internal:5432/agenteval"
 VARIANTS = {
     "one replica, SQLite on its volume": {},
-    "three replicas, PostgreSQL by URL, the chart's Secret": {"replicas": 3, "store": {"url": PG_URL, "password": "pw"}},
+    "three replicas, PostgreSQL by URL, the chart's Secret": {
+        "replicas": 3, "store": {"url": PG_URL, "password": "pw"}},
     "three replicas, PostgreSQL by URL, an existing Secret, ServiceMonitor, traces backend": {
         "replicas": 3, "store": {"url": PG_URL, "existingSecret": "agenteval-db", "existingSecretKey": "pg"},
         "serviceMonitor": {"enabled": True}, "otelcol": {"tracesEndpoint": "tempo.tracing:4317"},
@@ -649,7 +657,8 @@ def test_the_replicas_run_the_image_with_their_journal_on_their_own_volume(helm,
             split_endpoint(cfg.exporters.prometheus.endpoint)[1]} == set(ports.values())
     assert {p["name"]: p["port"] for p in headless["spec"]["ports"]} == ports
     assert container["livenessProbe"]["httpGet"] == CHART_VALUES["livenessProbe"]["httpGet"]
-    assert container["livenessProbe"]["httpGet"]["port"] in ports and container["readinessProbe"]["httpGet"]["port"] in ports
+    assert container["livenessProbe"]["httpGet"]["port"] in ports
+    assert container["readinessProbe"]["httpGet"]["port"] in ports
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     env = {e["name"]: e for e in container["env"]}
     assert env["AGENTEVAL_INSTANCE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
@@ -664,7 +673,8 @@ def test_the_replicas_run_the_image_with_their_journal_on_their_own_volume(helm,
     else:
         secret = _one(objects, "Secret", secret_ref["name"])
         assert secret["data"][secret_ref["key"]] == "cHc="  # base64 "pw"
-    assert cfg.exporters.metric_subjects == values.get("collectorConfig", {}).get("exporters", {}).get("metric_subjects", 100)
+    assert cfg.exporters.metric_subjects == \
+        values.get("collectorConfig", {}).get("exporters", {}).get("metric_subjects", 100)
 
 
 def _otelcol_config(objects: dict[tuple[str, str], dict]) -> tuple[dict, dict]:

@@ -73,7 +73,8 @@ def test_every_docs_page_is_listed_on_the_index():
 def _anchors(path: Path) -> set[str]:
     """GitHub's anchors for a Markdown file's headings."""
     out = set()
-    for heading in re.findall(r"^#+ (.*)$", re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S), flags=re.M):
+    for heading in re.findall(r"^#+ (.*)$", re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S),
+                              flags=re.M):
         slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
         out.add(slug)
     return out
@@ -167,7 +168,8 @@ def _agenteval_lines() -> Iterator[tuple[str, list[str]]]:
                 yield _name(path), words[1:]
 
 
-@pytest.mark.parametrize(("where", "args"), list(_agenteval_lines()), ids=lambda v: v if isinstance(v, str) else " ".join(v)[:60])
+@pytest.mark.parametrize(("where", "args"), list(_agenteval_lines()),
+                         ids=lambda v: v if isinstance(v, str) else " ".join(v)[:60])
 def test_every_agenteval_command_shown_parses(where, args):
     # a usage synopsis (`[--preset smoke|standard|audit-grade]`) is read as one of the lines it allows:
     # optional parts included, each choice's first alternative; placeholders (FILE, RUN_ID) are values
@@ -246,7 +248,8 @@ def test_every_doc_page_the_repository_cites_exists():
     missing = set()
     for name in files:
         path = ROOT / name
-        if name.startswith("docs/") or name == "tests/test_docs.py" or not path.is_file() or path.suffix in (".png", ".pb", ".db", ".gz", ".nupkg"):
+        if (name.startswith("docs/") or name == "tests/test_docs.py" or not path.is_file()
+                or path.suffix in (".png", ".pb", ".db", ".gz", ".nupkg")):
             continue
         try:
             text = path.read_text()

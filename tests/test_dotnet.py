@@ -1,6 +1,7 @@
 """MAF .NET 1.17 traces hand-built from the .NET source (tests/fixtures/dotnet/source-1.17/README.md),
-kept for what the real captured traces (tests/test_dotnet_replay.py) do not send, offline and live: `workflow.session` > `workflow_invoke` > `executor.process` > `invoke_agent Name(Id)` (an
-independent ledger) > `chat`; sessions never exported; orchestration builders without workflow spans."""
+kept for what the real captured traces (tests/test_dotnet_replay.py) do not send, offline and live:
+`workflow.session` > `workflow_invoke` > `executor.process` > `invoke_agent Name(Id)` (an independent
+ledger) > `chat`; sessions never exported; orchestration builders without workflow spans."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def units(run: dict) -> dict[str, dict]:
 
 
 def expected_units(run: dict) -> dict[str, dict]:
-    return {name: {k: u[k] for k in ("verdict", "framework_tokens", "truth_tokens")} for name, u in run["units"].items()}
+    return {name: {k: u[k] for k in ("verdict", "framework_tokens", "truth_tokens")}
+            for name, u in run["units"].items()}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -40,7 +42,8 @@ def test_offline_bench_gives_the_verdicts_and_exit_code_of_each_dotnet_trace(nam
     got = sorted(((r["trace_id"], r["root_span_id"]), r) for r in out["runs"])
     assert len(got) == len(want)
     for (_, run), w in zip(got, sorted(want, key=lambda r: (r["trace_id"], r["root_span_id"])), strict=True):
-        assert (run["status"], run["score"]) == (w["status"], pytest.approx(w["score"], abs=1e-4) if w["score"] is not None else None)
+        assert (run["status"], run["score"]) == (
+            w["status"], pytest.approx(w["score"], abs=1e-4) if w["score"] is not None else None)
         assert units(run) == expected_units(w)
         assert run["non_agent_executors"] == w.get("non_agent_executors", [])
 

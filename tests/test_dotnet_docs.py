@@ -128,7 +128,8 @@ def test_a_new_console_app_that_follows_the_page_gets_its_verdicts(release, fram
                                 flags=re.MULTILINE)
         _sh(pinned, app)
         # The nuget.config lasts: a second restore on an empty package cache still finds our package.
-        sources = subprocess.run([dotnet, "nuget", "list", "source"], cwd=app, capture_output=True, text=True, timeout=120)
+        sources = subprocess.run([dotnet, "nuget", "list", "source"], cwd=app, capture_output=True, text=True,
+                                 timeout=120)
         assert "agenteval [Enabled]" in sources.stdout and str(ROOT / "dist") in sources.stdout, sources.stdout
         assert "nuget.org" in sources.stdout or "api.nuget.org" in sources.stdout, sources.stdout
         _sh(f"{dotnet} restore --force", app, env={"NUGET_PACKAGES": str(tmp_path / "fresh-cache")})
@@ -168,7 +169,8 @@ def test_a_new_console_app_that_follows_the_page_gets_its_verdicts(release, fram
             ("tides-app", "PASS", f"dotnet-{release}", "dotnet")}
         shown = subprocess.run([AGENTEVAL, "runs", "show", stored[0]["run_id"], "--store", str(collector.store_path)],
                                capture_output=True, text=True, timeout=60).stdout
-        assert f"Microsoft.Agents.AI.Workflows {release} (.NET), AgentEval.Instrumentation.MafFidelity 0.1.0 (active)" in shown
+        assert (f"Microsoft.Agents.AI.Workflows {release} (.NET), AgentEval.Instrumentation.MafFidelity 0.1.0 "
+                "(active)") in shown
         scrape = urllib.request.urlopen(collector.prometheus, timeout=10).read().decode()
         assert f'maf_release="dotnet-{release}"' in scrape
     finally:

@@ -23,7 +23,8 @@ from conftest import AGENTEVAL, PROTOBUF, CollectorProcess, post, runs_of
 from dotnet_scenarios import FIXTURES, RELEASES, assert_runs, requests_in
 from mafshape import to_otlp_json
 
-CAPTURED = sorted((release, path.name) for release in RELEASES for path in (FIXTURES / release).iterdir() if path.is_dir())
+CAPTURED = sorted((release, path.name)
+                  for release in RELEASES for path in (FIXTURES / release).iterdir() if path.is_dir())
 SEVERITY = ("FAIL", "PENDING", "WARN", "PASS")
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -107,8 +108,8 @@ def test_every_captured_dotnet_trace_gives_its_verdicts_live(release, replay):
     wrong = []
     for name, trace_ids in sent.items():
         try:
-            assert_runs([r for r in stored if r["trace_id"] in trace_ids], trace_ids, fixture(release, name)[1]["expected"],
-                        release)
+            assert_runs([r for r in stored if r["trace_id"] in trace_ids], trace_ids,
+                        fixture(release, name)[1]["expected"], release)
         except AssertionError as exc:
             wrong.append(f"{name}: {exc}")
     assert not wrong, "\n".join(wrong)
@@ -147,7 +148,8 @@ def names_its_release(proc: CollectorProcess, run: dict) -> None:
                            capture_output=True, text=True, timeout=60).stdout
     assert "Microsoft.Agents.AI.Workflows 1.28.0 (.NET), AgentEval.Instrumentation.MafFidelity 0.1.0 (active)" in shown
     page = urllib.request.urlopen(f"{proc.http}/runs/{run['run_id']}", timeout=10).read().decode()
-    assert "Microsoft.Agents.AI.Workflows 1.28.0 (.NET)" in page and "AgentEval.Instrumentation.MafFidelity 0.1.0" in page
+    assert "Microsoft.Agents.AI.Workflows 1.28.0 (.NET)" in page
+    assert "AgentEval.Instrumentation.MafFidelity 0.1.0" in page
     assert json.loads(first_watched(proc, "--json"))["maf_release"] == "dotnet-1.28.0"
     assert "maf=dotnet-1.28.0" in first_watched(proc)
     scrape = urllib.request.urlopen(proc.prometheus, timeout=10).read().decode()
@@ -191,8 +193,9 @@ def test_a_response_recorded_twice_is_counted_once_and_a_ledger_without_its_run_
         folder, _ = fixture("1.28.0", name)
         trace = otlp_json_file(folder, tmp_path / f"{name}.jsonl")
         store = tmp_path / f"{name}.db"
-        proc = subprocess.run([AGENTEVAL, "bench", "workflow-trace-fidelity", "--workflow-trace", str(trace), "--subject",
-                               name, "--json", "--store", str(store)], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([AGENTEVAL, "bench", "workflow-trace-fidelity", "--workflow-trace", str(trace),
+                               "--subject", name, "--json", "--store", str(store)],
+                              capture_output=True, text=True, timeout=120)
         out = json.loads(proc.stdout)
         runs = sorted(out.get("runs", [out]), key=lambda r: r["started_at"])
         shown[name] = (runs, subprocess.run([AGENTEVAL, "runs", "show", runs[0]["run_id"], "--store", str(store)],

@@ -181,7 +181,8 @@ def test_a_split_inside_one_agent_is_reconciled_on_all_its_calls(url):
     reports only the last call) to the new one, where they alone would Agree."""
     spans, (trace,) = record([SCENARIOS["fail_under_report"][0]])
     first_call = min((s for s in spans if s.name == "chat fake-model"
-                      and any(p.name == "invoke_agent writer" and p.context.span_id == s.parent.span_id for p in spans)),
+                      and any(p.name == "invoke_agent writer" and p.context.span_id == s.parent.span_id
+                              for p in spans)),
                      key=lambda s: s.start_time)
     old, new = _split(spans, lambda s: s is first_call)
     a, b = Replica("a", url), Replica("b", url)

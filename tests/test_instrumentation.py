@@ -64,7 +64,8 @@ def test_layered_run_calls_record_once_per_invocation_plain_and_streamed(maf_spa
             pass
 
     spans = run(maf_spans, go())
-    recorded = [(s.attributes["fidelity.stream"], s.attributes["gen_ai.usage.input_tokens"]) for s in ledger_spans(spans)]
+    recorded = [(s.attributes["fidelity.stream"], s.attributes["gen_ai.usage.input_tokens"])
+                for s in ledger_spans(spans)]
     assert recorded == [(False, 50), (True, 60)]
     assert not any(s.attributes.get("fidelity.stream.closed_early") for s in ledger_spans(spans))
 
@@ -229,7 +230,8 @@ def test_the_installed_release_is_instrumented_announced_and_counted_by_release(
     assert (run_doc["maf_release"], run_doc["instrumentation_version"], run_doc["instrumentation_status"]) == (
         version("agent-framework-core"), __version__, "active")
     counted = {labels for (name, labels), _ in collector.metrics().items() if name == "agenteval_runs_total"}
-    assert (("maf_release", version("agent-framework-core")), ("status", "PASS"), ("subject", run_doc["subject"])) in counted
+    assert (("maf_release", version("agent-framework-core")), ("status", "PASS"),
+            ("subject", run_doc["subject"])) in counted
     for release in (version("agent-framework-core"), version("agent-framework-core").rpartition(".")[0]):  # 1.26 too
         assert collector.store().list_runs(maf_release=release)[0]["run_id"] == run_doc["run_id"]
     assert collector.store().list_runs(maf_release="1.2") == []  # dotted parts, not characters
@@ -284,7 +286,8 @@ def test_on_a_release_lacking_a_hook_it_records_nothing_says_which_and_the_fix_s
     assert proc.returncode == 0, proc.stderr
     assert "records nothing" in proc.stderr and "lacks AgentResponse.from_updates" in proc.stderr
     run_doc = collector.run(proc.stdout.split()[-1])
-    assert run_doc["subject"] == "inactive" and run_doc["status"] == "PENDING" and run_doc["instrumentation_status"].startswith("inactive: ")
+    assert run_doc["subject"] == "inactive" and run_doc["status"] == "PENDING"
+    assert run_doc["instrumentation_status"].startswith("inactive: ")
     (writer,) = run_doc["executors"]
     assert (writer["executor_id"], writer["no_truth_reason"]) == ("writer", "ledger_derived")
     assert "is installed" in writer["no_truth_fix"] and "records nothing" in writer["no_truth_fix"]

@@ -55,7 +55,8 @@ def server():
 # --- driving and reading back -------------------------------------------------------------------
 
 def drive(maf_spans, server: LLMServer, stack: ms.Stack, client: str,
-          scenarios: tuple[str, ...] = ("honest", "injected", "direct")) -> tuple[list[Any], dict[tuple[str, bool], str]]:
+          scenarios: tuple[str, ...] = ("honest", "injected", "direct"),
+          ) -> tuple[list[Any], dict[tuple[str, bool], str]]:
     """``scenarios``, plain and streamed, under ``stack``: the finished spans and each run's trace id."""
     spans: list[Any] = []
     traces: dict[tuple[str, bool], str] = {}

@@ -120,7 +120,8 @@ def test_one_journal_per_collector_and_it_can_be_turned_off(tmp_path):
     assert first.listening["journal"] == str(first.store_path.parent / "runs.db.journal")  # logged at start
     try:
         config = yaml.safe_load(first.config_path.read_text())
-        config.setdefault("exporters", {})["otlp"] = {"endpoint": f"http://127.0.0.1:{free_port()}", "protocol": "http/protobuf"}
+        config.setdefault("exporters", {})["otlp"] = {"endpoint": f"http://127.0.0.1:{free_port()}",
+                                                      "protocol": "http/protobuf"}
         second_config = tmp_path / "second.yaml"
         second_config.write_text(yaml.safe_dump(config))
         second = subprocess.run([AGENTEVAL, "collector", "serve", "--config", str(second_config)],

@@ -206,7 +206,8 @@ def test_an_agent_recorded_both_ways_is_counted_once_and_says_so():
     """The agent decorator (UseFidelityLedger) and the workflow's events record the same response: the
     unit counts it once, the workflow's event (what the executor got, outside every middleware), and
     says the other was a second record; an under-report is not hidden by the doubled ledger."""
-    for agents, want in (({"drafter": HONEST}, ("Agree", 500, 500)), ({"drafter": HALVED}, ("TokenMismatch", 275, 550))):
+    for agents, want in (({"drafter": HONEST}, ("Agree", 500, 500)),
+                         ({"drafter": HALVED}, ("TokenMismatch", 275, 550))):
         app = DotnetApp()
         with app.tracer.start_as_current_span("write a note"), app.session():
             run = app.turn(agents, decorator=True)
@@ -229,18 +230,21 @@ def test_a_workflow_run_as_an_agent_is_judged_by_its_inner_agents():
         tracer = app.tracer
         with tracer.start_as_current_span("write a note"):
             with app.session():
-                with tracer.start_as_current_span("invoke_workflow", attributes={"gen_ai.operation.name": "invoke_workflow"}):
+                with tracer.start_as_current_span("invoke_workflow", attributes={
+                        "gen_ai.operation.name": "invoke_workflow"}):
                     pipeline = executor_id("pipeline")
                     with tracer.start_as_current_span(f"executor.process {pipeline}", attributes={
                             "executor.id": pipeline, "executor.type": HOST}) as host:
                         with tracer.start_as_current_span("invoke_agent pipeline", attributes={
                                 "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "pipeline"}):
                             # the inner workflow, one run span a step as MAF's WorkflowAgent runs it
-                            for agent, (truth, reported) in (("researcher", ((120, 40), (120, 40))), ("writer", writer)):
+                            for agent, (truth, reported) in (("researcher", ((120, 40), (120, 40))),
+                                                             ("writer", writer)):
                                 with tracer.start_as_current_span("invoke_workflow", attributes={
                                         "gen_ai.operation.name": "invoke_workflow"}):
-                                    with tracer.start_as_current_span(f"executor.process {executor_id(agent)}", attributes={
-                                            "executor.id": executor_id(agent), "executor.type": HOST}):
+                                    with tracer.start_as_current_span(f"executor.process {executor_id(agent)}",
+                                                                      attributes={"executor.id": executor_id(agent),
+                                                                                  "executor.type": HOST}):
                                         with tracer.start_as_current_span(f"invoke_agent {agent}", attributes={
                                                 "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": agent}):
                                             with tracer.start_as_current_span("chat gpt-4o-mini", attributes={

@@ -50,7 +50,8 @@ def test_maf_python_shaped_workflow_gets_its_verdict_over_grpc(collector, captur
         evidence = next(e["evidence"] for e in run["executors"] if e["executor_id"] == eid)
         # linked to every executor span of the unit (a looped one: each pass), named by its run
         linked = {link.span_id for link in child.links}
-        assert linked and linked <= executor_span_ids and linked == {bytes.fromhex(s) for s in evidence["executor_span_ids"]}
+        assert linked and linked <= executor_span_ids
+        assert linked == {bytes.fromhex(s) for s in evidence["executor_span_ids"]}
         assert cattrs["fidelity.run_id"].string_value == run["run_id"]
         assert cattrs["fidelity.subject"].string_value == scenario.name
         for attr, key in (("fidelity.framework.tokens", "framework_tokens"), ("fidelity.truth.tokens", "truth_tokens"),
@@ -84,7 +85,8 @@ def test_a_run_says_when_it_started_and_how_long_it_took(collector):
 def test_a_unit_never_compared_has_no_difference_on_its_verdict_span(collector, capture):
     """MAF Python without the instrumentation: the unit's span said framework tokens 0 and delta -600
     "under", which a backend counting under-reports by direction counted."""
-    spans, (trace_id,) = record([Scenario({"writer": [Invocation([ok(420, 180)])]}, name="derived", ledger="invoke_agent")])
+    spans, (trace_id,) = record([Scenario({"writer": [Invocation([ok(420, 180)])]}, name="derived",
+                                          ledger="invoke_agent")])
     export_spans(collector, spans)
     assert collector.run(trace_id)["status"] == "PENDING"
     (child,) = capture.wait_spans(trace_id, "fidelity.executor", 1)
@@ -115,8 +117,9 @@ def test_metrics_expose_verdicts_scores_and_self_metrics(collector):
     m = collector.metrics()
     names = {name for name, _ in m}
     for expected in ("agenteval_runs_total", "agenteval_unit_verdicts_total", "agenteval_run_score_bucket",
-                     "agenteval_token_delta_tokens_bucket", "agenteval_spans_received_total", "agenteval_traces_in_flight",
-                     "agenteval_spans_in_flight", "agenteval_verdict_latency_seconds_bucket"):
+                     "agenteval_token_delta_tokens_bucket", "agenteval_spans_received_total",
+                     "agenteval_traces_in_flight", "agenteval_spans_in_flight",
+                     "agenteval_verdict_latency_seconds_bucket"):
         assert expected in names, expected
     # no MAF instrumentation announced a release: no maf_release label
     assert m[("agenteval_unit_verdicts_total", (("subject", "fail-under-report"), ("verdict", "TokenMismatch")))] >= 1
@@ -138,7 +141,8 @@ def test_fidelity_counters_say_which_workflow_up_to_a_bound(tmp_path):
                         (("status", "PENDING"), ("subject", "path2")): 1,
                         (("status", "PASS"), ("subject", "_other")): 1,
                         (("status", "WARN"), ("subject", "_other")): 1}
-        verdicts = {labels: v for (name, labels), v in proc.metrics().items() if name == "agenteval_unit_verdicts_total"}
+        verdicts = {labels: v for (name, labels), v in proc.metrics().items()
+                    if name == "agenteval_unit_verdicts_total"}
         assert verdicts[(("subject", "fail-under-report"), ("verdict", "TokenMismatch"))] == 1
         assert verdicts[(("subject", "_other"), ("verdict", "FinishMismatch"))] == 1
     finally:
@@ -198,7 +202,8 @@ def test_late_span_produces_revision_2(collector, capture):
     writer = next(e for e in second["executors"] if e["executor_id"] == "writer")
     assert writer["evidence"]["truth_tokens"] == 960 and second["status"] == "PASS"
     runs = [s for s in capture.wait_spans(trace_id, "fidelity.run", 2)]
-    assert sorted(next(kv.value.int_value for kv in s.attributes if kv.key == "fidelity.revision") for s in runs) == [1, 2]
+    assert sorted(next(kv.value.int_value for kv in s.attributes if kv.key == "fidelity.revision")
+                  for s in runs) == [1, 2]
 
 
 def test_trace_without_root_is_finalized_after_max_trace_wait_and_flagged_incomplete(collector):
@@ -344,7 +349,8 @@ def test_offline_cli_and_live_collector_give_the_same_verdicts(collector, tmp_pa
     offline = {r["trace_id"]: r for r in json.loads(bench(path, tmp_path / "o.db", "--json").stdout)["runs"]}
     for trace_id in ids:
         live = collector.run(trace_id)
-        assert [(e["executor_id"], e["verdict"], e["score"], e["no_truth_reason"], e["evidence"]) for e in live["executors"]] \
+        assert [(e["executor_id"], e["verdict"], e["score"], e["no_truth_reason"], e["evidence"])
+                for e in live["executors"]] \
             == [(e["executor_id"], e["verdict"], e["score"], e["no_truth_reason"], e["evidence"])
                 for e in offline[trace_id]["executors"]]
         assert (live["status"], live["score"]) == (offline[trace_id]["status"], offline[trace_id]["score"])

@@ -191,7 +191,8 @@ def test_a_store_call_is_retried_with_doubling_delays_until_it_lands(tmp_path):
             raise error
 
     try:
-        took = until_stored(attempt, store, lambda: False, lambda exc, delay: refusals.append(delay), Backoff(0.01, 0.04))
+        took = until_stored(attempt, store, lambda: False, lambda exc, delay: refusals.append(delay),
+                            Backoff(0.01, 0.04))
         assert took is not None and took >= 0
         assert refusals == [0.01, 0.02, 0.04, 0.04]
     finally:

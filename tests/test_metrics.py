@@ -34,20 +34,24 @@ def _samples(registry: CollectorRegistry, prefix: str) -> dict[tuple, float]:
 
 def _sdk(readers: list) -> tuple[MeterProvider, dict]:
     """The SDK's own histograms, as the collector configured them before it kept its own."""
-    views = [View(instrument_name="agenteval.run.score", aggregation=ExplicitBucketHistogramAggregation(SCORE_BUCKETS)),
-             View(instrument_name="agenteval.token.delta", aggregation=ExplicitBucketHistogramAggregation(DELTA_BUCKETS)),
+    views = [View(instrument_name="agenteval.run.score",
+                  aggregation=ExplicitBucketHistogramAggregation(SCORE_BUCKETS)),
+             View(instrument_name="agenteval.token.delta",
+                  aggregation=ExplicitBucketHistogramAggregation(DELTA_BUCKETS)),
              View(instrument_name="agenteval.verdict.latency",
                   aggregation=ExplicitBucketHistogramAggregation(LATENCY_BUCKETS))]
     provider = MeterProvider(metric_readers=readers, views=views)
     meter = provider.get_meter("agenteval.collector")
-    return provider, {"score": meter.create_histogram("agenteval.run.score", description="Run score (PENDING runs have none)"),
+    return provider, {"score": meter.create_histogram("agenteval.run.score",
+                                                      description="Run score (PENDING runs have none)"),
                       "delta": meter.create_histogram("agenteval.token.delta", unit="{token}",
                                                       description="Absolute framework-vs-truth token delta per "
                                                                   "checked executor"),
                       "latency": meter.create_histogram("agenteval.verdict.latency", unit="s",
                                                         description="A run's arrival (its trace's root span, or the "
                                                                     "spans re-opening a finalized trace: a later "
-                                                                    "human-in-the-loop turn) to its first stored verdict")}
+                                                                    "human-in-the-loop turn) to its first stored "
+                                                                    "verdict")}
 
 
 def _record(ours: Metrics | None, sdk: dict | None, scale: int = 1) -> None:
@@ -80,7 +84,8 @@ def test_the_scrape_reads_as_the_sdks_histograms_did():
         for sdk_name, name in (("agenteval_run_score", "agenteval_run_score"),
                                ("agenteval_token_delta", "agenteval_token_delta_tokens"),
                                ("agenteval_verdict_latency_seconds", "agenteval_verdict_latency_seconds")):
-            want = {(n.replace(sdk_name, name, 1), labels): v for (n, labels), v in _samples(registry, sdk_name).items()}
+            want = {(n.replace(sdk_name, name, 1), labels): v
+                    for (n, labels), v in _samples(registry, sdk_name).items()}
             assert want and _samples(ours.registry, name) == want, name
         count = _samples(ours.registry, "agenteval_token_delta_tokens_count")
         assert count[("agenteval_token_delta_tokens_count", (("direction", "under"),))] == len(VALUES["under"])
@@ -133,7 +138,8 @@ def test_the_otlp_push_carries_what_the_sdk_pushed(preference, monkeypatch):
             assert len(want) == 5 and got == want, round_
         under = next(v for k, v in got.items() if k[1] == "agenteval.token.delta" and k[4] == (("direction", "under"),))
         assert under[0] == len(VALUES["under"]) * (2 if preference == "delta" else 3)
-        assert under[6] == (AggregationTemporality.DELTA if preference == "delta" else AggregationTemporality.CUMULATIVE)
+        assert under[6] == (AggregationTemporality.DELTA if preference == "delta"
+                            else AggregationTemporality.CUMULATIVE)
         ours.shutdown()
         provider.shutdown()
     finally:
@@ -185,7 +191,8 @@ def test_the_scrape_follows_prometheus_naming_with_no_placeholder_series(tmp_pat
                                                     "agenteval_overreported"))]
     got = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in after for s in f.samples}
     subject = dict(next(k[1] for k in got if k[0] == "agenteval_runs_total"))["subject"]
-    assert got[("agenteval_runs_total", (("status", "FAIL"), ("subject", subject)))] == 1  # no release announced: no label
+    # no release announced: no label
+    assert got[("agenteval_runs_total", (("status", "FAIL"), ("subject", subject)))] == 1
     # the over-report is Agree, and counted as what it is; the under-report is not an over-report
     assert got[("agenteval_runs_total", (("status", "PASS"), ("subject", "over-report")))] == 1
     assert {k: v for k, v in got.items() if k[0] == "agenteval_overreported_units_total"} == {

@@ -359,7 +359,8 @@ def request_of(span: bytes, scope: bytes = ld(1, b"agent_framework"), resource: 
 #: A span without a status, and with an error status.
 BARE = Span(trace_id=bytes(range(1, 17)), span_id=bytes(range(1, 9)), parent_span_id=bytes(range(9, 17)),
             name="chat gpt-4o", start_time_unix_nano=1_700_000_000_000_000_000,
-            end_time_unix_nano=1_700_000_000_250_000_000, attributes=[KeyValue(key="gen_ai.operation.name", value=AnyValue(string_value="chat"))]).SerializeToString()
+            end_time_unix_nano=1_700_000_000_250_000_000,
+            attributes=[KeyValue(key="gen_ai.operation.name", value=AnyValue(string_value="chat"))]).SerializeToString()
 SPAN = BARE + ld(15, ld(2, b"boom") + tag(3, 0) + varint(Status.STATUS_CODE_ERROR))
 RESOURCE = Resource(attributes=[KeyValue(key=SERVICE_NAME, value=AnyValue(string_value="svc"))]).SerializeToString()
 WANTED_KEY = b"gen_ai.operation.name"

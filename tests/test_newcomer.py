@@ -288,7 +288,8 @@ def test_watch_on_an_80_column_terminal_shows_whole_fields(live):
         os.close(master)
     text = out.decode(errors="replace")
     assert "…" not in text
-    assert "PENDING" in text and "response_missing" in text.replace("\r", "").replace("\n", "").replace("│", "").replace(" ", "")
+    assert "PENDING" in text
+    assert "response_missing" in text.replace("\r", "").replace("\n", "").replace("│", "").replace(" ", "")
 
 
 # --- 9: a quiet install ---------------------------------------------------------------------------
@@ -317,7 +318,8 @@ def test_installing_as_make_does_prints_no_warning_box(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "Editable installation" not in proc.stderr and "*****" not in proc.stderr, proc.stderr
     found = subprocess.run([str(venv / "bin" / "python"), "-c", "import collector, importlib.util as u; print("
-                            "collector.__file__, u.find_spec('opentelemetry.instrumentation.maf_fidelity') is not None)"],
+                            "collector.__file__, u.find_spec('opentelemetry.instrumentation.maf_fidelity') "
+                            "is not None)"],
                            capture_output=True, text=True, cwd=tmp_path)
     assert found.stdout.split() == [str(ROOT / "collector" / "__init__.py"), "True"], found.stderr
 
@@ -485,7 +487,8 @@ def test_serve_prints_its_banner_before_any_log_line(tmp_path):
     above the readable banner; and the README's banner is the one printed (the journal's path was not)."""
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(_FREE))
-    env = {k: v for k, v in os.environ.items() if k not in ("AGENTEVAL_STORE", "XDG_DATA_HOME")} | {"HOME": str(tmp_path)}
+    env = ({k: v for k, v in os.environ.items() if k not in ("AGENTEVAL_STORE", "XDG_DATA_HOME")}
+           | {"HOME": str(tmp_path)})
     proc = subprocess.Popen([AGENTEVAL, "collector", "serve", "--config", str(cfg)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)
     try:

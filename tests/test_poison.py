@@ -130,7 +130,8 @@ def test_a_parent_cycle_and_a_self_parented_span_are_reconciled_not_dropped(tmp_
         assert proc.run(bad)["status"] == "WARN"  # the researcher's spans are missing from it
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
-            runs = [proc.store().get_run(r["run_id"]) for r in proc.store().list_runs(limit=100) if r["trace_id"] == bad]
+            runs = [proc.store().get_run(r["run_id"]) for r in proc.store().list_runs(limit=100)
+                    if r["trace_id"] == bad]
             if len(runs) == 2:
                 break
             time.sleep(0.2)
@@ -190,9 +191,11 @@ def test_a_direct_agent_run_cut_by_a_restart_gets_its_complete_verdict_under_the
     provider = TracerProvider(resource=Resource.create({"telemetry.sdk.language": "dotnet"}))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("Experimental.Microsoft.Agents.AI")
-    usage = {"gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 5, "gen_ai.response.finish_reasons": '["stop"]'}
+    usage = {"gen_ai.usage.input_tokens": 10, "gen_ai.usage.output_tokens": 5,
+             "gen_ai.response.finish_reasons": '["stop"]'}
     with tracer.start_as_current_span("POST /ask") as root:  # the caller's span: the trace root
-        with tracer.start_as_current_span("invoke_agent helper(1)", attributes={"gen_ai.agent.name": "helper", **usage}):
+        with tracer.start_as_current_span("invoke_agent helper(1)",
+                                          attributes={"gen_ai.agent.name": "helper", **usage}):
             with tracer.start_as_current_span("chat m", attributes={"gen_ai.operation.name": "chat", **usage}):
                 pass
     spans = list(exporter.get_finished_spans())
@@ -266,16 +269,19 @@ def test_a_workflow_running_across_two_restarts_is_reconciled_whole(tmp_path):
     (cut,) = [r for r in store.list_runs(limit=10, with_docs=True) if r["trace_id"] == trace_id]
     store.close()
     assert cut["incomplete"] and cut["revision"] == 2
-    assert {e["executor_id"]: e["verdict"] for e in cut["executors"]} == {"researcher": "TokenMismatch", "writer": "Agree"}
+    assert {e["executor_id"]: e["verdict"] for e in cut["executors"]} == {"researcher": "TokenMismatch",
+                                                                          "writer": "Agree"}
     third = CollectorProcess(tmp_path, overrides={"assembly": {"max_trace_wait": 60}})
     try:
         post(third.http, export_request([s for s in spans if s.parent is None]).SerializeToString())
         doc = _wait_complete(third, run_id(trace_id))
         assert doc["status"] == "FAIL" and doc["score"] == 0.75
         units = {e["executor_id"]: e for e in doc["executors"]}
-        assert {name: unit["verdict"] for name, unit in units.items()} == {"researcher": "TokenMismatch", "writer": "Agree"}
+        assert {name: unit["verdict"] for name, unit in units.items()} == {"researcher": "TokenMismatch",
+                                                                           "writer": "Agree"}
         assert units["researcher"]["evidence"]["truth_tokens"] == 300 + 120 + 310 + 230
-        assert [r["run_id"] for r in third.store().list_runs(limit=50) if r["trace_id"] == trace_id] == [run_id(trace_id)]
+        assert [r["run_id"] for r in third.store().list_runs(limit=50)
+                if r["trace_id"] == trace_id] == [run_id(trace_id)]
     finally:
         assert third.stop() == 0
     assert not segments(third)  # complete: let go
@@ -301,7 +307,8 @@ def test_a_cut_trace_whose_rest_never_comes_is_replayed_and_then_let_go(tmp_path
             time.sleep(0.1)  # until max_trace_wait (1 s) finalizes it again: found stored, not published
         rows = [r for r in second.store().list_runs(limit=50, with_docs=True) if r["trace_id"] == trace_id]
         assert [(r["run_id"], r["incomplete"], r["revision"]) for r in rows] == [(trace_id, True, 1)]
-        assert {e["executor_id"]: e["verdict"] for e in rows[0]["executors"]} == {"researcher": "Agree", "writer": "Agree"}
+        assert {e["executor_id"]: e["verdict"] for e in rows[0]["executors"]} == {"researcher": "Agree",
+                                                                                  "writer": "Agree"}
         assert not any(e.get("event") == "run_verdict" for e in second.log_events())
     finally:
         assert second.stop() == 0
@@ -624,7 +631,8 @@ def test_a_kept_trace_finalized_before_the_next_restart_is_still_kept(tmp_path):
     finally:
         third.close()
     assert (doc["status"], doc["score"], doc["incomplete"]) == ("FAIL", 0.75, False)
-    assert {e["executor_id"]: e["verdict"] for e in doc["executors"]} == {"researcher": "TokenMismatch", "writer": "Agree"}
+    assert {e["executor_id"]: e["verdict"] for e in doc["executors"]} == {"researcher": "TokenMismatch",
+                                                                          "writer": "Agree"}
     assert not list((tmp_path / "j").glob("*.jsonl"))  # complete: let go
 
 

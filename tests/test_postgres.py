@@ -144,7 +144,8 @@ def test_a_full_store_backlog_refuses_ingest_with_a_retryable_status(postgres, t
                 assert ready[0] == 200 and time.monotonic() < deadline, ready
                 time.sleep(0.2)
             assert ready[0] == 503 and ready[1]["ready"] is False
-            refused = proc.metrics()[("agenteval_spans_refused_total", (("reason", "store_backlog"), ("transport", "http")))]
+            refused = proc.metrics()[("agenteval_spans_refused_total",
+                                      (("reason", "store_backlog"), ("transport", "http")))]
             assert refused == len(spans)
         finally:
             postgres.start()

@@ -581,7 +581,8 @@ def test_concurrent_large_requests_stay_within_the_memory_budget(budgeted, trans
         if ok_:
             assert budgeted.run(trace_id)["status"] == "PASS"
     time.sleep(1.0)  # past the quiet period of anything a refused request might have left
-    assert all(budgeted.store().get_run(trace_id) is None for ok_, (_, trace_id) in zip(accepted, requests, strict=True) if not ok_)
+    assert all(budgeted.store().get_run(trace_id) is None
+               for ok_, (_, trace_id) in zip(accepted, requests, strict=True) if not ok_)
     metrics = budgeted.metrics()
     assert metrics[("agenteval_inflight_bytes", ())] == 0
     assert metrics[("agenteval_requests_rejected_total", (("reason", "memory_budget"), ("transport", transport)))] \

@@ -135,7 +135,8 @@ def test_the_finish_reasons_shown_are_those_of_the_invocation_that_diverged():
     assert v.verdict is Verdict.FINISH_MISMATCH
     assert (v.evidence.framework_finish, v.evidence.truth_finish) == (None, "content_filter")
     agree = reconcile_executor(ex(ledger[:1] + ledger[2:], turns[:1] + turns[2:]))
-    assert (agree.verdict, agree.evidence.framework_finish, agree.evidence.truth_finish) == (Verdict.AGREE, "stop", "stop")
+    assert (agree.verdict, agree.evidence.framework_finish, agree.evidence.truth_finish) == (Verdict.AGREE, "stop",
+                                                                                             "stop")
 
 
 def test_alignment_compares_the_last_chat_response_of_each_invocation():
@@ -246,7 +247,8 @@ def test_each_figure_of_a_units_evidence_is_under_its_own_name():
     ev = verdict.evidence
     assert (verdict.executor_id, verdict.verdict, verdict.score) == ("writer", Verdict.BOTH, 0.0)
     assert (verdict.token_diverged, verdict.finish_diverged, verdict.no_truth_reason) == (True, True, None)
-    assert (ev.framework_tokens, ev.truth_tokens, ev.delta, ev.direction, ev.tolerance) == (30, 300, -270, "under", 0.03)
+    assert (ev.framework_tokens, ev.truth_tokens, ev.delta, ev.direction, ev.tolerance) == (30, 300, -270, "under",
+                                                                                            0.03)
     assert (ev.framework_finish, ev.truth_finish, ev.aligned, ev.ledger_source) == ("stop", "length", True,
                                                                                     "AgentResponseEvent")
     assert [(c.invocation, c.framework, c.truth, c.diverged) for c in ev.finish_comparisons] == [

@@ -475,7 +475,8 @@ async def _journaled(pipeline: Pipeline, spans: list) -> None:
 
 def test_admitting_a_request_counts_its_spans_only_to_refuse_it(tmp_path):
     """The span count is for the refusal's metric and log: an admitted request is not walked for it."""
-    cfg = CollectorConfig(store={"url": str(tmp_path / "runs.db")}, journal={"path": str(tmp_path / "j"), "max_bytes": 1})
+    cfg = CollectorConfig(store={"url": str(tmp_path / "runs.db")},
+                          journal={"path": str(tmp_path / "j"), "max_bytes": 1})
     pipeline = Pipeline(cfg, open_store(tmp_path / "runs.db"), None, None)
     pipeline.start()
     counted: list[int] = []

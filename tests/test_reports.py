@@ -52,11 +52,13 @@ def test_a_maf_run_with_a_diverging_agent_is_a_failed_test_case_with_its_evidenc
     assert cases["researcher"].is_passed
     (writer,) = cases["writer"].result
     assert isinstance(writer, Failure) and writer.type == "TokenMismatch"
-    assert writer.message.startswith("the framework reported 960 tokens; the chat boundary summed 1,300 over 2 chat call(s): -340")
+    assert writer.message.startswith("the framework reported 960 tokens; the chat boundary summed 1,300 over 2 chat "
+                                     "call(s): -340")
     evidence = run["executors"][[e["executor_id"] for e in run["executors"]].index("writer")]["evidence"]
     assert f"chat spans: {', '.join(evidence['chat_span_ids'])}" in writer.text  # from the message to the spans
     (reviewer,) = cases["reviewer"].result
-    assert reviewer.type == "FinishMismatch" and "none (suppressed)" in reviewer.message and "length" in reviewer.message
+    assert reviewer.type == "FinishMismatch"
+    assert "none (suppressed)" in reviewer.message and "length" in reviewer.message
     properties = {p.name: p.value for p in suite.properties()}
     assert (properties["status"], properties["exit_code"], properties["trace_id"]) == ("FAIL", "9", run["trace_id"])
     # the job summary: status, score, a row per unit, what diverged
@@ -146,7 +148,8 @@ def test_an_unpriced_run_reports_its_spend_unknown_in_junit_as_in_markdown(tmp_p
     (suite,) = list(report)
     properties = {p.name: p.value for p in suite.properties()}
     assert properties["unreported_usd"] == "unknown" and properties["unreported_tokens"] == "420"
-    assert "spend  unknown: no unit's model could be priced (2 unit(s); 420 tokens unreported)" in (tmp_path / "report.xml").read_text()
+    assert "spend  unknown: no unit's model could be priced (2 unit(s); 420 tokens unreported)" \
+        in (tmp_path / "report.xml").read_text()
     assert "unknown: no unit's model could be priced" in summary
     writer = next(line for line in summary.splitlines() if line.startswith("| `writer`"))
     assert writer.endswith("| unknown |")  # its 420 tokens have no price; the researcher's $0.00 reported them all

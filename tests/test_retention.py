@@ -34,7 +34,8 @@ DAY = 86400.0
 
 def _verdict(trace_id: str, truth: int = 100, executors: int = 1, chats: int = 1):
     recs = tuple(ExecutorRecord(f"e{i}", (LedgerEntry(Usage(100, 0), "stop"),),
-                                tuple(ChatTurn(Usage(truth, 0), "stop", c, None, f"{i:04x}{c:012x}") for c in range(chats)),
+                                tuple(ChatTurn(Usage(truth, 0), "stop", c, None, f"{i:04x}{c:012x}")
+                                      for c in range(chats)),
                                 "t") for i in range(executors))
     return reconcile(RunInput(recs, trace_id=trace_id))
 
@@ -339,7 +340,8 @@ def test_a_collector_under_load_with_a_size_cap_stores_every_verdict_and_says_ho
     try:
         before = proc.metrics()
         assert before[("agenteval_store_runs_deleted_total", ())] == 0
-        assert ("agenteval_store_bytes", ()) in before and ("agenteval_store_oldest_run_timestamp_seconds", ()) in before
+        assert ("agenteval_store_bytes", ()) in before
+        assert ("agenteval_store_oldest_run_timestamp_seconds", ()) in before
         old = 4000  # ~10x the cap: the sweeper deletes them in batches while the requests come in
         verdict = _verdict(f"{1:032x}", executors=3, chats=3)
         proc.store().save_many(StoredRun(f"old-{i:04d}", "live", verdict) for i in range(old))
@@ -371,8 +373,8 @@ def test_a_collector_under_load_with_a_size_cap_stores_every_verdict_and_says_ho
         oldest = m[("agenteval_store_oldest_run_timestamp_seconds", ())]
         assert time.time() - 600 < oldest <= time.time()
         since = time.strftime("%Y-%m-%d", time.gmtime(proc.store().oldest()))
-        listed = subprocess.run([AGENTEVAL, "runs", "list", "--store", proc.store_url, "--config", str(proc.config_path)],
-                                capture_output=True, text=True, timeout=60)
+        listed = subprocess.run([AGENTEVAL, "runs", "list", "--store", proc.store_url,
+                                 "--config", str(proc.config_path)], capture_output=True, text=True, timeout=60)
         assert listed.returncode == 0, listed.stderr
         assert f"history goes back to {since}" in listed.stdout and "runs are kept 14 days" in listed.stdout
         with urllib.request.urlopen(f"{proc.http}/runs", timeout=10) as page:

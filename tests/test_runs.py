@@ -142,7 +142,8 @@ def test_dotnet_runs_complete_without_the_session_span_that_is_never_exported():
         assert not item.run.incomplete and item.run.subject == "app"
         (unit,) = reconcile(item.run).executors
         # an agent executor's own agent is named by the executor id; .NET's agent span is its ledger
-        assert (unit.executor_id, unit.verdict.value, unit.evidence.ledger_source) == ("planner_1", "Agree", "invoke_agent")
+        assert (unit.executor_id, unit.verdict.value, unit.evidence.ledger_source) == ("planner_1", "Agree",
+                                                                                       "invoke_agent")
     assert format(session.get_span_context().trace_id, "032x") == finalized[0].run.trace_id
 
 
@@ -183,8 +184,8 @@ def test_a_sub_workflow_run_span_belongs_to_its_outer_run():
     assembler = Assembler(CONFIG.assembly, MATCHER, clock)
     with rec.tracer.start_as_current_span("workflow.run", attributes={"workflow.name": "outer"}):
         rec.agent("intake", "intake", [(10, 1)], (10, 1))
-        with rec.tracer.start_as_current_span("executor.process inner", attributes={"executor.id": "inner",
-                                                                                    "executor.type": "WorkflowExecutor"}):
+        with rec.tracer.start_as_current_span("executor.process inner", attributes={
+                "executor.id": "inner", "executor.type": "WorkflowExecutor"}):
             with rec.tracer.start_as_current_span("workflow.run", attributes={"workflow.name": "inner-wf"}):
                 rec.agent("drafter", "drafter", [(20, 2)], (20, 2))
                 rec.agent("checker", "checker", [(30, 3)], (30, 3))
@@ -214,7 +215,8 @@ def test_spans_in_a_parent_cycle_are_reconciled_not_dropped():
     (run, _), = state.run_inputs(everything=True)
     (x,) = run.executors
     assert (x.executor_id, len(x.turns), x.turns[0].usage.total) == ("x", 1, 6)  # the cycle's chat call
-    assert [(u.executor, u.calls) for u in run.unattributed_chat] == [(None, 1)]  # the self-parented chat span: noted, not dropped
+    # the self-parented chat span: noted, not dropped
+    assert [(u.executor, u.calls) for u in run.unattributed_chat] == [(None, 1)]
 
 
 def test_the_late_window_is_bounded_in_bytes_not_only_in_traces():

@@ -94,7 +94,8 @@ def test_a_real_maf_run_is_priced_to_the_cent_with_the_spend_the_framework_did_n
                             "truth_usd": pytest.approx(truth + usd(40_000, 5_000, rate), abs=1e-9),
                             "unreported_usd": pytest.approx(truth - framework, abs=1e-9),
                             "unreported_tokens": 102_000, "units_priced": 2, "units_unknown": 0}
-    schema = json.loads((Path(__file__).resolve().parent.parent / "collector/formats/schemas/run.schema.json").read_text())
+    schema = json.loads(
+        (Path(__file__).resolve().parent.parent / "collector/formats/schemas/run.schema.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(site.store().get_run(run["run_id"]))
     # what `runs show` prints, to the cent
     shown = subprocess.run([AGENTEVAL, "runs", "show", run["run_id"], "--store", site.store_url],
@@ -136,7 +137,8 @@ def test_overridden_models_are_priced_at_the_configured_rate(site):
         AgentSpec("writer", LOOP, tools=[lookup], middleware=[keep_last_call_usage()], model=TUNED_MODEL,
                   provider="azure.ai.openai")]))
     units = {e["executor_id"]: e["evidence"]["cost"] for e in run["executors"]}
-    assert (units["researcher"]["truth_usd"], units["researcher"]["priced_by"]) == (0.0, f"pricing.models.{LOCAL_MODEL}")
+    assert (units["researcher"]["truth_usd"], units["researcher"]["priced_by"]) == (0.0,
+                                                                                    f"pricing.models.{LOCAL_MODEL}")
     writer = units["writer"]
     assert writer["truth_usd"] == pytest.approx(usd(200_000, 28_000, TUNED_RATE), abs=1e-9)  # $0.78
     assert writer["unreported_usd"] == pytest.approx(usd(90_000, 12_000, TUNED_RATE), abs=1e-9)  # $0.345
@@ -208,9 +210,11 @@ def test_the_run_page_leads_with_the_unreported_spend_and_links_ids_to_the_trace
     assert reviewer.locator("tr.cost td").inner_text() == "unknown / unknown"
     _screenshot(page, "run-page-spend.png", tmp_path)
     # every span id links into the configured backend; following one opens it
-    chat_span = run["executors"][[e["executor_id"] for e in run["executors"]].index("writer")]["evidence"]["chat_span_ids"][0]
+    writer_unit = run["executors"][[e["executor_id"] for e in run["executors"]].index("writer")]
+    chat_span = writer_unit["evidence"]["chat_span_ids"][0]
     target = TRACE_URL.format(trace_id=run["trace_id"], span_id=chat_span)
-    page.route("http://traces.test/**", lambda route: route.fulfill(body="the trace backend", content_type="text/plain"))
+    page.route("http://traces.test/**",
+               lambda route: route.fulfill(body="the trace backend", content_type="text/plain"))
     link = writer.get_by_role("link", name=chat_span, exact=True)
     assert link.get_attribute("href") == target
     link.click()

@@ -26,7 +26,8 @@ from test_cli import ROOT, bench, run
 
 
 def _verdict(revision: int, truth: int, trace_id: str = "ab" * 16, executors: int = 1):
-    recs = tuple(ExecutorRecord(f"e{i}", (LedgerEntry(Usage(100, 0), "stop"),), (ChatTurn(Usage(truth, 0), "stop"),), "t")
+    recs = tuple(ExecutorRecord(f"e{i}", (LedgerEntry(Usage(100, 0), "stop"),),
+                                (ChatTurn(Usage(truth, 0), "stop"),), "t")
                  for i in range(executors))
     return replace(reconcile(RunInput(recs, trace_id=trace_id)), revision=revision)
 
@@ -105,7 +106,8 @@ def test_list_filters_orders_and_limits(url):
     assert [r["run_id"] for r in store.list_runs(["pending", "PASS"])] == ["c-pending", "a-pass"]
     assert [r["run_id"] for r in store.list_runs(subject="s1", limit=1)] == ["c-pending"]
     (pending,) = store.list_runs(["PENDING"], with_docs=True)
-    assert pending["score"] is None and pending["executors"][0]["no_truth_reason"] == NoTruthReason.RESPONSE_MISSING.value
+    assert pending["score"] is None
+    assert pending["executors"][0]["no_truth_reason"] == NoTruthReason.RESPONSE_MISSING.value
     assert pending["created_at"] <= pending["updated_at"]
     store.close()
 
@@ -119,14 +121,16 @@ def _large(invocations: int, calls: int, errors: int):
         turns.extend(ChatTurn(Usage(1, 0), "stop", i * calls + c, f"{i:016x}", f"{i * calls + c:015x}c")
                      for c in range(calls))
     unit = ExecutorRecord("writer", tuple(ledger), tuple(turns), "t", tuple(f"{i:015x}e" for i in range(invocations)))
-    return reconcile(RunInput((unit,), trace_id="ab" * 16, workflow_errors=tuple(f"writer: boom {i}" for i in range(errors))))
+    return reconcile(RunInput((unit,), trace_id="ab" * 16,
+                              workflow_errors=tuple(f"writer: boom {i}" for i in range(errors))))
 
 
 def test_a_document_keeps_the_first_entries_of_each_growing_list_and_counts_the_rest(url):
     store = open_store(url, max_items=5)
     store.save(StoredRun("big", "live", _large(invocations=40, calls=25, errors=7)))
     doc = store.get_run("big")
-    jsonschema.Draft202012Validator(json.loads((ROOT / "collector/formats/schemas/run.schema.json").read_text())).validate(doc)
+    schema = json.loads((ROOT / "collector/formats/schemas/run.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(doc)
     ev = doc["executors"][0]["evidence"]
     assert (ev["chat_span_ids"], ev["chat_span_ids_more"]) == ([f"{c:015x}c" for c in range(5)], 995)
     assert (ev["response_turns"], ev["ledger_entries"], ev["truth_tokens"]) == (1000, 40, 1000)  # counts stay whole
@@ -340,7 +344,8 @@ def test_the_facades_reads_answer_from_what_the_store_holds(url):
         assert store.missing_run("zz", remote=True) == "no run 'zz' in this collector's store"
         assert before <= store.oldest() <= time.time()
         history = store.history(max_age=14 * 86400)
-        assert history.startswith("history goes back to ") and history.endswith("runs are kept 14 days (store.retention.max_age)")
+        assert history.startswith("history goes back to ")
+        assert history.endswith("runs are kept 14 days (store.retention.max_age)")
     finally:
         store.close()
 
@@ -349,7 +354,8 @@ def test_a_claim_released_on_some_parts_leaves_the_others_claimed(url):
     store = open_store(url)
     try:
         trace = "ef" * 16
-        store.hand_over([Part(trace, "a", False, 1, b"[]\n", 1.0, "a/1"), Part(trace, "a", False, 1, b"[]\n", 2.0, "a/2")])
+        store.hand_over([Part(trace, "a", False, 1, b"[]\n", 1.0, "a/1"),
+                         Part(trace, "a", False, 1, b"[]\n", 2.0, "a/2")])
         assert [p.part_id for p in store.claim_parts([trace], "b", lease=60.0)] == ["a/1", "a/2"]
         store.release_claims("b", ["a/2"])
         assert [p.part_id for p in store.waiting_parts(lease=60.0)] == ["a/2"]
@@ -461,7 +467,8 @@ def test_a_batch_keeps_the_meaning_of_its_runs_in_order(url):
     assert doc["revision"] == 3 and doc["status"] == "FAIL" and len(doc["executors"]) == 3
     # a complete verdict replaces an incomplete one of a higher revision, whose number it then passes
     store.save(StoredRun("c", "live", replace(_verdict(5, 100), incomplete=True)))
-    assert store.save_many([StoredRun("c", "live", _verdict(2, 100)), StoredRun("c", "live", _verdict(4, 100))]) == ["c"]
+    assert store.save_many([StoredRun("c", "live", _verdict(2, 100)),
+                            StoredRun("c", "live", _verdict(4, 100))]) == ["c"]
     assert store.get_run("c")["revision"] == 6 and not store.get_run("c")["incomplete"]
     store.close()
 

@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test typecheck pyright demo install proto docs screenshots clean
+.PHONY: run test lint typecheck pyright demo install proto docs screenshots clean
 
 INSTRUMENTATION := instrumentation/opentelemetry-instrumentation-maf-fidelity
 
@@ -80,7 +80,13 @@ pyright: $(PYRIGHT_DIR)/node_modules/.installed
 typecheck: install pyright
 	$(PYRIGHT_DIR)/node_modules/.bin/pyright
 
-test: install $(TYPECHECK)
+# The linter, ruff (pyproject.toml [tool.ruff]), pinned in pyproject's test extra and so installed by
+# `make install`. `make test` runs it first, always; a rule that does not fit a file is left out in
+# [tool.ruff.lint.per-file-ignores], with why, never in a noqa comment (tests/test_habits.py).
+lint: install
+	$(BIN)/ruff check .
+
+test: install lint $(TYPECHECK)
 	$(BIN)/pytest
 
 # One MAF release: make test-maf MAF=1.23.0 ORCH=1.4.0 (an environment per release, kept until its
@@ -139,7 +145,7 @@ dist:
 	  else echo "note: no .NET SDK: dist/ has no AgentEval.Instrumentation.MafFidelity package"; fi
 
 clean:
-	rm -rf $(VENV) .venv-maf .pytest_cache .hypothesis dist $(DOTNET_DIR)/bin $(DOTNET_DIR)/obj $(PYRIGHT_DIR)/node_modules
+	rm -rf $(VENV) .venv-maf .pytest_cache .ruff_cache .hypothesis dist $(DOTNET_DIR)/bin $(DOTNET_DIR)/obj $(PYRIGHT_DIR)/node_modules
 
 # Peers + throughput, this tree beside the collector of commit BASE (each in its own venv; BASE's
 # built once by bench/base.sh), alternating in one sitting, with the ratios: make bench-check BASE=8fe69c1.

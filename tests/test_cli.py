@@ -11,6 +11,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from conftest import shown_seconds
 from mafshape import SCENARIOS, Invocation, Scenario, export_request, ok, record, sent_times, to_otlp_json
@@ -232,6 +234,41 @@ def test_invalid_file_exits_1_naming_file_location_and_problem(case, tmp_path):
     proc = bench(path, tmp_path / "runs.db")
     assert proc.returncode == 1
     assert str(path) in proc.stderr and location in proc.stderr and problem in proc.stderr
+
+
+def _agent_request(name: str, trace_id: bytes = b"\x01" * 16) -> ExportTraceServiceRequest:
+    """One direct agent call that reported 12 tokens, as a serialized-request test needs it."""
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add(
+        trace_id=trace_id, span_id=b"\x02" * 8, name=name, start_time_unix_nano=1, end_time_unix_nano=2)
+    span.attributes.add(key="gen_ai.usage.input_tokens", value=AnyValue(int_value=12))
+    return request
+
+
+def test_a_serialized_otlp_request_is_read_as_a_collector_receives_it(tmp_path):
+    """Detected by content: also a request whose first length byte is "{" (it begins with a newline
+    and a brace, as JSON may)."""
+    padding = next(n for n in range(200) if len(_agent_request("invoke_agent solo" + " " * n).resource_spans[0]
+                                                  .SerializeToString()) == ord("{"))
+    body = _agent_request("invoke_agent solo" + " " * padding).SerializeToString()
+    assert body[:2] == b"\n{"
+    path = tmp_path / "capture.bin"
+    path.write_bytes(body)
+    proc = bench(path, tmp_path / "runs.db", "--json")
+    (run,) = json.loads(proc.stdout)["runs"]
+    assert (proc.returncode, run["status"]) == (11, "PENDING"), proc.stderr
+    assert [(e["executor_id"], e["no_truth_reason"]) for e in run["executors"]] == [("solo", "no_chat_trace")]
+
+
+@pytest.mark.parametrize(("body", "problem"), [
+    (b"\x00\x01\xffnot a request", "neither JSON nor a serialized OTLP ExportTraceServiceRequest"),
+    (_agent_request("invoke_agent x", trace_id=b"\x01" * 3).SerializeToString(), "1 span(s) cannot be used"),
+], ids=["not-protobuf", "bad-span"])
+def test_a_file_neither_json_nor_a_usable_request_exits_1_saying_why(body, problem, tmp_path):
+    path = tmp_path / "capture.bin"
+    path.write_bytes(body)
+    proc = bench(path, tmp_path / "runs.db")
+    assert proc.returncode == 1 and str(path) in proc.stderr and problem in proc.stderr, proc.stderr
 
 
 def test_missing_file_exits_1(tmp_path):

@@ -8,6 +8,8 @@ import subprocess
 import time
 
 import pytest
+from agent_framework import agent_middleware
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -15,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from collector.bridge import FidelityBridge
 from collector.demo.maf_fakes import AgentSpec, Turn, chain, demo_workflows, under_report
 
-from conftest import AGENTEVAL, CollectorProcess, export_spans, verdicts
+from conftest import AGENTEVAL, CollectorProcess, export_spans, runs_of, verdicts
 
 WORKFLOWS = {w.name: w for w in demo_workflows()}
 
@@ -195,3 +197,77 @@ def test_bridge_runs_a_workflow_as_agent(collector):
     assert verdicts(run) == {"drafter": "Agree", "editor": "TokenMismatch"}  # inner agents; the wrapper is no unit
     editor = next(e for e in run["executors"] if e["executor_id"] == "editor")
     assert (editor["evidence"]["framework_tokens"], editor["evidence"]["truth_tokens"]) == (110, 220)
+
+
+def _traced(work) -> tuple[list, str]:
+    """Run ``work()`` (a coroutine function) under an application span, as an app's request handler
+    does; return the spans and their trace id."""
+    MAF_SPANS.clear()
+    with trace.get_tracer("app").start_as_current_span("main") as main:
+        asyncio.run(work())
+    return list(MAF_SPANS.get_finished_spans()), format(main.get_span_context().trace_id, "032x")
+
+
+def _only_call(n: int, middleware):
+    """Agent middleware applying ``middleware`` to the agent's ``n``-th invocation only."""
+    calls = {"n": 0}
+
+    @agent_middleware
+    async def nth(context, call_next) -> None:
+        calls["n"] += 1
+        await (middleware(context, call_next) if calls["n"] == n else call_next())
+
+    return nth
+
+
+def test_agents_named_with_a_space_a_hyphen_a_dot_or_an_underscore_are_units_by_those_names(collector):
+    """The names .NET users give too (tests/test_dotnet_captures.py holds MAF .NET's own): on both
+    runtimes a unit is named by its agent's name, and the lie is caught in the agent that told it."""
+    names = ("Research Agent", "code-writer", "review.bot", "data_loader")
+    specs = [AgentSpec(n, [Turn(100 * (i + 1), 20)], middleware=[under_report(0.5)] if n == "code-writer" else ())
+             for i, n in enumerate(names)]
+    workflow = chain("named-agents", specs)
+    spans, trace_id = _traced(lambda: workflow.run("Write a short report."))
+    export_spans(collector, spans)
+    (run,) = runs_of(collector, [trace_id])
+    assert verdicts(run) == {"Research Agent": "Agree", "code-writer": "TokenMismatch", "review.bot": "Agree",
+                             "data_loader": "Agree"}
+    writer = next(e for e in run["executors"] if e["executor_id"] == "code-writer")
+    assert (writer["evidence"]["framework_tokens"], writer["evidence"]["truth_tokens"]) == (110, 220)
+    assert (run["status"], run["score"], run["non_agent_executors"]) == ("WARN", 0.875, [])
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["called-directly", "inside-its-own-agent-span"])
+def test_a_workflow_agent_called_over_three_turns_is_judged_by_its_agents_in_one_run_a_turn(collector, wrapped):
+    """workflow.as_agent() over three turns of one session, as MAF's WorkflowAsAnAgent sample runs it;
+    wrapped: each turn inside an ``invoke_agent`` span of the workflow agent's own (what a host or
+    .NET's OpenTelemetryAgent records; its usage would be the inner agents' sum). Either way: three
+    runs judged by the workflow's agents, the lie of turn 2 caught there, and no run or unit for the
+    workflow agent itself."""
+    workflow = chain("wf-agent", [AgentSpec("French Agent", [Turn(150, 10)] * 3),
+                                  AgentSpec("english.agent", [Turn(160, 20)] * 3,
+                                            middleware=[_only_call(2, under_report(0.6))])])
+    workflow_agent = workflow.as_agent(name="Workflow Agent")
+    tracer = trace.get_tracer("app")
+
+    async def turns() -> None:
+        session = workflow_agent.create_session()
+        for turn in range(3):
+            if wrapped:
+                with tracer.start_as_current_span("invoke_agent Workflow Agent", attributes={
+                        "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "Workflow Agent",
+                        "gen_ai.usage.input_tokens": 310, "gen_ai.usage.output_tokens": 30}):
+                    await workflow_agent.run(f"turn {turn}", session=session)
+            else:
+                await workflow_agent.run(f"turn {turn}", session=session)
+
+    spans, trace_id = _traced(turns)
+    export_spans(collector, spans)
+    runs = sorted(runs_of(collector, [trace_id]), key=lambda r: r["started_at"])
+    honest = {"French Agent": "Agree", "english.agent": "Agree"}
+    assert [(r["status"], verdicts(r)) for r in runs] == [
+        ("PASS", honest), ("FAIL", {"French Agent": "Agree", "english.agent": "TokenMismatch"}), ("PASS", honest)]
+    english = next(e for e in runs[1]["executors"] if e["executor_id"] == "english.agent")
+    assert (english["evidence"]["framework_tokens"], english["evidence"]["truth_tokens"]) == (108, 180)
+    wrapper_notes = [any("ran inside the agent 'Workflow Agent'" in n for n in r["notes"]) for r in runs]
+    assert wrapper_notes == [wrapped] * 3

@@ -168,8 +168,9 @@ def assert_parity(payload: bytes, native_must_answer: bool = False) -> tuple:
 
 def dotnet_requests() -> list[bytes]:
     """The MAF .NET fixtures: the requests the OpenTelemetry .NET SDK sent (captured per release and
-    scenario), and the hand-built 1.17 traces (OTLP/JSON with hex ids) as protobuf."""
-    bodies = [path.read_bytes() for path in sorted(DOTNET.glob("1.*/*/*/*.pb"))]
+    scenario, and the captures of real apps), and the hand-built 1.17 traces (OTLP/JSON with hex ids)
+    as protobuf."""
+    bodies = [path.read_bytes() for path in sorted([*DOTNET.glob("1.*/*/*/*.pb"), *DOTNET.glob("captures/*/*.pb")])]
     for path in sorted(DOTNET.glob("source-1.17/*.jsonl")):
         for line in path.read_text().splitlines():
             doc = json.loads(line)

@@ -40,6 +40,7 @@ from collector.core.facts import (
     SUBJECT,
     SpanRecord,
     announcement,
+    descriptive_ids,
     is_per_process_id,
     name_suffix,
     span_error,
@@ -204,10 +205,15 @@ class TraceState:
                 _announce(run, s)
                 if error := span_error(s):
                     run.errors.append(f"workflow: {error}")
+                if agent is not None:  # a workflow used as an agent, called directly: judged by its agents
+                    run.wrapper = agent
+                    self._run(None).units[(executor, agent)].wraps = True
                 return (run.span_id, None, None, None, None)
             run = self._run(run_key)
             if executor is not None:  # a workflow run as an executor's agent (workflow.AsAIAgent())
                 run.executors[executor].composite = True
+            if agent is not None:  # ... beneath that agent's own span (wrapped in OpenTelemetryAgent)
+                run.units[(executor, agent)].wraps = True
             if error := span_error(s):
                 run.errors.append(f"sub-workflow: {error}")
             return parent
@@ -456,8 +462,20 @@ class TraceState:
                 run.revision = max(run.revision, revision)
                 self._published[run.span_id] = run.revision
 
+    def _own_agents(self, run: Run) -> dict[str, str]:
+        """Executor key -> the agent (key) that is its own by name where their keys differ: the one agent
+        that ran directly in it whose name MAF makes the executor's id of (MAF .NET ``{Name}_{Id}``,
+        the name's other characters turned into ``_``: docs/verdicts.md "How a unit is named")."""
+        found: dict[str, list[str]] = defaultdict(list)
+        for (executor, agent), unit in run.units.items():
+            if (executor is not None and agent is not None and agent != executor and unit.top_level
+                    and executor in descriptive_ids(self._names[agent])):
+                found[executor].append(agent)
+        return {executor: agents[0] for executor, agents in found.items() if len(agents) == 1}
+
     def _run_input(self, run: Run, cut: str | None, partial: bool, joins: Joins) -> RunInput:
-        events, unjoined = event_ledgers(run, joins)
+        own_agents = self._own_agents(run)
+        events, unjoined = event_ledgers(run, joins, own_agents)
         # each unit's record with the keys it is named by: named once the names shown are known (unnamed
         # agents are numbered among those shown)
         records: list[tuple[tuple[str, ...], ExecutorRecord]] = []
@@ -484,6 +502,8 @@ class TraceState:
                 ledger, source, derived = (), "none", unit.derived_agent_spans > 0
             if agent is None and not ledger and not unit.turns and not unit.agent_spans:
                 continue  # its executor's workflow events went to the executor's own agent's unit
+            if unit.wraps and not unit.turns:
+                continue  # a workflow used as an agent: that workflow's agents are the units
             calls, stacked, disagree = (chat_calls(unit.turns) if unit.stacked or unit.direct_name is SEVERAL_NAMES
                                         else (unit.turns, 0, ()))
             if agent is None and not ledger and not hosts_agent:
@@ -491,7 +511,7 @@ class TraceState:
                 # executor calling a chat client itself) or by none: a run note, not a unit (docs/design.md §1)
                 unattributed.append((executor, calls))
                 continue
-            keys = self._unit_keys(run, executor, agent, unit, units_by_executor[executor])
+            keys = self._unit_keys(run, executor, agent, unit, units_by_executor[executor], own_agents)
             if not unit.turns and executor in run.executors and run.executors[executor].composite:
                 composite.append(keys)  # a workflow as its agent: that workflow's agents are the units
                 continue
@@ -510,6 +530,8 @@ class TraceState:
         apart = [(k,) for k in run.executors if k not in scored]
         names = (self._display_names(run, [keys for keys, _ in records] + idle + composite + apart) if self._unnamed
                  else self._names)
+        if own_agents:  # an executor named by its agent's descriptive id is shown by the agent's own name
+            names = {**names, **{executor: self._names[agent] for executor, agent in own_agents.items()}}
 
         def name(keys: tuple[str, ...]) -> str:
             return names[keys[0]] if len(keys) == 1 else "/".join(names[k] for k in keys) or "(no executor)"
@@ -519,7 +541,11 @@ class TraceState:
         non_agent = tuple(sorted({name(keys) for keys in idle + composite + apart}, key=str.casefold))
         notes = [f"Trace incomplete: {cut}; spans that had not arrived are not in this verdict."] if cut else []
         notes += [f"{shown} ran a workflow as its agent: it is judged by that workflow's own agents, each a unit."
-                  for shown in sorted({name(keys) for keys in composite}, key=str.casefold)]
+                  for shown in sorted({name((k,)) for k, e in run.executors.items() if e.composite}, key=str.casefold)]
+        if run.wrapper is not None:
+            wrapper = self._names[run.wrapper]
+            notes.append(f"This run ran inside the agent '{wrapper}' (a workflow used as an agent): it is judged by "
+                         f"its own agents, each a unit; '{wrapper}' itself is no unit and no run.")
         if joins.stray:
             stray = ", ".join(self._names.get(e, e) for e in joins.stray)
             notes.append(f"Ledger span(s) recorded beside the workflow runs named executor(s) {stray}, which no run "
@@ -582,12 +608,13 @@ class TraceState:
 
     @staticmethod
     def _unit_keys(run: Run, executor: str | None, agent: str | None, unit: Unit,
-                   siblings: list[str | None]) -> tuple[str, ...]:
-        """What a unit is named by: the executor id for the executor's own agent, ``executor/agent`` for
-        any other agent (none: no executor and no agent)."""
+                   siblings: list[str | None], own: dict[str, str]) -> tuple[str, ...]:
+        """What a unit is named by: the executor for the executor's own agent (shown by that agent's
+        name where it is known, ``own``), ``executor/agent`` for any other agent (none: no executor
+        and no agent)."""
         if executor is None:
             return (agent,) if agent else ()
-        if agent is None or agent == executor:
+        if agent is None or agent == executor or own.get(executor) == agent:
             return (executor,)
         hosts_agent = executor in run.executors and run.executors[executor].hosts_agent
         own_candidates = [a for a in siblings if a is not None and run.units[(executor, a)].top_level]

@@ -92,6 +92,19 @@ def is_per_process_id(name: str) -> bool:
 _DOTNET_AGENT_EXECUTOR = re.compile(r"(.+?)_[0-9a-f]{32}", re.IGNORECASE)
 
 
+#: MAF .NET's descriptive id of an agent (``AIAgentExtensions.GetDescriptiveId``, its executor's id):
+#: every run of characters other than ASCII letters and digits turned into ``_``; on netstandard2.0
+#: ``_`` itself is kept.
+_NOT_IN_DESCRIPTIVE_IDS = (re.compile(r"[^0-9A-Za-z]+"), re.compile(r"[^0-9A-Za-z_]+"))
+
+
+@lru_cache(maxsize=1024)
+def descriptive_ids(name: str) -> frozenset[str]:
+    """The executor ids (case-folded, without a per-process id) that MAF gives the agent ``name``:
+    the name itself (MAF Python) and its descriptive id under either sanitizing rule (MAF .NET)."""
+    return frozenset([name.casefold(), *(p.sub("_", name).casefold() for p in _NOT_IN_DESCRIPTIVE_IDS)])
+
+
 def announcement(s: SpanRecord) -> Announcement | None:
     """The instrumentation's announcement on a span, if it carries one."""
     if s.facts[INSTRUMENTATION_VERSION] or s.facts[MAF_RELEASE]:

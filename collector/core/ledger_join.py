@@ -83,27 +83,31 @@ def _above(run: Run, outside: dict[bytes, bytes]) -> set[bytes]:
     return above
 
 
-def _own_unit(run: Run, executor: str) -> UnitKey:
-    """The unit of an executor's own agent: the agent named as the executor, else the one agent that
-    ran there; (executor, None) where that cannot be told."""
+def _own_unit(run: Run, executor: str, own: dict[str, str]) -> UnitKey:
+    """The unit of an executor's own agent: the agent named as the executor (by the executor's id, or
+    by the agent ``own`` says the id was made from), else the one agent that ran there; (executor,
+    None) where that cannot be told."""
+    named = own.get(executor, executor)
     agents = [a for e, a in run.units if e == executor and a is not None]
-    own = [a for a in agents if a == executor] or agents
-    return (executor, own[0]) if len(own) == 1 else (executor, None)
+    mine = [a for a in agents if a == named] or agents
+    return (executor, mine[0]) if len(mine) == 1 else (executor, None)
 
 
-def event_ledgers(run: Run, joins: Joins) -> tuple[dict[UnitKey, list[LedgerEntry]], dict[UnitKey, int]]:
+def event_ledgers(run: Run, joins: Joins, own: dict[str, str]) -> tuple[dict[UnitKey, list[LedgerEntry]],
+                                                                     dict[UnitKey, int]]:
     """Per unit, the workflow-event ledger entries it holds: a ledger span that names only its executor
     (recorded in the run under the executor's span, or joined from beside the run) is that executor's
-    own agent's, so one unit holds the entry and the agent's spans and the entry, the framework's own
-    ledger, is what is compared. And per unit, the ledger spans of its executor that joined no run."""
+    own agent's (``own``: executor -> the agent its id names, where their keys differ), so one unit
+    holds the entry and the agent's spans and the entry, the framework's own ledger, is what is
+    compared. And per unit, the ledger spans of its executor that joined no run."""
     by_executor: dict[str, list[LedgerEntry]] = defaultdict(list)
     for (executor, agent), unit in run.units.items():
         if agent is None and executor is not None and unit.ledger:
             by_executor[executor] += unit.ledger
     for executor, entry in joins.joined.get(run.span_id, ()):
         by_executor[executor].append(entry)
-    events = {_own_unit(run, executor): entries for executor, entries in by_executor.items()}
-    return events, {_own_unit(run, e): n for e, n in joins.unjoined.items() if e in run.executors}
+    events = {_own_unit(run, executor, own): entries for executor, entries in by_executor.items()}
+    return events, {_own_unit(run, e, own): n for e, n in joins.unjoined.items() if e in run.executors}
 
 
 def reports(entry: LedgerEntry) -> bool:

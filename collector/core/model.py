@@ -92,11 +92,16 @@ PYTHON_INSTALL = ("pip install --find-links <agenteval>/dist opentelemetry-instr
 DOTNET_INSTALL = ("dotnet add package AgentEval.Instrumentation.MafFidelity --source <agenteval>/dist, where "
                   "<agenteval> is the collector's repository after make dist")
 
+#: The other way to ``no_chat_trace``: an answer no model call made that still reports tokens.
+_NO_MODEL_CALL = ("If the agent answered without calling a model (a middleware or a cache that reports "
+                  "usage of its own), no chat call can confirm those tokens: report none for such answers")
+
 #: What would give each NoTruth unit its truth back (shown on the run page).
 NO_TRUTH_FIXES: dict[NoTruthReason, str] = {
     NoTruthReason.NO_CHAT_TRACE: (
         "instrument this agent's chat client (MAF: enable_instrumentation(), clients with "
-        "ChatTelemetryLayer) and export its spans to this collector, in the same trace as the workflow"
+        "ChatTelemetryLayer) and export its spans to this collector, in the same trace as the workflow. "
+        f"{_NO_MODEL_CALL}"
     ),
     NoTruthReason.RESPONSE_MISSING: (
         "an upstream hook in MAF's InProcessExecution that hands each executor's chat response back "
@@ -134,7 +139,8 @@ DOTNET_FIXES: dict[NoTruthReason, str] = {
     NoTruthReason.NO_CHAT_TRACE: (
         "instrument this agent's chat client (.AsBuilder().UseOpenTelemetry() on the IChatClient) and add "
         "the source Experimental.Microsoft.Extensions.AI to the tracer provider "
-        "(AddMafFidelityInstrumentation() adds it), exporting to this collector in the same trace as the workflow"
+        "(AddMafFidelityInstrumentation() adds it), exporting to this collector in the same trace as the "
+        f"workflow. {_NO_MODEL_CALL}"
     ),
     NoTruthReason.RESPONSE_MISSING: (
         "make this agent's chat client record each response: UseOpenTelemetry() on the IChatClient itself "

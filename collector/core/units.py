@@ -41,6 +41,9 @@ class Unit:
     #: which may be two records of one call side by side, as :func:`~collector.core.chat_calls.calls`
     #: reads; the usual case, one name, is built without looking).
     direct_name: str | None = None
+    #: A workflow run lies beneath its agent span (a workflow used as an agent): no unit, that
+    #: workflow's agents are.
+    wraps: bool = False
 
 
 @dataclass(slots=True)
@@ -72,5 +75,8 @@ class Run:
     parent_id: bytes = b""
     #: Its workflow-run span's start (Unix ns; None: none arrived, or it had none).
     start_ns: int | None = None
+    #: The agent (key) whose span the run ran beneath, outside every other run: a workflow used as an
+    #: agent and called directly.
+    wrapper: str | None = None
     dirty: bool = False
     revision: int = 0

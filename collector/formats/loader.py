@@ -3,7 +3,9 @@
 - AgentEval's own WorkflowTrace JSON (:mod:`collector.formats.agenteval_trace`, AgentEval's rules);
 - ``workflow-trace/v1`` JSON (validated against the shipped JSON Schema);
 - one OTLP/JSON ``ExportTraceServiceRequest``, or JSON Lines of them (the OpenTelemetry
-  Collector's file exporter), classified exactly like live spans, one run per trace id.
+  Collector's file exporter), classified exactly like live spans, one run per trace id;
+- one serialized (protobuf) ``ExportTraceServiceRequest``, the body a collector receives over
+  OTLP/gRPC or OTLP/HTTP: a capture replays as it was received, decoded as live requests are.
 
 ``-`` reads standard input.
 """
@@ -20,13 +22,14 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import jsonschema
+from google.protobuf.message import DecodeError as ProtoDecodeError
 from jsonschema.exceptions import best_match
 
 from collector.core.classify import TraceState
 from collector.core.model import LEDGER_SOURCE_V1, ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
 from collector.core.profiles import Matcher
 from collector.formats import agenteval_trace
-from collector.formats.decode import DecodeError, decode_otlp_json
+from collector.formats.decode import DecodeError, Decoded, count_spans, decode_bytes, decode_otlp_json
 
 WORKFLOW_TRACE_SCHEMA = "workflow-trace/v1"
 
@@ -133,10 +136,18 @@ def _open(path: Path) -> tuple[BinaryIO, str]:
 
 
 def _documents(fh: BinaryIO, name: str, on_bytes: Callable[[int], None]) -> Iterator[tuple[Any, str]]:
-    """Yield (document, location): one per line for JSON Lines, else the whole input once."""
+    """Yield (document, location): one per line for JSON Lines, else the whole input once; input that
+    is not JSON is a serialized request, yielded as its bytes."""
+    skipped = b""
     first = fh.readline()
     while first and not first.strip():
+        skipped += first
         first = fh.readline()
+    if first and first.lstrip()[:1] not in (b"{", b"["):
+        data = skipped + first + fh.read()
+        on_bytes(len(data))
+        yield data, name
+        return
     try:
         doc = json.loads(first)
         whole = False
@@ -144,12 +155,17 @@ def _documents(fh: BinaryIO, name: str, on_bytes: Callable[[int], None]) -> Iter
         whole = True
     if whole:
         data = first + fh.read()
-        on_bytes(len(data))
+        on_bytes(len(skipped) + len(data))
         if not data.strip():
             raise TraceFileError(f"{name}: empty: no trace to read")
         try:
             yield json.loads(data), name
         except ValueError as exc:
+            # A request's first field is tagged 0x0A, a newline: one whose length byte is "{" or "[" reads
+            # as the start of JSON
+            if skipped[:1] == b"\n" and _request_spans(skipped + data):
+                yield skipped + data, name
+                return
             raise TraceFileError(_json_error(name, exc)) from exc
         return
     on_bytes(len(first))
@@ -165,6 +181,26 @@ def _documents(fh: BinaryIO, name: str, on_bytes: Callable[[int], None]) -> Iter
         except ValueError as exc:
             raise TraceFileError(f"{name}:{lineno}: invalid JSON: {exc}") from exc
         yield doc, f"{name}:{lineno}"
+
+
+def _request_spans(data: bytes) -> bool:
+    """``data`` is a serialized request holding spans."""
+    try:
+        return count_spans(data) > 0
+    except ProtoDecodeError:
+        return False
+
+
+def _decode_request(data: bytes, matcher: Matcher, name: str) -> Decoded:
+    """A serialized request decoded as the receivers decode one; a span they would reject is an error here."""
+    try:
+        decoded = decode_bytes(data, matcher)
+    except ProtoDecodeError as exc:
+        raise TraceFileError(
+            f"{name}: neither JSON nor a serialized OTLP ExportTraceServiceRequest (protobuf: {exc})") from None
+    if decoded.rejected:
+        raise TraceFileError(f"{name}: {decoded.rejected} span(s) cannot be used: {'; '.join(decoded.reasons)}")
+    return decoded
 
 
 def _json_error(name: str, exc: ValueError) -> str:
@@ -203,17 +239,21 @@ def iter_runs(path: Path, matcher: Matcher, on_bytes: Callable[[int], None] = la
     position = 0  # spans read so far
     try:
         for doc, where in _documents(fh, name, on_bytes):
-            if not isinstance(doc, dict):
+            if isinstance(doc, bytes):
+                decoded = _decode_request(doc, matcher, where)
+            elif not isinstance(doc, dict):
                 raise TraceFileError(f"{where}: expected a JSON object, got {type(doc).__name__}")
-            if "resourceSpans" not in doc:
+            elif "resourceSpans" not in doc:
                 if "schema" not in doc and not agenteval_trace.looks_like(doc):
                     raise TraceFileError(f"{where}: {_unknown(doc)}")
                 if seen_any:
                     raise TraceFileError(f"{where}: a workflow trace document cannot follow OTLP requests")
                 yield _single_document(doc, where)
                 return
+            else:
+                decoded = decode_otlp_json(doc, matcher, where)
             seen_any = True
-            for span in decode_otlp_json(doc, matcher, where).spans:
+            for span in decoded.spans:
                 tid = span.trace_id
                 if tid in closed:
                     raise TraceFileError(

@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from collector.core.model import STATUS_EXIT_CODES, Status
+
 from conftest import AGENTEVAL, PROTOBUF, CollectorProcess, post, runs_of
 
 CAPTURES = Path(__file__).parent / "fixtures" / "dotnet" / "captures"
@@ -49,7 +50,7 @@ def test_a_capture_read_by_the_offline_cli_as_the_collector_received_it(name, tm
                           capture_output=True, text=True, timeout=120)
     assert proc.stdout, proc.stderr
     out = json.loads(proc.stdout)
-    runs = out["runs"] if "runs" in out else [out]
+    runs = out.get("runs", [out])
     assert seen(runs) == expected(name)
     worst = min((r["status"] for r in expected(name)), key=SEVERITY.index)
     assert proc.returncode == STATUS_EXIT_CODES[Status(worst)], proc.stderr

@@ -29,7 +29,7 @@ from collector.core.classify import TraceState
 from collector.core.model import LEDGER_SOURCE_V1, ChatTurn, ExecutorRecord, LedgerEntry, RunInput, Usage
 from collector.core.profiles import Matcher
 from collector.formats import agenteval_trace
-from collector.formats.decode import DecodeError, Decoded, count_spans, decode_bytes, decode_otlp_json
+from collector.formats.decode import Decoded, DecodeError, count_spans, decode_bytes, decode_otlp_json
 
 WORKFLOW_TRACE_SCHEMA = "workflow-trace/v1"
 

@@ -10,7 +10,8 @@ INSTRUMENTATION := instrumentation/opentelemetry-instrumentation-maf-fidelity
 # The instrumentation is installed as a wheel (its namespace package would make an editable install
 # print setuptools' warning box), so it is reinstalled whenever one of its files changes. So is the
 # compiled decoder (native/, needs Rust), whose wheel native/build.sh caches per version of its sources
-# (offline, tools/native-wheel takes the wheelhouse's prebuilt one: docs/running.md "Offline install").
+# (offline, tools/native-wheel takes the wheelhouse's prebuilt one, which make wheelhouse files:
+# docs/running.md "Offline / air-gapped install").
 NATIVE := native/build.sh native/Cargo.toml native/Cargo.lock native/pyproject.toml $(shell find native/src -type f)
 # tools/maf-venv builds every environment (.venv and each .venv-maf/ release) the same way.
 INSTALL_INPUTS := pyproject.toml tools/maf-venv tools/offline.sh tools/native-wheel $(NATIVE) \
@@ -143,6 +144,16 @@ dist:
 	  $(PYTHON) -m pip wheel --quiet --no-deps --wheel-dir dist . ./$(INSTRUMENTATION)'
 	@if command -v dotnet >/dev/null; then $(DOTNET_PACK); \
 	  else echo "note: no .NET SDK: dist/ has no AgentEval.Instrumentation.MafFidelity package"; fi
+
+# The wheelhouse a machine with no Python package index installs from (docs/running.md "Offline /
+# air-gapped install"), built where PyPI, crates.io and Rust are: every wheel make install, make test
+# and make test-maf-matrix install, and the compiled decoder of today's native/. By default where
+# tools/offline.sh looks for it ($AGENTEVAL_WHEELHOUSE, else ../shared/wheelhouse-py311); elsewhere:
+# make wheelhouse WHEELHOUSE=DIR.
+WHEELHOUSE ?=
+.PHONY: wheelhouse
+wheelhouse:
+	PYTHON=$(PYTHON) tools/make_wheelhouse.sh $(WHEELHOUSE)
 
 clean:
 	rm -rf $(VENV) .venv-maf .pytest_cache .ruff_cache .hypothesis dist $(DOTNET_DIR)/bin $(DOTNET_DIR)/obj $(PYRIGHT_DIR)/node_modules

@@ -2,10 +2,13 @@
 # Builds the compiled decoder (agenteval_native) into a wheel for PYTHON, unless the wheel for this
 # version of native/ (Cargo.toml, Cargo.lock, pyproject.toml, src/) is already in
 # ~/.cache/agenteval/native/<sha256>/; prints the wheel's path. Needs Rust (cargo) and PyPI (maturin).
+#   native/build.sh --sum   prints only that sha256, the name of this version of native/ (a wheelhouse
+#                           files the decoder under it too: tools/offline.sh, tools/make_wheelhouse.sh)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-python="${1:?usage: native/build.sh PYTHON}"
 sum="$(cd "$here" && sha256sum Cargo.toml Cargo.lock pyproject.toml $(find src -type f | LC_ALL=C sort) | sha256sum | cut -d' ' -f1)"
+[ "${1:-}" != --sum ] || { echo "$sum"; exit 0; }
+python="${1:?usage: native/build.sh PYTHON | native/build.sh --sum}"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/agenteval/native"
 tag="$("$python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
 find_wheel() { compgen -G "$cache/$sum/agenteval_native-*-$tag-*.whl" | head -n 1; }

@@ -1,16 +1,19 @@
 """Installing where no Python package index answers (tools/offline.sh, tools/native-wheel; docs/running.md
 "Offline / air-gapped install"): pip is sent to the wheelhouse only when its index cannot be reached, and
 the compiled decoder comes from the wheelhouse's build for today's native/ sources, by native/build.sh's
-own sum."""
+own sum. tools/make_wheelhouse.sh (make wheelhouse) builds that wheelhouse: here only its plan
+(--dry-run), since a real build downloads some 150 MB."""
 
 from __future__ import annotations
 
 import functools
 import http.server
 import os
+import re
 import subprocess
 import sys
 import threading
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TAG = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+INSTRUMENTATION = "instrumentation/opentelemetry-instrumentation-maf-fidelity"
 
 
 def _bash(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -73,9 +77,18 @@ def test_without_an_index_or_a_wheelhouse_the_install_is_said_to_fail(tmp_path):
     assert "there is no wheelhouse" in got.stderr and "no_index=" in got.stdout.split()
 
 
+def _wheelhouse_plan(*args: str, env: dict[str, str] | None = None) -> str:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "AGENTEVAL_WHEELHOUSE"))}
+    got = subprocess.run([str(ROOT / "tools/make_wheelhouse.sh"), "--dry-run", *args], capture_output=True,
+                         text=True, env={**clean, "PYTHON": sys.executable, **(env or {})}, timeout=60)
+    assert got.returncode == 0, got.stderr
+    return got.stdout
+
+
 def test_the_wheelhouse_decoder_is_the_one_native_build_sh_would_cache(tmp_path):
-    """offline.sh computes the sum of native/ as native/build.sh does: a wheel filed under offline.sh's
-    sum, in build.sh's cache, is the one build.sh prints (with no Rust on PATH, it could build none)."""
+    """offline.sh takes the sum of native/ from native/build.sh: a wheel filed under that sum, in
+    build.sh's cache, is the one build.sh prints (with no Rust on PATH, it could build none); and
+    make_wheelhouse.sh files it there, in the wheelhouse offline.sh looks in."""
     sum_dir = _bash('w=$(agenteval_native_wheel "$PY"); echo "$w"', {
         "PY": sys.executable, "AGENTEVAL_WHEELHOUSE": str(tmp_path / "wh")})
     assert sum_dir.stdout.strip() == ""  # nothing filed yet
@@ -94,6 +107,28 @@ def test_the_wheelhouse_decoder_is_the_one_native_build_sh_would_cache(tmp_path)
     assert offline.returncode == 0 and built.returncode == 0, (offline.stderr, built.stderr)
     assert Path(offline.stdout.strip()).name == Path(built.stdout.strip()).name == wheel
     assert Path(offline.stdout.strip()).parent.name == Path(built.stdout.strip()).parent.name == digest
+    plan = _wheelhouse_plan(env={"AGENTEVAL_WHEELHOUSE": str(tmp_path / "wh")})
+    assert f"into {tmp_path / 'wh' / 'native' / digest}/" in plan, plan
+
+
+def test_the_wheelhouse_holds_the_makefile_maf_releases_and_every_extra(tmp_path):
+    """make_wheelhouse.sh fetches exactly the MAF releases the Makefile tests (MAF_DEFAULT for .venv,
+    MAF_MATRIX for make test-maf-matrix), each as tools/maf-venv installs it, and every pyproject extra."""
+    makefile = (ROOT / "Makefile").read_text()
+    releases = [pair.split(":") for name in ("MAF_DEFAULT", "MAF_MATRIX")
+                for pair in re.search(rf"^{name}\s*:=(.*)$", makefile, flags=re.M).group(1).split()]
+    plan = _wheelhouse_plan(str(tmp_path / "wh"))
+    planned = re.findall(r"pip install -c <agent-framework-core==(\S+) agent-framework-orchestrations==(\S+)> "
+                         rf"\./{INSTRUMENTATION} \.\[test\]$", plan, flags=re.M)
+    assert sorted(planned) == sorted(map(tuple, releases)) and len(releases) >= 2, plan
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extras = re.search(r"pip install \.\[(.*)\]$", plan, flags=re.M).group(1).split(",")
+    assert sorted(extras) == sorted(pyproject["project"]["optional-dependencies"]), plan
+    # so that pip builds the collector and the instrumentation from the checkout offline
+    backends = re.search(r"pip install pip (.*)$", plan, flags=re.M).group(1).split()
+    instrumentation = tomllib.loads((ROOT / INSTRUMENTATION / "pyproject.toml").read_text())
+    assert set(pyproject["build-system"]["requires"] + instrumentation["build-system"]["requires"]) <= set(backends)
+    assert plan.startswith(f"wheelhouse {tmp_path / 'wh'}, ")
 
 
 def test_offline_without_a_prebuilt_decoder_says_why(tmp_path):

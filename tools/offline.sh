@@ -15,11 +15,13 @@
 #                              adds "WHAT: not run, ..." to the array `skipped`; any other failure fails.
 #   agenteval_native_wheel PYTHON
 #                              prints the wheelhouse's prebuilt compiled decoder for today's native/
-#                              sources (native/<sha256>/, the sum native/build.sh computes), or
+#                              sources (native/<sha256>/, the sum native/build.sh --sum prints), or
 #                              nothing when none matches.
+#   agenteval_wheelhouse_path PYTHON
+#                              prints where the wheelhouse for PYTHON is looked for, there or not.
 #
-# The wheelhouse is $AGENTEVAL_WHEELHOUSE, else ../shared/wheelhouse-pyXY beside the repository
-# (pip download / pip wheel of every requirement, as docs/running.md shows).
+# The wheelhouse is $AGENTEVAL_WHEELHOUSE, else ../shared/wheelhouse-pyXY beside the repository;
+# tools/make_wheelhouse.sh (make wheelhouse) builds it where a package index answers.
 
 agenteval_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -27,10 +29,15 @@ agenteval_index_reachable() {
   "$1" -m pip index versions pip --retries 0 --timeout 10 --no-input >/dev/null 2>&1
 }
 
-agenteval_wheelhouse() {
+agenteval_wheelhouse_path() {
   local tag
   tag="$("$1" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')"
-  local dir="${AGENTEVAL_WHEELHOUSE:-$agenteval_root/../shared/wheelhouse-$tag}"
+  echo "${AGENTEVAL_WHEELHOUSE:-$agenteval_root/../shared/wheelhouse-$tag}"
+}
+
+agenteval_wheelhouse() {
+  local dir
+  dir="$(agenteval_wheelhouse_path "$1")"
   [ -d "$dir" ] && (cd "$dir" && pwd)
 }
 
@@ -50,9 +57,7 @@ agenteval_offline() {
 agenteval_native_wheel() {
   local python="$1" wheelhouse sum tag
   wheelhouse="$(agenteval_wheelhouse "$python")" || return 0
-  # The same sum as native/build.sh's (tests/test_offline.py checks that they agree).
-  sum="$(cd "$agenteval_root/native" && sha256sum Cargo.toml Cargo.lock pyproject.toml \
-    $(find src -type f | LC_ALL=C sort) | sha256sum | cut -d' ' -f1)"
+  sum="$("$agenteval_root/native/build.sh" --sum)"
   tag="$("$python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
   compgen -G "$wheelhouse/native/$sum/agenteval_native-*-$tag-*.whl" | head -n 1 || true
 }

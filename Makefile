@@ -87,8 +87,9 @@ typecheck: install pyright
 lint: install
 	$(BIN)/ruff check .
 
+# --durations: the slowest tests are named in every run's output (CI's too), where a slow part shows first.
 test: install lint $(TYPECHECK)
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=15
 
 # One MAF release: make test-maf MAF=1.23.0 ORCH=1.4.0 (an environment per release, kept until its
 # inputs change). The pytest run fails on exit 5 too: these files always hold tests.

@@ -271,6 +271,24 @@ def test_a_file_neither_json_nor_a_usable_request_exits_1_saying_why(body, probl
     assert proc.returncode == 1 and str(path) in proc.stderr and problem in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16"])
+def test_json_written_with_a_byte_order_mark_reads_as_json(encoding, tmp_path):
+    """Windows tools (PowerShell's Out-File) write JSON with a byte order mark: still JSON, never protobuf."""
+    example = next(p for p in EXAMPLES if p.name.startswith("fail_"))
+    path = tmp_path / f"{encoding}.json"
+    path.write_text(example.read_text(), encoding=encoding)
+    assert bench(path, tmp_path / "runs.db").returncode == EXPECTED_EXIT["fail"]
+
+
+@pytest.mark.parametrize(("text", "problem"), [("<html>not a trace</html>", "invalid JSON"),
+                                               ('"a string"', "expected a JSON object, got str")])
+def test_text_that_is_not_json_is_told_so_as_json(text, problem, tmp_path):
+    path = tmp_path / "trace.txt"
+    path.write_text(text)
+    proc = bench(path, tmp_path / "runs.db")
+    assert proc.returncode == 1 and problem in proc.stderr and "protobuf" not in proc.stderr, proc.stderr
+
+
 def test_missing_file_exits_1(tmp_path):
     proc = bench(tmp_path / "nope.json", tmp_path / "runs.db")
     assert proc.returncode == 1 and "no such file" in proc.stderr

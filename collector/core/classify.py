@@ -20,8 +20,10 @@ and the nearest agent (name and invocation span). From that context:
 - an agent span is the ledger only where the profile says the runtime's agent span is independent
   (MAF .NET); MAF Python's re-sums the chat spans under it, which makes the unit ``ledger_derived``.
 
-A unit is (run, executor, agent), compared case-insensitively; its name is the executor id for the
-executor's own agent and ``executor/agent`` for any other agent that ran there.
+A unit is (run, executor, agent), compared case-insensitively; the executor's own agent is named by
+its agent's name where a span names it (MAF makes the executor id from it), else by the executor id,
+and any other agent that ran there ``executor/agent``. An agent call beneath which a workflow runs,
+reporting no more than that workflow holds, is no unit: the workflow's agents are.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ class TraceState:
 
     __slots__ = ("matcher", "trace_id", "root_span_id", "subject", "_context", "_pending", "_pending_ids",
                  "_runs", "_names", "_fallback_subject", "run_spans_seen", "unusable", "orphaned", "_callers",
-                 "_published", "_provisional", "_shared", "_times", "_outside", "_runtime", "_joins",
+                 "_published", "_provisional", "_shared", "_times", "_outside", "_runtime", "_joins", "_direct",
                  "_withheld", "_unnamed")
 
     def __init__(self, matcher: Matcher, trace_id: bytes) -> None:
@@ -102,6 +104,9 @@ class TraceState:
         #: Parent ids of the plain spans outside every workflow run (a caller's, .NET's
         #: ``workflow.session``): how far up a run a caller's ledger span may sit and still join it.
         self._outside: dict[bytes, bytes] = {}
+        #: Agent spans outside every workflow run (direct agent calls) -> their unit's key in the trace's
+        #: run of no workflow: which of them a workflow run lies beneath is worked out at publication.
+        self._direct: dict[bytes, tuple[str | None, str]] = {}
         #: The revision last published of every run, including runs that only a provisional
         #: finalization made (spans classified as if parentless): the next numbers on from it.
         self._published: dict[str | None, int] = {}
@@ -205,9 +210,6 @@ class TraceState:
                 _announce(run, s)
                 if error := span_error(s):
                     run.errors.append(f"workflow: {error}")
-                if agent is not None:  # a workflow used as an agent, called directly: judged by its agents
-                    run.wrapper = agent
-                    self._run(None).units[(executor, agent)].wraps = True
                 return (run.span_id, None, None, None, None)
             run = self._run(run_key)
             if executor is not None:  # a workflow run as an executor's agent (workflow.AsAIAgent())
@@ -240,6 +242,8 @@ class TraceState:
                 return parent
             key = self._key(name)  # an unnamed agent's per-process id: told apart, named at publication
             run = self._run(run_key)
+            if run_key is None:
+                self._direct[s.span_id] = (executor, key)
             _announce(run, s)
             unit = run.units[(executor, key)]
             unit.top_level = unit.top_level or agent is None
@@ -400,6 +404,8 @@ class TraceState:
         orphaned = self.orphaned
         self.resolve_orphans(everything)
         joins = self._joins_now() if self._callers or self._joins or self._pending else NO_JOINS
+        if self._direct:
+            self._find_wrappers()
         if self.orphaned > orphaned:  # spans are missing: runs already published cannot pass either
             for run in self._runs.values():
                 run.dirty = True
@@ -434,10 +440,14 @@ class TraceState:
         # The trace's run of no workflow made only of spans still waiting for their parent is not
         # published while that parent may come: those spans would then join their real run and leave
         # it behind, a run of its own that is not one. It is published if the parent never comes.
-        self._withheld = self.root_span_id is not None and None not in self._runs and None in trial._runs
+        # Nor while its own agents made no chat call: each may be a workflow agent's wrapper whose
+        # workflow is among the spans still waiting (no unit then, and no run).
+        direct = self._runs.get(None)
+        made_calls = direct is not None and any(unit.turns for unit in direct.units.values())
+        self._withheld = self.root_span_id is not None and not made_calls and None in trial._runs
         if self._withheld:
-            direct = trial._run_id(trial._runs[None])
-            out = [(run, revision) for run, revision in out if run.run_id != direct]
+            direct_id = trial._run_id(trial._runs[None])
+            out = [(run, revision) for run, revision in out if run.run_id != direct_id]
             trial._published[None] = self._published.get(None, 0)
         self._published, self._joins = trial._published, trial._joins
         for key, run in self._runs.items():
@@ -462,16 +472,47 @@ class TraceState:
                 run.revision = max(run.revision, revision)
                 self._published[run.span_id] = run.revision
 
+    def _find_wrappers(self) -> None:
+        """Mark the direct agent calls beneath which workflow runs lie (through spans outside every run:
+        .NET's ``workflow.session``) as no unit, where what they report is no more than those runs hold
+        (a workflow used as an agent: its wrapper's usage is its agents' sum), and note the wrapper on
+        each such run. Worked out anew from every span known at each publication, so the order spans
+        arrived in changes nothing; a run or unit whose part changed is published again."""
+        beneath: dict[tuple[str | None, str | None], list[Run]] = defaultdict(list[Run])
+        for run in self._runs.values():
+            span_id, seen = run.parent_id, set[bytes]()
+            while span_id and span_id not in seen:
+                seen.add(span_id)
+                if (wrapper := self._direct.get(span_id)) is not None:
+                    beneath[wrapper].append(run)
+                    break
+                span_id = self._outside.get(span_id, b"")
+        direct = self._runs.get(None)
+        wrapped: dict[str, str] = {}  # run key -> its wrapper's agent key
+        if direct is not None:
+            for (executor, agent), unit in direct.units.items():
+                runs = beneath.get((executor, agent), []) if agent is not None else []
+                wraps = bool(runs) and not unit.turns and _covered(unit, runs)
+                if wraps != unit.wraps:
+                    unit.wraps = wraps
+                    direct.dirty = True
+                if wraps and agent is not None:
+                    wrapped.update((run.span_id, agent) for run in runs if run.span_id is not None)
+        for key, run in self._runs.items():
+            if key is not None and run.wrapper != wrapped.get(key):
+                run.wrapper = wrapped.get(key)
+                run.dirty = True
+
     def _own_agents(self, run: Run) -> dict[str, str]:
         """Executor key -> the agent (key) that is its own by name where their keys differ: the one agent
         that ran directly in it whose name MAF makes the executor's id of (MAF .NET ``{Name}_{Id}``,
         the name's other characters turned into ``_``: docs/verdicts.md "How a unit is named")."""
-        found: dict[str, list[str]] = defaultdict(list)
+        top: dict[str, list[str]] = defaultdict(list)
         for (executor, agent), unit in run.units.items():
-            if (executor is not None and agent is not None and agent != executor and unit.top_level
-                    and executor in descriptive_ids(self._names[agent])):
-                found[executor].append(agent)
-        return {executor: agents[0] for executor, agents in found.items() if len(agents) == 1}
+            if executor is not None and agent is not None and unit.top_level:
+                top[executor].append(agent)
+        return {executor: agent for executor, (agent, *others) in top.items()
+                if not others and agent != executor and executor in descriptive_ids(self._names[agent])}
 
     def _run_input(self, run: Run, cut: str | None, partial: bool, joins: Joins) -> RunInput:
         own_agents = self._own_agents(run)
@@ -541,7 +582,8 @@ class TraceState:
         non_agent = tuple(sorted({name(keys) for keys in idle + composite + apart}, key=str.casefold))
         notes = [f"Trace incomplete: {cut}; spans that had not arrived are not in this verdict."] if cut else []
         notes += [f"{shown} ran a workflow as its agent: it is judged by that workflow's own agents, each a unit."
-                  for shown in sorted({name((k,)) for k, e in run.executors.items() if e.composite}, key=str.casefold)]
+                  for shown in sorted({name((k,)) for k, e in run.executors.items() if e.composite and k not in scored},
+                                      key=str.casefold)]
         if run.wrapper is not None:
             wrapper = self._names[run.wrapper]
             notes.append(f"This run ran inside the agent '{wrapper}' (a workflow used as an agent): it is judged by "
@@ -621,6 +663,19 @@ class TraceState:
         if hosts_agent and unit.top_level and len(own_candidates) == 1 and None not in siblings:
             return (executor,)
         return (executor, agent)
+
+
+def _covered(wrapper: Unit, runs: list[Run]) -> bool:
+    """What ``wrapper`` reports is no more than the ``runs`` beneath it hold, their chat calls' or
+    their agents' own reports: so it only sums theirs (an agent that reports more, an agent calling a
+    model untraced beside running a workflow, stays a unit)."""
+    reported = sum(e.usage.total or 0 for e in (wrapper.ledger or wrapper.agent_spans))
+    if not reported:
+        return True
+    units = [unit for run in runs for unit in run.units.values()]
+    truth = sum(Usage(i, o, t).total or 0 for unit in units for i, o, t, *_ in unit.turns)
+    ledgers = sum(e.usage.total or 0 for unit in units for e in (unit.ledger or unit.agent_spans))
+    return reported <= max(truth, ledgers)
 
 
 def _announce(run: Run, s: SpanRecord) -> None:

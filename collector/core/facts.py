@@ -102,7 +102,8 @@ _NOT_IN_DESCRIPTIVE_IDS = (re.compile(r"[^0-9A-Za-z]+"), re.compile(r"[^0-9A-Za-
 def descriptive_ids(name: str) -> frozenset[str]:
     """The executor ids (case-folded, without a per-process id) that MAF gives the agent ``name``:
     the name itself (MAF Python) and its descriptive id under either sanitizing rule (MAF .NET)."""
-    return frozenset([name.casefold(), *(p.sub("_", name).casefold() for p in _NOT_IN_DESCRIPTIVE_IDS)])
+    # MAF sanitizes "{Name}_{Id}" as one string: a run of other characters ending the name joins the "_" before the id
+    return frozenset([name.casefold(), *(p.sub("_", name + "_")[:-1].casefold() for p in _NOT_IN_DESCRIPTIVE_IDS)])
 
 
 def announcement(s: SpanRecord) -> Announcement | None:

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import sys
 from collections import OrderedDict
@@ -143,7 +144,7 @@ def _documents(fh: BinaryIO, name: str, on_bytes: Callable[[int], None]) -> Iter
     while first and not first.strip():
         skipped += first
         first = fh.readline()
-    if first and first.lstrip()[:1] not in (b"{", b"["):
+    if first and first.lstrip()[:1] not in (b"{", b"[") and not first.startswith(_BYTE_ORDER_MARKS):
         data = skipped + first + fh.read()
         on_bytes(len(data))
         yield data, name
@@ -183,6 +184,10 @@ def _documents(fh: BinaryIO, name: str, on_bytes: Callable[[int], None]) -> Iter
         yield doc, f"{name}:{lineno}"
 
 
+#: How JSON text in UTF-8 with a signature, UTF-16 or UTF-32 begins (Windows tools write them): JSON.
+_BYTE_ORDER_MARKS = (codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)  # UTF-32's begin as UTF-16's
+
+
 def _request_spans(data: bytes) -> bool:
     """``data`` is a serialized request holding spans."""
     try:
@@ -196,11 +201,26 @@ def _decode_request(data: bytes, matcher: Matcher, name: str) -> Decoded:
     try:
         decoded = decode_bytes(data, matcher)
     except ProtoDecodeError as exc:
+        try:
+            doc = json.loads(data)  # text that is no request: say what is wrong with it as JSON
+        except ValueError as json_exc:
+            if _is_text(data):
+                raise TraceFileError(_json_error(name, json_exc)) from None
+        else:
+            raise TraceFileError(f"{name}: expected a JSON object, got {type(doc).__name__}") from None
         raise TraceFileError(
             f"{name}: neither JSON nor a serialized OTLP ExportTraceServiceRequest (protobuf: {exc})") from None
     if decoded.rejected:
         raise TraceFileError(f"{name}: {decoded.rejected} span(s) cannot be used: {'; '.join(decoded.reasons)}")
     return decoded
+
+
+def _is_text(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _json_error(name: str, exc: ValueError) -> str:

@@ -281,8 +281,9 @@ class LayerDisagreement:
 
 @dataclass(slots=True)
 class ExecutorRecord:
-    """One agent unit (docs/design.md §1 Units): an executor's own agent, named by the executor id, or another
-    agent that ran inside it, named ``executor/agent``. ``executor_id`` holds that unit name.
+    """One agent unit (docs/design.md §1 Units): an executor's own agent, named by its agent's name (by the
+    executor id where no span names the agent), or another agent that ran inside it, named
+    ``executor/agent``. ``executor_id`` holds that unit name.
 
     ``ledger_derived``: the framework's only ledger for this unit re-sums the same chat spans (MAF
     Python's ``invoke_agent``), so it is withheld from ``ledger`` and the unit cannot be checked.

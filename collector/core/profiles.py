@@ -27,7 +27,7 @@ class ProfileConfig(BaseModel):
     workflow_run_span_names: list[str] = Field(
         default_factory=lambda: ["workflow.run", "workflow_invoke", "invoke_workflow"])
     #: Executor types (``executor.type``, last dotted part) that host one agent of their own: that
-    #: agent's unit is named by the executor id; any other agent in an executor is ``executor/agent``.
+    #: agent's unit is the executor's (named by the agent's name); any other agent in one is ``executor/agent``.
     agent_executor_types: list[str] = Field(default_factory=list)
     #: Executor-type attribute.
     #: Executor-type attributes, first present wins: the MAF instrumentation's ``fidelity.executor.type``

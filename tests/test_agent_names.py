@@ -114,3 +114,31 @@ def test_an_agent_reporting_more_than_the_workflow_beneath_it_stays_a_unit():
         assert got[run_id(inner)] == {"FrenchAgent": ("Agree", 500, 500, None)}, order
         last = {item.run.run_id: item.run for item in published}
         assert not any("ran inside the agent" in n for n in last[run_id(inner)].notes), order
+
+
+def test_inside_a_run_an_agent_reporting_more_than_the_workflow_beneath_it_stays_a_unit():
+    """The same inside an outer workflow: an agent executor whose agent runs a workflow (a workflow agent
+    wrapped in OpenTelemetryAgent, bound as a participant) is no unit while it reports no more than the
+    run holds (issue 65's trial-c shape, wrapped); reporting more, it stays one. Delivered whole: a
+    nested workflow-run span that arrives before its parent is still taken for a run of its own at a
+    sweep before the trace is complete (a known gap of nested runs, whatever their agents)."""
+    def outer(app: App, reported: tuple[int, int]) -> Span:
+        with app.tracer.start_as_current_span("invoke_workflow", attributes={
+                "gen_ai.operation.name": "invoke_workflow"}) as run:
+            app.agent("planner", *HONEST)
+            executor = f"pipeline_{next(app.ids)}"
+            with app.tracer.start_as_current_span(f"executor.process {executor}", attributes={
+                    "executor.id": executor, "executor.type": HOST}):
+                with app.tracer.start_as_current_span("invoke_agent pipeline(x)", attributes={
+                        "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "pipeline", **_usage(*reported)}):
+                    app.run([("writer", *HALVED)])
+        return run
+
+    app = App()
+    with app.tracer.start_as_current_span("main"):
+        wrapper = outer(app, (400, 100))
+        boss = outer(app, (9000, 999))
+    got = units(deliver(app.rec.take(), 1, 0))
+    assert got[run_id(wrapper)] == {"planner": ("Agree", 500, 500, None), "writer": ("TokenMismatch", 250, 500, None)}
+    assert got[run_id(boss)] == {"planner": ("Agree", 500, 500, None), "writer": ("TokenMismatch", 250, 500, None),
+                                 "pipeline": ("NoTruth", 9999, None, "no_chat_trace")}

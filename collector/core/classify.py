@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
+from collections.abc import Sequence
 
 from collector.core.chat_calls import T_START, Turn, unattributed_chat
 from collector.core.chat_calls import calls as chat_calls
@@ -492,7 +493,8 @@ class TraceState:
         if direct is not None:
             for (executor, agent), unit in direct.units.items():
                 runs = beneath.get((executor, agent), []) if agent is not None else []
-                wraps = bool(runs) and not unit.turns and _covered(unit, runs)
+                wraps = bool(runs) and not unit.turns and _covered(
+                    unit.ledger or unit.agent_spans, [u for run in runs for u in run.units.values()])
                 if wraps != unit.wraps:
                     unit.wraps = wraps
                     direct.dirty = True
@@ -543,8 +545,8 @@ class TraceState:
                 ledger, source, derived = (), "none", unit.derived_agent_spans > 0
             if agent is None and not ledger and not unit.turns and not unit.agent_spans:
                 continue  # its executor's workflow events went to the executor's own agent's unit
-            if unit.wraps and not unit.turns:
-                continue  # a workflow used as an agent: that workflow's agents are the units
+            if unit.wraps and not unit.turns and run.span_id is None:
+                continue  # a workflow used as an agent, called directly: that workflow's agents are the units
             calls, stacked, disagree = (chat_calls(unit.turns) if unit.stacked or unit.direct_name is SEVERAL_NAMES
                                         else (unit.turns, 0, ()))
             if agent is None and not ledger and not hosts_agent:
@@ -553,7 +555,8 @@ class TraceState:
                 unattributed.append((executor, calls))
                 continue
             keys = self._unit_keys(run, executor, agent, unit, units_by_executor[executor], own_agents)
-            if not unit.turns and executor in run.executors and run.executors[executor].composite:
+            if (not unit.turns and (unit.wraps or executor in run.executors and run.executors[executor].composite)
+                    and _covered(ledger, [u for u in run.units.values() if u is not unit])):
                 composite.append(keys)  # a workflow as its agent: that workflow's agents are the units
                 continue
             if not unit.turns and not unit.derived_reported and not any(reports(e) for e in ledger):
@@ -665,14 +668,14 @@ class TraceState:
         return (executor, agent)
 
 
-def _covered(wrapper: Unit, runs: list[Run]) -> bool:
-    """What ``wrapper`` reports is no more than the ``runs`` beneath it hold, their chat calls' or
-    their agents' own reports: so it only sums theirs (an agent that reports more, an agent calling a
-    model untraced beside running a workflow, stays a unit)."""
-    reported = sum(e.usage.total or 0 for e in (wrapper.ledger or wrapper.agent_spans))
+def _covered(reported_by: Sequence[LedgerEntry], units: list[Unit]) -> bool:
+    """What an agent beneath which a workflow ran reports (``reported_by``) is no more than the
+    ``units`` of that workflow hold, their chat calls' or their own reports: so it only sums theirs (an
+    agent that reports more, one calling a model untraced beside running a workflow, stays a unit).
+    Inside a run, the workflow's units are not told apart from the run's others: all of them count."""
+    reported = sum(e.usage.total or 0 for e in reported_by)
     if not reported:
         return True
-    units = [unit for run in runs for unit in run.units.values()]
     truth = sum(Usage(i, o, t).total or 0 for unit in units for i, o, t, *_ in unit.turns)
     ledgers = sum(e.usage.total or 0 for unit in units for e in (unit.ledger or unit.agent_spans))
     return reported <= max(truth, ledgers)

@@ -1,5 +1,7 @@
 """Our collector beside rotel (a Rust OTLP collector, blackhole exporter) on the same pre-encoded
-MAF-shaped payload over gRPC, 1 and 16 concurrent streams, alternating, in one run.
+MAF-shaped payload over gRPC, 1 and 16 concurrent streams, alternating, in one run; with
+``--payload plain``, a payload in which no agent runs (HTTP server, database, HTTP client and message
+spans: what a tee'd production feed mostly holds), whose traces ours finalizes without a run.
 
 rotel comes from its PyPI wheel (``.venv/bin/pip install rotel``). Its Python package starts the
 bundled ``rotel-agent`` binary as ``rotel-agent start --daemon`` with ``ROTEL_*`` settings in the
@@ -22,6 +24,7 @@ chat call costs a span (the bench's model is one genai-prices knows).
     .venv/bin/python bench/peers.py [--traces 3000] [--streams 1 16] [--runs 3]
     .venv/bin/python bench/peers.py --code . /tmp/base --runs 3   # this tree and another commit's, beside rotel
     .venv/bin/python bench/peers.py --code . /tmp/base --unpriced  # and this tree with pricing off
+    .venv/bin/python bench/peers.py --payload plain  # spans no agent is in ("end to end": all finalized)
 """
 
 from __future__ import annotations
@@ -38,7 +41,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from workload import Collector, RssSampler, cpu_seconds, encode, free_ports, rss_kib, send_streams, trace_spans
+from workload import (
+    Collector,
+    RssSampler,
+    cpu_seconds,
+    encode,
+    free_ports,
+    plain_trace_spans,
+    rss_kib,
+    send_streams,
+    trace_spans,
+)
 
 #: rotel batches for at most this long (``--batch-timeout``, default 200 ms) before its exporter runs.
 ROTEL_SETTLE = 0.5
@@ -87,9 +100,10 @@ class Rotel:
 
 
 def measure(peer: str, streams: int, bodies: list[bytes], traces: int, spans: int, code: str | None = None,
-            unpriced: bool = False) -> dict:
+            unpriced: bool = False, plain: bool = False) -> dict:
     """One run against a fresh server (ours: the collector of source tree ``code``, None: the installed
-    one; ``unpriced``: with pricing off)."""
+    one; ``unpriced``: with pricing off). ``plain``: the payload holds no run, so ours is done when
+    every trace was finalized without one."""
     with (Collector(code=code, pricing={"enabled": False} if unpriced else None) if peer == "ours"
           else Rotel()) as server:
         pid = server.proc.pid
@@ -97,7 +111,8 @@ def measure(peer: str, streams: int, bodies: list[bytes], traces: int, spans: in
         cpu0 = cpu_seconds(pid)
         with RssSampler(pid) as sampler:
             sent = send_streams("grpc", server.grpc, bodies, streams)
-            e2e = spans / (server.wait_stored(traces) - sent.started) if peer == "ours" else None
+            done = (server.wait_ignored if plain else server.wait_stored) if isinstance(server, Collector) else None
+            e2e = spans / (done(traces) - sent.started) if done is not None else None
         if peer == "rotel":
             time.sleep(ROTEL_SETTLE)  # its last batch reaches the blackhole
         cpu = cpu_seconds(pid) - cpu0
@@ -143,12 +158,16 @@ def main() -> None:
                     help="source trees whose collector to run (default: the installed one), side by side")
     ap.add_argument("--unpriced", action="store_true",
                     help="also the first tree's collector with pricing.enabled: false")
+    ap.add_argument("--payload", choices=["maf", "plain"], default="maf",
+                    help="maf: MAF workflow traces (every chat call priced); plain: spans no agent is in")
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    payload = [trace_spans(rng) for _ in range(args.traces)]
+    make = plain_trace_spans if args.payload == "plain" else trace_spans
+    payload = [make(rng) for _ in range(args.traces)]
     spans = sum(len(t) for t in payload)
     bodies = encode(payload, args.spans_per_request)
-    print(f"{args.traces:,} traces, {spans:,} spans in {len(bodies)} requests; rotel {rotel_agent.agent_path}")
+    print(f"{args.payload} payload: {args.traces:,} traces, {spans:,} spans in {len(bodies)} requests; "
+          f"rotel {rotel_agent.agent_path}")
     print(HEADER)
     servers = ([("ours", args.code[0], False)] + [("ours", args.code[0], True)] * args.unpriced
                + [("ours", code, False) for code in args.code[1:]] + [("rotel", None, False)])
@@ -156,7 +175,7 @@ def main() -> None:
     for run in range(args.runs):
         for streams in args.streams:
             for peer, code, unpriced in servers if run % 2 == 0 else servers[::-1]:
-                r = measure(peer, streams, bodies, args.traces, spans, code, unpriced)
+                r = measure(peer, streams, bodies, args.traces, spans, code, unpriced, args.payload == "plain")
                 results.setdefault((r["peer"], streams), []).append(r)
                 print(row(r), flush=True)
     names = list(dict.fromkeys(name for name, _ in results))

@@ -26,6 +26,7 @@ import threading
 import time
 import traceback
 import urllib.parse
+import urllib.request
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -99,6 +100,40 @@ def trace_spans(rng: random.Random, executors: int | None = None, chats: int | N
             "gen_ai.response.finish_reasons": ["stop"]}))
         out += [agent, ex]
     out.append(root)
+    return out
+
+
+def plain_trace_spans(rng: random.Random) -> list[Span]:
+    """One trace of a service in which no agent runs (the bulk of a production feed tee'd to the
+    collector): an HTTP server span, its database queries, outgoing HTTP calls and a message published,
+    with the attributes their OpenTelemetry instrumentations set; children before parents. Nothing in
+    it is a run: the collector counts it ignored."""
+    tid = rng.randbytes(16)
+    t = 1_700_000_000_000_000_000
+    root = _span(rng, tid, b"", "GET /orders/{id}", t, {
+        "http.request.method": "GET", "http.route": "/orders/{id}", "url.path": f"/orders/{rng.randint(1, 99999)}",
+        "url.scheme": "https", "server.address": "shop.example", "server.port": 443,
+        "http.response.status_code": 200, "user_agent.original": "Mozilla/5.0 (X11; Linux x86_64)",
+        "network.protocol.version": "1.1", "client.address": "10.0.0.7"})
+    root.kind = Span.SPAN_KIND_SERVER
+    out: list[Span] = []
+    for q in range(rng.randint(3, 12)):
+        table = rng.choice(["orders", "order_items", "customers", "inventory"])
+        out.append(_span(rng, tid, root.span_id, f"SELECT shop.{table}", t + 10 + q, {
+            "db.system.name": "postgresql", "db.namespace": "shop", "db.collection.name": table,
+            "db.operation.name": "SELECT", "db.query.text": f"SELECT * FROM {table} WHERE id = $1",
+            "server.address": "db.internal", "server.port": 5432}))
+    for c in range(rng.randint(1, 6)):
+        call = _span(rng, tid, root.span_id, "GET", t + 30 + c, {
+            "http.request.method": "GET", "url.full": f"https://pricing.internal/v1/quote/{c}",
+            "server.address": "pricing.internal", "server.port": 443, "http.response.status_code": 200})
+        call.kind = Span.SPAN_KIND_CLIENT
+        out.append(call)
+    publish = _span(rng, tid, root.span_id, "orders publish", t + 50, {
+        "messaging.system": "kafka", "messaging.operation.type": "publish", "messaging.destination.name": "orders",
+        "messaging.kafka.message.key": f"order-{rng.randint(1, 99999)}"})
+    publish.kind = Span.SPAN_KIND_PRODUCER
+    out += [publish, root]
     return out
 
 
@@ -280,6 +315,21 @@ class Collector:
         while self.stored() < n:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {self.stored()} of {n} runs stored")
+            time.sleep(0.02)
+        return time.monotonic()
+
+    def ignored(self) -> int:
+        """Traces finalized without a run (no agent, no chat call), from the scrape endpoint."""
+        text = urllib.request.urlopen(f"http://{self.prometheus}/metrics", timeout=5).read().decode()
+        return int(sum(float(line.split()[-1]) for line in text.splitlines()
+                       if line.startswith("agenteval_traces_ignored_total")))
+
+    def wait_ignored(self, n: int, timeout: float = 600) -> float:
+        """When ``n`` traces were finalized without a run (the payload of :func:`plain_trace_spans`)."""
+        deadline = time.monotonic() + timeout
+        while self.ignored() < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {self.ignored()} of {n} traces finalized")
             time.sleep(0.02)
         return time.monotonic()
 

@@ -28,7 +28,7 @@ import traceback
 import urllib.parse
 import urllib.request
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.queues import Queue
@@ -311,12 +311,8 @@ class Collector:
             return 0
 
     def wait_stored(self, n: int, timeout: float = 600) -> float:
-        deadline = time.monotonic() + timeout
-        while self.stored() < n:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {self.stored()} of {n} runs stored")
-            time.sleep(0.02)
-        return time.monotonic()
+        """When ``n`` runs were stored."""
+        return _wait_for(self.stored, n, "runs stored", timeout)
 
     def ignored(self) -> int:
         """Traces finalized without a run (no agent, no chat call), from the scrape endpoint."""
@@ -326,12 +322,7 @@ class Collector:
 
     def wait_ignored(self, n: int, timeout: float = 600) -> float:
         """When ``n`` traces were finalized without a run (the payload of :func:`plain_trace_spans`)."""
-        deadline = time.monotonic() + timeout
-        while self.ignored() < n:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {self.ignored()} of {n} traces finalized")
-            time.sleep(0.02)
-        return time.monotonic()
+        return _wait_for(self.ignored, n, "traces finalized without a run", timeout)
 
     def rss_kib(self) -> tuple[int, int]:
         """(current RSS, peak RSS) in KiB from /proc."""
@@ -343,6 +334,16 @@ class Collector:
     def stop(self) -> None:
         """SIGTERM (the collector drains), then remove the temp folder; safe to call twice."""
         self._cleanup()
+
+
+def _wait_for(count: Callable[[], int], n: int, what: str, timeout: float) -> float:
+    """The monotonic time at which ``count()`` reached ``n``; raises after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while (got := count()) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {got} of {n} {what}")
+        time.sleep(0.02)
+    return time.monotonic()
 
 
 def _stop_and_remove(proc: subprocess.Popen, log: IO[str], folder: Path) -> None:

@@ -81,6 +81,18 @@ def test_agents_are_units_by_their_own_names_whichever_rule_made_their_executor_
         assert got[run_id(netstandard)] == {n: ("Agree", 500, 500, None) for n in names}, order
 
 
+def test_two_agents_whose_names_make_one_executor_id_stay_two_units_each_with_its_own_events():
+    """code_writer and code-writer: MAF .NET names both executors code_writer_{Id}. Neither is taken
+    for the executor's own agent by name, and each workflow event joins the agent of the instance it
+    names: the one that under-reports is caught, never masked by the other's honest report."""
+    app = App()
+    with app.tracer.start_as_current_span("main"):
+        run = app.run([("code_writer", *HALVED), ("code-writer", *HONEST)])
+    for order, published in every_order(app.rec.take()):
+        assert units(published)[run_id(run)] == {"code_writer": ("TokenMismatch", 250, 500, None),
+                                                 "code_writer/code-writer": ("Agree", 500, 500, None)}, order
+
+
 def test_a_wrapped_workflow_agent_is_judged_by_its_agents_in_any_arrival_order():
     """MAF's WorkflowAsAnAgent sample: three turns, each a run inside the wrapper's invoke_agent span
     (usage: what the inner agents reported), the second under-reported. In every delivery order: three

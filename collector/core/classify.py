@@ -70,6 +70,7 @@ class TraceState:
     __slots__ = ("matcher", "trace_id", "root_span_id", "subject", "_context", "_pending", "_pending_ids",
                  "_runs", "_names", "_fallback_subject", "run_spans_seen", "unusable", "orphaned", "_callers",
                  "_published", "_provisional", "_shared", "_times", "_outside", "_runtime", "_joins", "_direct",
+                 "_instances", "_event_instances",
                  "_withheld", "_unnamed")
 
     def __init__(self, matcher: Matcher, trace_id: bytes) -> None:
@@ -108,6 +109,10 @@ class TraceState:
         #: Agent spans outside every workflow run (direct agent calls) -> their unit's key in the trace's
         #: run of no workflow: which of them a workflow run lies beneath is worked out at publication.
         self._direct: dict[bytes, tuple[str | None, str]] = {}
+        #: Executor spans whose id carries an agent instance's per-process id (MAF .NET) -> that id,
+        #: case-folded; and workflow-event ledger spans (span id, hex) -> the instance they name.
+        self._instances: dict[bytes, str] = {}
+        self._event_instances: dict[str, str] = {}
         #: The revision last published of every run, including runs that only a provisional
         #: finalization made (spans classified as if parentless): the next numbers on from it.
         self._published: dict[str | None, int] = {}
@@ -232,6 +237,7 @@ class TraceState:
                 if seen.instances is None:
                     seen.instances = set()
                 seen.instances.add(name.casefold())
+                self._instances[s.span_id] = name.casefold()
             seen.spans.append((s.start_ns, s.span_id.hex()))
             seen.hosts_agent = seen.hosts_agent or hosts_agent
             if error := span_error(s):
@@ -248,6 +254,10 @@ class TraceState:
             _announce(run, s)
             unit = run.units[(executor, key)]
             unit.top_level = unit.top_level or agent is None
+            if agent is None and (instance := self._instances.get(s.parent_id)) is not None:
+                if unit.instances is None:
+                    unit.instances = set()
+                unit.instances.add(instance)
             if 0 < s.start_ns < unit.started:
                 unit.started = s.start_ns
             if span_error(s) is None:  # an agent that raised reported nothing
@@ -297,6 +307,8 @@ class TraceState:
         if name is None:  # written by the caller (the seed's bridge): names its executor instead
             if bridge_executor is None:
                 return
+            if stable_executor(bridge_executor) is not bridge_executor:
+                self._event_instances[entry.span_id or ""] = bridge_executor.casefold()
             if run_key is None:  # beside the workflow run, not in it: joins it at publication, if it can
                 self._callers.append((s.parent_id, self._key(stable_executor(bridge_executor)),
                                       bridge_executor.casefold(), entry, announcement(s)))
@@ -518,7 +530,7 @@ class TraceState:
 
     def _run_input(self, run: Run, cut: str | None, partial: bool, joins: Joins) -> RunInput:
         own_agents = self._own_agents(run)
-        events, unjoined = event_ledgers(run, joins, own_agents)
+        events, unjoined = event_ledgers(run, joins, own_agents, self._event_instances)
         # each unit's record with the keys it is named by: named once the names shown are known (unnamed
         # agents are numbered among those shown)
         records: list[tuple[tuple[str, ...], ExecutorRecord]] = []

@@ -93,20 +93,42 @@ def _own_unit(run: Run, executor: str, own: dict[str, str]) -> UnitKey:
     return (executor, mine[0]) if len(mine) == 1 else (executor, None)
 
 
-def event_ledgers(run: Run, joins: Joins, own: dict[str, str]) -> tuple[dict[UnitKey, list[LedgerEntry]],
-                                                                     dict[UnitKey, int]]:
+def _by_instance(run: Run, executor: str, entries: list[LedgerEntry],
+                 instances: dict[str, str]) -> dict[UnitKey, list[LedgerEntry]] | None:
+    """Where several agents ran directly in executors of one name (MAF .NET gives ``code_writer`` and
+    ``code-writer`` both ``code_writer_{Id}``), each event goes to the agent of the instance it names;
+    None where one agent did."""
+    owners = {instance: (executor, agent) for (e, agent), unit in run.units.items()
+              if e == executor and agent is not None and unit.instances for instance in unit.instances}
+    if len(set(owners.values())) < 2:
+        return None
+    out: dict[UnitKey, list[LedgerEntry]] = defaultdict(list)
+    for entry in entries:
+        out[owners.get(instances.get(entry.span_id or "", ""), (executor, None))].append(entry)
+    return out
+
+
+def event_ledgers(run: Run, joins: Joins, own: dict[str, str],
+                  instances: dict[str, str]) -> tuple[dict[UnitKey, list[LedgerEntry]], dict[UnitKey, int]]:
     """Per unit, the workflow-event ledger entries it holds: a ledger span that names only its executor
     (recorded in the run under the executor's span, or joined from beside the run) is that executor's
     own agent's (``own``: executor -> the agent its id names, where their keys differ), so one unit
     holds the entry and the agent's spans and the entry, the framework's own ledger, is what is
-    compared. And per unit, the ledger spans of its executor that joined no run."""
+    compared (``instances``: the instance each event names, where two agents share the executor's
+    name). And per unit, the ledger spans of its executor that joined no run."""
     by_executor: dict[str, list[LedgerEntry]] = defaultdict(list)
     for (executor, agent), unit in run.units.items():
         if agent is None and executor is not None and unit.ledger:
             by_executor[executor] += unit.ledger
     for executor, entry in joins.joined.get(run.span_id, ()):
         by_executor[executor].append(entry)
-    events = {_own_unit(run, executor, own): entries for executor, entries in by_executor.items()}
+    events: dict[UnitKey, list[LedgerEntry]] = {}
+    for executor, entries in by_executor.items():
+        routed = _by_instance(run, executor, entries, instances)
+        if routed is None:
+            events[_own_unit(run, executor, own)] = entries
+        else:
+            events.update(routed)
     return events, {_own_unit(run, e, own): n for e, n in joins.unjoined.items() if e in run.executors}
 
 

@@ -44,6 +44,9 @@ class Unit:
     #: A workflow run lies beneath its agent span (a workflow used as an agent): no unit, that
     #: workflow's agents are.
     wraps: bool = False
+    #: The executor instances (MAF .NET ids with the agent's per-process id, case-folded) it ran
+    #: directly under: which of two agents sharing an executor name a workflow event is of.
+    instances: set[str] | None = None
 
 
 @dataclass(slots=True)
